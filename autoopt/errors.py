@@ -1,0 +1,91 @@
+"""The one exception tree of autoopt.
+
+Every error autoopt raises on purpose derives from :class:`AutooptError`, so a
+caller can catch them all with one ``except``. Messages say what was wrong,
+where, and what would be right::
+
+    AutooptError
+    ├── ProfileError          a hardware profile (file, name or field) is invalid
+    │   └── UnknownProfileError   no known profile has that name (suggests close ones)
+    ├── OpError               an op description (kind, shape, dtype) is invalid
+    ├── ConfigError           a kernel config breaks a hard constraint (never launched)
+    ├── PluginError           a plugin failed and ``strict=True`` made it fatal
+    ├── ModelError            a model description is invalid or unknown
+    └── BackendError          the kernel backend cannot run here (no torch/triton/GPU)
+
+Detection never raises: what it cannot see is recorded in the profile instead.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AutooptError",
+    "BackendError",
+    "ConfigError",
+    "ModelError",
+    "OpError",
+    "PluginError",
+    "ProfileError",
+    "UnknownProfileError",
+]
+
+
+class AutooptError(Exception):
+    """Root of every error autoopt raises on purpose."""
+
+
+class ProfileError(AutooptError, ValueError):
+    """A hardware profile is invalid: names the file (if any) and the field."""
+
+    def __init__(self, message: str, *, source: str | None = None, field: str | None = None) -> None:
+        self.source = source
+        self.field = field
+        where = ""
+        if source:
+            where += f"{source}: "
+        if field:
+            where += f"field '{field}': "
+        super().__init__(where + message)
+
+
+class UnknownProfileError(ProfileError, LookupError):
+    """No known-hardware profile has the requested name."""
+
+    def __init__(self, name: str, suggestions: list[str] | tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.suggestions = tuple(suggestions)
+        hint = f"; did you mean {', '.join(repr(s) for s in self.suggestions)}?" if self.suggestions else ""
+        super().__init__(f"unknown profile {name!r}{hint} (`autoopt profiles` lists them)")
+
+
+class OpError(AutooptError, ValueError):
+    """An op description is invalid (unknown kind, bad shape or dtype)."""
+
+
+class ConfigError(AutooptError, ValueError):
+    """A kernel config breaks a hard constraint; it is rejected before launch."""
+
+    def __init__(self, message: str, *, reasons: tuple[str, ...] = ()) -> None:
+        self.reasons = tuple(reasons)
+        super().__init__(message)
+
+
+class PluginError(AutooptError):
+    """A plugin raised, returned garbage or emitted an invalid config (fatal only when strict)."""
+
+    def __init__(self, message: str, *, plugin: str | None = None, hook: str | None = None) -> None:
+        self.plugin = plugin
+        self.hook = hook
+        super().__init__(message)
+
+
+class ModelError(AutooptError, ValueError):
+    """A model description is invalid, names the offending field."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(f"field '{field}': {message}" if field else message)
+
+
+class BackendError(AutooptError, RuntimeError):
+    """The kernel backend cannot run here (torch, triton or a GPU is missing)."""

@@ -1,0 +1,177 @@
+"""Op descriptions: what a kernel must compute, independent of how.
+
+An :class:`OpSpec` names the kind, the shape and the dtype. It knows its own
+FLOP count and the fewest bytes it must move (every input read once, every
+output written once), which give the physical floor any kernel is held to.
+
+Shapes by kind:
+- ``gemm``/``gemv``: ``(M, N, K)``: ``C[M,N] = A[M,K] @ W[N,K]^T`` (``nn.Linear``
+  weights, layout ``nk``) or ``A @ B[K,N]`` (layout ``kn``). ``gemv`` is M <= 16.
+- ``silu_mul``: ``(rows, N)``: ``out[rows,N] = silu(x[rows,N]) * y[rows,N]``.
+- ``add``: ``(rows, N)`` (or ``(numel,)``): ``out = x + y``.
+- ``rmsnorm``/``layernorm``/``softmax``: ``(rows, N)``, normalised over N.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import OpError
+
+__all__ = ["DTYPE_BYTES", "OP_KINDS", "OpSpec", "parse_shape"]
+
+#: bytes per element; fp4 packs two per byte.
+DTYPE_BYTES: dict[str, float] = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2,
+                                 "fp8": 1, "int8": 1, "fp4": 0.5}
+_DTYPE_ALIASES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16",
+                  "bfloat16": "bf16", "float8": "fp8", "e4m3": "fp8", "float8_e4m3fn": "fp8",
+                  "float64": "fp64", "double": "fp64"}
+
+#: kind -> (dimension names, dtypes supported)
+OP_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "gemm": (("M", "N", "K"), ("bf16", "fp16", "fp8", "fp32")),
+    "gemv": (("M", "N", "K"), ("bf16", "fp16", "fp8", "fp32")),
+    "silu_mul": (("rows", "N"), ("bf16", "fp16", "fp32")),
+    "add": (("rows", "N"), ("bf16", "fp16", "fp32")),
+    "rmsnorm": (("rows", "N"), ("bf16", "fp16", "fp32")),
+    "layernorm": (("rows", "N"), ("bf16", "fp16", "fp32")),
+    "softmax": (("rows", "N"), ("bf16", "fp16", "fp32")),
+}
+_MAX_DIM = 1 << 31  # int32 indexing in the kernels; larger is refused up front
+GEMV_MAX_M = 16
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """Parse ``"256,6144,4096"`` (also ``x`` separated) into positive ints; ``OpError`` otherwise."""
+    if not isinstance(text, str) or not text.strip():
+        raise OpError("shape is empty; expected comma-separated positive integers like 256,6144,4096")
+    parts = [p.strip() for p in text.replace("x", ",").replace("X", ",").split(",")]
+    dims = []
+    for p in parts:
+        if not p.isdigit():
+            raise OpError(f"shape {text!r}: {p!r} is not a positive integer")
+        dims.append(int(p))
+    return tuple(dims)
+
+
+def normalize_dtype(dtype: str) -> str:
+    d = str(dtype).strip().lower()
+    d = _DTYPE_ALIASES.get(d.removeprefix("torch."), d.removeprefix("torch."))
+    if d not in DTYPE_BYTES:
+        raise OpError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+    return d
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpSpec:
+    """One op: kind, shape and dtype (validated on construction)."""
+
+    kind: str
+    shape: tuple[int, ...]
+    dtype: str = "bf16"
+    layout: str = "nk"
+    #: dtype of the output; defaults to the input dtype (fp8 GEMMs write bf16).
+    out_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in OP_KINDS:
+            raise OpError(f"unknown op kind {self.kind!r}; expected one of {', '.join(OP_KINDS)}")
+        names, dtypes = OP_KINDS[self.kind]
+        shape = tuple(self.shape)
+        if self.kind == "add" and len(shape) == 1:
+            shape = (1, shape[0])
+        if len(shape) != len(names):
+            raise OpError(f"{self.kind} takes a shape of {len(names)} dims ({','.join(names)}), got {len(shape)}")
+        for n, v in zip(names, shape):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise OpError(f"{self.kind}: dimension {n} must be a positive integer, got {v!r}")
+            if v >= _MAX_DIM:
+                raise OpError(f"{self.kind}: dimension {n}={v} is too large (limit {_MAX_DIM - 1})")
+        if math.prod(shape) >= 1 << 40:
+            raise OpError(f"{self.kind}: shape {shape} has more than 2^40 elements")
+        dtype = normalize_dtype(self.dtype)
+        if dtype not in dtypes:
+            raise OpError(f"{self.kind} does not support dtype {dtype}; expected one of {', '.join(dtypes)}")
+        if self.kind == "gemv" and shape[0] > GEMV_MAX_M:
+            raise OpError(f"gemv is for M <= {GEMV_MAX_M} (decode); M={shape[0]}: use kind 'gemm'")
+        if self.layout not in ("nk", "kn"):
+            raise OpError(f"layout {self.layout!r} is not supported; expected 'nk' (nn.Linear weight) or 'kn'")
+        out = normalize_dtype(self.out_dtype) if self.out_dtype else ("bf16" if dtype == "fp8" else dtype)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "out_dtype", out)
+
+    # -- derived quantities -------------------------------------------------
+    @property
+    def dims(self) -> dict[str, int]:
+        return dict(zip(OP_KINDS[self.kind][0], self.shape))
+
+    @property
+    def is_matmul(self) -> bool:
+        return self.kind in ("gemm", "gemv")
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def flops(self) -> float:
+        """Useful floating-point operations (2·M·N·K for a matmul; per-element work otherwise)."""
+        if self.is_matmul:
+            m, n, k = self.shape
+            return 2.0 * m * n * k
+        per_elem = {"silu_mul": 5.0, "add": 1.0, "rmsnorm": 4.0, "layernorm": 7.0, "softmax": 5.0}
+        return per_elem[self.kind] * self.numel
+
+    @property
+    def min_bytes(self) -> float:
+        """Fewest bytes through device memory: every input read once, every output written once."""
+        e = DTYPE_BYTES[self.dtype]
+        o = DTYPE_BYTES[self.out_dtype or self.dtype]
+        if self.is_matmul:
+            m, n, k = self.shape
+            return (m * k + n * k) * e + m * n * o
+        rows, n = self.shape
+        if self.kind in ("silu_mul", "add"):
+            return 3.0 * rows * n * e
+        if self.kind == "rmsnorm":
+            return 2.0 * rows * n * e + n * e
+        if self.kind == "layernorm":
+            return 2.0 * rows * n * e + 2 * n * e
+        return 2.0 * rows * n * e  # softmax
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOP per byte at the floor."""
+        return self.flops / self.min_bytes
+
+    def label(self) -> str:
+        return f"{self.kind}[{'x'.join(map(str, self.shape))}] {self.dtype}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "shape": list(self.shape), "dtype": self.dtype,
+                "layout": self.layout, "out_dtype": self.out_dtype}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> OpSpec:
+        if not isinstance(data, Mapping):
+            raise OpError(f"op description must be a mapping, got {type(data).__name__}")
+        unknown = set(data) - {"kind", "shape", "dtype", "layout", "out_dtype"}
+        if unknown:
+            raise OpError(f"op description has unknown fields {sorted(map(str, unknown))}")
+        if "kind" not in data or "shape" not in data:
+            raise OpError("op description needs 'kind' and 'shape'")
+        shape = data["shape"]
+        if isinstance(shape, str):
+            shape = parse_shape(shape)
+        if not isinstance(shape, Sequence):
+            raise OpError(f"shape must be a list of integers, got {type(shape).__name__}")
+        kind = data["kind"]
+        if not isinstance(kind, str):
+            raise OpError(f"kind must be a string, got {type(kind).__name__}")
+        return cls(kind=kind.lower(), shape=tuple(shape), dtype=str(data.get("dtype", "bf16")),
+                   layout=str(data.get("layout", "nk")),
+                   out_dtype=data.get("out_dtype"))
