@@ -1,0 +1,7 @@
+"""``python -m autoopt`` runs the CLI."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
