@@ -51,7 +51,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
     parts = [p.strip() for p in text.replace("x", ",").replace("X", ",").split(",")]
     dims = []
     for p in parts:
-        if not p.isdigit():
+        if not (p.isascii() and p.isdigit()) or int(p) == 0:
             raise OpError(f"shape {text!r}: {p!r} is not a positive integer")
         dims.append(int(p))
     return tuple(dims)
