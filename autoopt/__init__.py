@@ -28,7 +28,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 _LAZY = {
-    "detect": ("autoopt.detect", "detect"),
+    "detect": ("autoopt.detection", "detect"),
     "load_profile": ("autoopt.api", "load_profile"),
     "known_profiles": ("autoopt.api", "known_profiles"),
     "rank": ("autoopt.rank", "rank"),
@@ -51,7 +51,7 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import Candidate, KernelConfig
-    from .detect import detect
+    from .detection import detect
     from .ops import OpSpec
     from .profile import CPUProfile, GPUProfile, HardwareProfile
     from .rank import rank

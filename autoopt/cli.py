@@ -51,7 +51,7 @@ def _profile(arg: str | None, *, measure: bool = False):
         from .api import load_profile
 
         return load_profile(arg)
-    from .detect import detect
+    from .detection import detect
 
     return detect(measure=measure)
 
