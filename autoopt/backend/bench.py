@@ -1,0 +1,164 @@
+"""Benchmark recommended configs against PyTorch on the same inputs, same timer.
+
+Each (op, config) goes through :func:`autoopt.backend.runner.evaluate` (validate,
+poison, check, ``do_bench`` median), then the plain-PyTorch equivalent
+(cuBLAS / ATen, see ``registry.torch_baseline``) is timed with the same
+``do_bench`` call on the same tensors; ``ratio = torch_us / ours_us`` (> 1: ours
+is faster). :func:`llm_suite` lists the Llama-3-8B shapes of one decode and
+prefill step.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import KernelConfig
+from ..ops import OpSpec
+from ..profile import GPUProfile
+from . import registry, runner
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BenchRow", "format_table", "llm_suite", "run_bench"]
+
+# Llama-3-8B (hidden 4096, 32 q heads + 8 kv heads of 128, MLP 14336):
+# fused qkv N = (32 + 2*8) * 128 = 6144; o 4096; fused gate+up N = 2*14336; down K = 14336.
+LLAMA3_8B_PROJECTIONS: dict[str, tuple[int, int]] = {
+    "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchRow:
+    """One benchmarked config next to PyTorch on the same inputs."""
+
+    result: runner.Result
+    torch_us: float | None = None
+    ratio: float | None = None
+
+    @property
+    def op(self) -> OpSpec:
+        return self.result.op
+
+    @property
+    def config(self) -> KernelConfig:
+        return self.result.config
+
+    @property
+    def label(self) -> str:
+        return self.result.label
+
+    @property
+    def shape(self) -> str:
+        return "x".join(map(str, self.op.shape))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = self.result.to_dict()
+        out["shape"] = self.shape
+        out["torch_us"] = None if self.torch_us is None else round(self.torch_us, 4)
+        out["ratio_vs_torch"] = None if self.ratio is None else round(self.ratio, 3)
+        return out
+
+
+def llm_suite() -> list[OpSpec]:
+    """Llama-3-8B decode and prefill ops in bf16: GEMMs, GEMVs, SiLU-mul, RMSNorm."""
+    ops: list[OpSpec] = []
+    for m in (256, 4096):
+        ops += [OpSpec(kind="gemm", shape=(m, n, k), dtype="bf16") for n, k in LLAMA3_8B_PROJECTIONS.values()]
+    for m in (1, 16):
+        ops += [OpSpec(kind="gemv", shape=(m, n, k), dtype="bf16") for n, k in LLAMA3_8B_PROJECTIONS.values()]
+    ops.append(OpSpec(kind="silu_mul", shape=(4096, 14336), dtype="bf16"))
+    ops.append(OpSpec(kind="silu_mul", shape=(1, 64 * 1024 * 1024), dtype="bf16"))
+    ops.append(OpSpec(kind="rmsnorm", shape=(4096, 4096), dtype="bf16"))
+    ops.append(OpSpec(kind="rmsnorm", shape=(16384, 8192), dtype="bf16"))
+    return ops
+
+
+def _torch_us(op: OpSpec, seed: int, warmup_ms: int, rep_ms: int) -> float | None:
+    """PyTorch's time on the very tensors ``evaluate`` just used (cached by op and seed)."""
+    import triton.testing
+
+    inputs, _ = runner._inputs_and_reference(op, "cuda", seed)
+    fn = registry.torch_baseline(inputs, op)
+    if fn is None:
+        return None
+    try:
+        return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")) * 1e3
+    except Exception as exc:  # e.g. _scaled_mm refusing a shape: no baseline, not a failure of ours
+        log.warning("torch baseline for %s failed: %s", op.label(), exc)
+        return None
+
+
+class _Progress:
+    """rich progress bar when rich is importable and stderr is a terminal, else one line per step."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.done, self._bar, self._task = total, enabled, 0, None, None
+        if not enabled:
+            return
+        try:
+            from rich.progress import Progress
+
+            if sys.stderr.isatty():
+                self._bar = Progress(transient=False)
+                self._bar.start()
+                self._task = self._bar.add_task("benchmarking", total=total)
+        except ImportError:
+            self._bar = None
+
+    def step(self, text: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, description=text[:60])
+        else:
+            print(f"[{self.done}/{self.total}] {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def run_bench(cases: Iterable[tuple[OpSpec, KernelConfig]], gpu: GPUProfile | None, *, progress: bool = True,
+              validate: Callable[[OpSpec, KernelConfig], list[str]] | None = None,
+              predict: Callable[[OpSpec, KernelConfig], float] | None = None,
+              seed: int = 0, warmup_ms: int = 25, rep_ms: int = 100) -> list[BenchRow]:
+    """Evaluate each case and time PyTorch beside it; rows keep the input order."""
+    cases = list(cases)
+    bar = _Progress(len(cases), progress)
+    rows: list[BenchRow] = []
+    try:
+        for op, config in cases:
+            res = runner.evaluate(op, config, gpu=gpu, validate=validate, predict=predict, seed=seed,
+                                  warmup_ms=warmup_ms, rep_ms=rep_ms)
+            torch_us = ratio = None
+            if res.label in ("measured", "withheld") and res.us:
+                torch_us = _torch_us(op, seed, warmup_ms, rep_ms)
+                ratio = torch_us / res.us if torch_us else None
+            rows.append(BenchRow(result=res, torch_us=torch_us, ratio=ratio))
+            us = f"{res.us:.1f} us" if res.us is not None else "-"
+            bar.step(f"{op.label()} {config.kernel}: {res.label} {us}")
+    finally:
+        bar.close()
+    return rows
+
+
+def format_table(rows: Iterable[BenchRow]) -> str:
+    """A fixed-width text table: shape, kernel, config, µs, TFLOP/s, GB/s, % roofline, vs torch, label."""
+    head = f"{'op':<10}{'shape':<18}{'kernel':<16}{'us':>10}{'TFLOP/s':>9}{'GB/s':>8}{'%roof':>7}" \
+           f"{'torch us':>10}{'ratio':>7}  {'label':<9} config"
+    lines = [head]
+    for r in rows:
+        res = r.result
+
+        def f(v: float | None, fmt: str) -> str:
+            return "-" if v is None else format(v, fmt)
+        lines.append(f"{r.op.kind:<10}{r.shape:<18}{r.config.kernel:<16}{f(res.us, '.2f'):>10}"
+                     f"{f(res.tflops, '.1f'):>9}{f(res.gbs, '.0f'):>8}{f(res.roofline_pct, '.1f'):>7}"
+                     f"{f(r.torch_us, '.2f'):>10}{f(r.ratio, '.2f'):>7}  {res.label:<9} {r.config.describe()}"
+                     + (f"  ({res.reason})" if res.reason and res.label != "measured" else ""))
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""Tiled Triton GEMM ``C[M,N] = A[M,K] @ W^T`` with group-M ordering and split-K.
+
+``W`` is an ``nn.Linear`` weight ``[N, K]`` (layout ``nk``) or a plain ``[K, N]``
+matrix (layout ``kn``); both reach the kernel as (stride_bk, stride_bn), so one
+compiled kernel serves either. Accumulation is fp32; fp32 inputs use TF32 dots
+(Triton's default on tensor cores, relative error ~3e-4).
+
+Split-K (``SPLIT_K > 1``): each K-slice writes fp32 partials to a workspace
+``[SPLIT_K, M, N]`` and a second kernel sums them in a fixed order and casts.
+We chose this over ``atomic_add`` into an fp32 buffer because for the skinny M
+where split-K pays (decode / small prefill) the partials are tiny next to W:
+``SPLIT_K*M*N*4*2`` bytes against ``N*K*2`` for W, 6% at M=16, K=4096, SPLIT_K=4;
+atomics would need two extra launches (zero the buffer, cast at the end) against
+one reduce launch here, and give run-to-run different roundings (the order of
+atomic adds is not fixed), which makes correctness checks flaky.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import triton
+import triton.language as tl
+
+log = logging.getLogger(__name__)
+
+__all__ = ["gemm_prepare", "splitk_reduce_prepare"]
+
+
+@triton.jit
+def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
+                 stride_am, stride_ak, stride_bk, stride_bn,
+                 stride_cs, stride_cm, stride_cn, tiles_per_split,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 DOT_FP16: tl.constexpr):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # Group-M ordering (Triton matmul tutorial): consecutive programs share a
+    # band of GROUP_M rows of A so the W tiles they load are reused from L2.
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Wrap the ragged rows/cols instead of masking them: the loads stay
+    # unmasked (vectorised) and the store mask below drops the extra results.
+    offs_am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
+    offs_bn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    k_start = pid_k * tiles_per_split * BLOCK_K
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(0, tiles_per_split):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k_start - kt * BLOCK_K
+            a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
+            b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
+        if DOT_FP16:
+            # fp8 e4m3 -> fp16 is exact (fp16 holds every e4m3 value); used where
+            # the target has no fp8 MMA (the interpreter, pre-sm_89 GPUs).
+            a = a.to(tl.float16)
+            b = b.to(tl.float16)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    c_ptrs = c_ptr + pid_k * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _splitk_reduce_kernel(ws_ptr, c_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """c[i] = sum_s ws[s, i] in a fixed order (deterministic), cast to c's dtype."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
+    tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+_REDUCE_BLOCK = 1024  # 1024 fp32 per program: 4 warps x 32 lanes x 8 elements (two 16-byte loads)
+
+
+def splitk_reduce_prepare(ws: Any, out: Any, split_k: int) -> Callable[[], None]:
+    """A launcher summing the ``[split_k, M, N]`` fp32 workspace into contiguous ``out``."""
+    mn = out.numel()
+    grid = (triton.cdiv(mn, _REDUCE_BLOCK),)
+
+    def run() -> None:
+        _splitk_reduce_kernel[grid](ws, out, mn, SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK, num_warps=4)
+    return run
+
+
+def _needs_fp16_dot(a: Any) -> bool:
+    """fp8 dots need sm_89+; the interpreter (CPU tensors) and older GPUs go through fp16."""
+    import torch
+
+    if a.dtype != torch.float8_e4m3fn:
+        return False
+    if a.device.type != "cuda":
+        return True
+    return torch.cuda.get_device_capability(a.device) < (8, 9)
+
+
+def gemm_prepare(a: Any, w: Any, out: Any, params: dict[str, int], *, layout: str = "nk") -> Callable[[], None]:
+    """Bind a config to tensors; returns a no-argument launcher (workspace allocated once here).
+
+    ``a`` is ``[M, K]``, ``w`` is ``[N, K]`` (``nk``) or ``[K, N]`` (``kn``), ``out`` is ``[M, N]``.
+    """
+    import torch
+
+    M, K = a.shape
+    if layout == "nk":
+        N = w.shape[0]
+        stride_bk, stride_bn = w.stride(1), w.stride(0)
+    else:
+        N = w.shape[1]
+        stride_bk, stride_bn = w.stride(0), w.stride(1)
+    bm, bn, bk = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"]
+    group_m = params.get("GROUP_M", 8)
+    split_k = params.get("SPLIT_K", 1)
+    k_tiles = triton.cdiv(K, bk)
+    tiles_per_split = triton.cdiv(k_tiles, split_k)
+    # Masks on K are compiled out when every split's K range is whole BLOCK_K tiles inside K.
+    even_k = K % bk == 0 and k_tiles % split_k == 0
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split_k)
+    launch = {"num_warps": params.get("num_warps", 4), "num_stages": params.get("num_stages", 3)}
+    meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SPLIT_K=split_k,
+                EVEN_K=even_k, DOT_FP16=_needs_fp16_dot(a))
+    if split_k == 1:
+        def run() -> None:
+            _gemm_kernel[grid](a, w, out, M, N, K, a.stride(0), a.stride(1), stride_bk, stride_bn,
+                               0, out.stride(0), out.stride(1), tiles_per_split, **meta, **launch)
+        return run
+
+    ws = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)
+    if not out.is_contiguous():
+        raise ValueError("split-K GEMM writes a contiguous output; got a strided one")
+    reduce = splitk_reduce_prepare(ws, out, split_k)
+
+    def run_split() -> None:
+        _gemm_kernel[grid](a, w, ws, M, N, K, a.stride(0), a.stride(1), stride_bk, stride_bn,
+                           ws.stride(0), ws.stride(1), ws.stride(2), tiles_per_split, **meta, **launch)
+        reduce()
+    return run_split

@@ -1,0 +1,114 @@
+"""Persistent TMA GEMM: ``C[M,N] = A[M,K] @ W[N,K]^T`` through tensor descriptors.
+
+Follows Triton's tutorial 09-persistent-matmul: the grid is
+``min(num_tiles, NUM_SMS)`` programs, each walking tiles ``pid, pid+NUM_SMS, ...``
+in group-M order; tiles are fetched by the TMA copy engine (sm_90+) from
+host-built descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``,
+present in Triton 3.4 onwards, so in 3.6 and 3.9). Host descriptors need no
+device-side scratch, so no ``triton.set_allocator`` is required. TMA pads
+out-of-bounds boxes with zeros and clips out-of-bounds stores, so ragged
+edges need no masks. Rows must be 16-byte aligned (a TMA rule): K*elem and
+N*out_elem divisible by 16.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import triton
+import triton.language as tl
+
+from ...errors import BackendError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["gemm_tma_prepare", "tma_support"]
+
+
+@triton.jit
+def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, KN: tl.constexpr):
+    start_pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    num_pid_in_group = GROUP_M * num_pid_n
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+        group_id = tile_id // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + (tile_id % group_size_m)
+        pid_n = (tile_id % num_pid_in_group) // group_size_m
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            off_k = ki * BLOCK_K
+            a = a_desc.load([off_m, off_k])
+            if KN:
+                b = b_desc.load([off_k, off_n])
+                acc = tl.dot(a, b, acc)
+            else:
+                b = b_desc.load([off_n, off_k])
+                acc = tl.dot(a, b.T, acc)
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+def tma_support(device: Any) -> str | None:
+    """Why TMA GEMM cannot run on ``device`` (None: it can)."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return (f"triton {triton.__version__} has no triton.tools.tensor_descriptor.TensorDescriptor "
+                "(host tensor descriptors arrived in Triton 3.4); install triton>=3.4 for gemm_tma")
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cpu":
+        return None  # the interpreter emulates descriptors
+    if dev.type != "cuda":
+        return f"gemm_tma needs a CUDA device, got {dev}"
+    cc = torch.cuda.get_device_capability(dev)
+    if torch.version.hip is not None or cc < (9, 0):
+        return (f"gemm_tma needs TMA (NVIDIA compute capability >= 9.0); "
+                f"{torch.cuda.get_device_name(dev)} has {cc[0]}.{cc[1]}: use kernel 'gemm'")
+    return None
+
+
+def gemm_tma_prepare(a: Any, w: Any, out: Any, params: dict[str, int], *,
+                     layout: str = "nk") -> Callable[[], None]:
+    """Bind a config to tensors; returns a no-argument launcher. ``BackendError`` if TMA is unavailable."""
+    import torch
+
+    why = tma_support(a.device)
+    if why:
+        raise BackendError(why)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    M, K = a.shape
+    N = w.shape[0] if layout == "nk" else w.shape[1]
+    for name, t in (("A", a), ("W", w), ("C", out)):
+        if t.stride(-1) != 1 or (t.stride(0) * t.element_size()) % 16:
+            raise BackendError(f"gemm_tma: {name} rows must be contiguous and 16-byte aligned "
+                               f"(TMA rule); got strides {tuple(t.stride())}, {t.element_size()} B/elem")
+    bm, bn, bk = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"]
+    a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
+    b_desc = TensorDescriptor.from_tensor(w, [bn, bk] if layout == "nk" else [bk, bn])
+    c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
+    if a.device.type == "cuda":
+        num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    else:
+        num_sms = 4  # interpreter: a few programs so the persistent tile loop is exercised
+    num_tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    grid = (min(num_tiles, num_sms),)
+    meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=params.get("GROUP_M", 8),
+                NUM_SMS=num_sms, KN=layout == "kn")
+    launch = {"num_warps": params.get("num_warps", 4), "num_stages": params.get("num_stages", 3)}
+
+    def run() -> None:
+        _gemm_tma_kernel[grid](a_desc, b_desc, c_desc, M, N, K, **meta, **launch)
+    return run

@@ -1,0 +1,225 @@
+"""What each backend kernel needs around it: inputs, launch, reference, tolerance, torch baseline.
+
+Kernel names (``KernelConfig.kernel``) and the op kinds they serve:
+``gemm``, ``gemm_tma`` (gemm, gemv), ``gemv`` (gemv), ``silu_mul``, ``add``,
+``{rmsnorm,layernorm,softmax}_{single,looped}``. Inputs are fresh random
+tensors (never zeros: zeros hide unwritten outputs and can run faster). The
+reference is float64 on the same inputs. For a ``kn`` GEMM the weight is
+stored under ``"w_kn"`` (``[K, N]``) instead of ``"w"`` (``[N, K]``), so the
+input dict alone says the layout.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import KernelConfig
+from ..errors import BackendError, ConfigError
+from ..ops import OpSpec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["KERNELS", "EPS", "alloc_out", "check_kernel", "launch", "make_inputs", "prepare",
+           "reference", "tolerance", "torch_baseline", "torch_dtype"]
+
+#: eps by op kind: RMSNorm 1e-6 (Llama's rms_norm_eps), LayerNorm 1e-5 (torch's default).
+EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
+
+#: relative Frobenius error ||out - ref|| / ||ref|| allowed, by input dtype.
+#: fp32 matmuls run as TF32 on tensor cores (10-bit mantissa, ~3e-4 measured
+#: relative error at K=4096), hence their own looser bound.
+_TOL = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 1.5e-2, "fp8": 6e-2}
+_TOL_TF32 = 5e-3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KernelEntry:
+    """One backend kernel: the op kinds it serves."""
+
+    name: str
+    kinds: tuple[str, ...]
+
+
+KERNELS: dict[str, KernelEntry] = {
+    "gemm": KernelEntry(name="gemm", kinds=("gemm", "gemv")),
+    "gemm_tma": KernelEntry(name="gemm_tma", kinds=("gemm", "gemv")),
+    "gemv": KernelEntry(name="gemv", kinds=("gemv",)),
+    "silu_mul": KernelEntry(name="silu_mul", kinds=("silu_mul",)),
+    "add": KernelEntry(name="add", kinds=("add",)),
+    **{f"{k}_{v}": KernelEntry(name=f"{k}_{v}", kinds=(k,))
+       for k in ("rmsnorm", "layernorm", "softmax") for v in ("single", "looped")},
+}
+
+
+def torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+            "fp8": torch.float8_e4m3fn, "fp64": torch.float64}[name]
+
+
+def check_kernel(op: OpSpec, config: KernelConfig) -> None:
+    """``ConfigError`` when the config's kernel is unknown or does not serve ``op.kind``."""
+    entry = KERNELS.get(config.kernel)
+    if entry is None:
+        raise ConfigError(f"unknown backend kernel {config.kernel!r}; expected one of {', '.join(KERNELS)}",
+                          reasons=(f"unknown kernel {config.kernel!r}",))
+    if op.kind not in entry.kinds:
+        raise ConfigError(f"kernel {config.kernel!r} serves {', '.join(entry.kinds)}, not {op.kind!r}",
+                          reasons=(f"kernel {config.kernel!r} cannot run op kind {op.kind!r}",))
+
+
+def _randn(shape: tuple[int, ...], dtype: str, device: Any, gen: Any, scale: float = 1.0) -> Any:
+    import torch
+
+    t = torch.randn(shape, generator=gen, dtype=torch.float32, device="cpu") * scale
+    return t.to(device=device).to(torch_dtype(dtype))
+
+
+def make_inputs(op: OpSpec, device: Any, seed: int = 0) -> dict[str, Any]:
+    """Fresh random inputs for ``op`` on ``device`` (drawn on the CPU from ``seed``, then moved)."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    if op.is_matmul:
+        m, n, k = op.shape
+        # W ~ N(0, 1/K) keeps outputs O(1) like a trained layer; fp8 keeps |x| far under e4m3's 448.
+        a = _randn((m, k), op.dtype, device, gen)
+        if op.layout == "kn":
+            return {"a": a, "w_kn": _randn((k, n), op.dtype, device, gen, k ** -0.5)}
+        return {"a": a, "w": _randn((n, k), op.dtype, device, gen, k ** -0.5)}
+    rows, n = op.shape
+    x = _randn((rows, n), op.dtype, device, gen)
+    if op.kind in ("silu_mul", "add"):
+        return {"x": x, "y": _randn((rows, n), op.dtype, device, gen)}
+    if op.kind == "softmax":
+        return {"x": x}
+    # weights near 1 (as trained norms are), never all-equal, never zero
+    w = (1.0 + 0.1 * torch.randn((n,), generator=gen)).to(device=device, dtype=torch_dtype(op.dtype))
+    if op.kind == "rmsnorm":
+        return {"x": x, "weight": w}
+    b = (0.1 * torch.randn((n,), generator=gen)).to(device=device, dtype=torch_dtype(op.dtype))
+    return {"x": x, "weight": w, "bias": b}
+
+
+def alloc_out(op: OpSpec, device: Any) -> Any:
+    """An uninitialised output of the op's shape and output dtype."""
+    import torch
+
+    shape = (op.shape[0], op.shape[1]) if op.is_matmul else tuple(op.shape)
+    return torch.empty(shape, dtype=torch_dtype(op.out_dtype or op.dtype), device=device)
+
+
+def tolerance(op: OpSpec) -> float:
+    """Largest relative Frobenius error accepted for ``op`` (TF32 bound for fp32 matmuls)."""
+    if op.is_matmul and op.dtype == "fp32":
+        return _TOL_TF32
+    return _TOL[op.dtype]
+
+
+def _weight(inputs: dict[str, Any]) -> tuple[Any, str]:
+    return (inputs["w_kn"], "kn") if "w_kn" in inputs else (inputs["w"], "nk")
+
+
+def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
+            op: OpSpec | None = None) -> Callable[[], None]:
+    """Bind ``config`` to the tensors; returns a no-argument launcher (compiles on first call).
+
+    Allocations (split-K workspace, descriptors) happen here, outside any timed region.
+    ``op``, when given, is checked against the kernel's kinds.
+    """
+    if op is not None:
+        check_kernel(op, config)
+    elif config.kernel not in KERNELS:
+        raise ConfigError(f"unknown backend kernel {config.kernel!r}; expected one of {', '.join(KERNELS)}")
+    params = dict(config.params)
+    name = config.kernel
+    if name in ("gemm", "gemm_tma", "gemv"):
+        w, layout = _weight(inputs)
+        if name == "gemm":
+            from .kernels.gemm import gemm_prepare
+            return gemm_prepare(inputs["a"], w, out, params, layout=layout)
+        if name == "gemm_tma":
+            from .kernels.gemm_tma import gemm_tma_prepare
+            return gemm_tma_prepare(inputs["a"], w, out, params, layout=layout)
+        from .kernels.gemv import gemv_prepare
+        return gemv_prepare(inputs["a"], w, out, params, layout=layout)
+    if name == "silu_mul":
+        from .kernels.elementwise import silu_mul_prepare
+        return silu_mul_prepare(inputs["x"], inputs["y"], out, params)
+    if name == "add":
+        from .kernels.elementwise import add_prepare
+        return add_prepare(inputs["x"], inputs["y"], out, params)
+    from .kernels.norm import norm_prepare
+    return norm_prepare(name, inputs["x"], inputs.get("weight"), inputs.get("bias"), out, params,
+                        eps=EPS.get(name.rsplit("_", 1)[0], 0.0))
+
+
+def launch(inputs: dict[str, Any], config: KernelConfig, out: Any, op: OpSpec | None = None) -> None:
+    """Run ``config`` once on ``inputs`` writing ``out`` (prepare + launch)."""
+    prepare(inputs, config, out, op)()
+
+
+def reference(inputs: dict[str, Any], op: OpSpec) -> Any:
+    """The op computed in float64 on the same inputs and device."""
+    import torch
+
+    def d(t: Any) -> Any:
+        return t.to(torch.float64)
+
+    if op.is_matmul:
+        w, layout = _weight(inputs)
+        return d(inputs["a"]) @ (d(w) if layout == "kn" else d(w).t())
+    x = d(inputs["x"])
+    if op.kind == "silu_mul":
+        return torch.nn.functional.silu(x) * d(inputs["y"])
+    if op.kind == "add":
+        return x + d(inputs["y"])
+    if op.kind == "softmax":
+        return torch.softmax(x, dim=-1)
+    if op.kind == "rmsnorm":
+        return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + EPS["rmsnorm"]) * d(inputs["weight"])
+    if op.kind == "layernorm":
+        return torch.nn.functional.layer_norm(x, (x.shape[-1],), d(inputs["weight"]), d(inputs["bias"]),
+                                              EPS["layernorm"])
+    raise BackendError(f"no reference for op kind {op.kind!r}")
+
+
+def torch_baseline(inputs: dict[str, Any], op: OpSpec) -> Callable[[], Any] | None:
+    """The plain-PyTorch way to compute ``op`` (cuBLAS, ATen kernels), for the ratio column.
+
+    None where torch has no direct equivalent on this device (fp8 GEMM off sm_89+).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    if op.is_matmul:
+        a = inputs["a"]
+        w, layout = _weight(inputs)
+        if op.dtype == "fp8":
+            if a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) < (8, 9):
+                return None
+            one = torch.ones((), device=a.device, dtype=torch.float32)
+            # _scaled_mm wants B column-major: W[N,K] row-major transposed is exactly that.
+            b = w.t() if layout == "nk" else w.t().contiguous().t()
+            return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        if layout == "kn":
+            return lambda: torch.matmul(a, w)
+        return lambda: F.linear(a, w)
+    x = inputs["x"]
+    if op.kind == "silu_mul":
+        y = inputs["y"]
+        return lambda: F.silu(x) * y
+    if op.kind == "add":
+        y = inputs["y"]
+        return lambda: x + y
+    if op.kind == "softmax":
+        return lambda: torch.softmax(x, dim=-1)
+    if op.kind == "rmsnorm":
+        w = inputs["weight"]
+        return lambda: F.rms_norm(x, (x.shape[-1],), w, EPS["rmsnorm"])
+    w, b = inputs["weight"], inputs["bias"]
+    return lambda: F.layer_norm(x, (x.shape[-1],), w, b, EPS["layernorm"])

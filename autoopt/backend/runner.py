@@ -1,0 +1,266 @@
+"""Evaluate one (op, config): validate, run on fresh inputs, check, then time.
+
+The order is the contract: a config that fails ``validate`` never launches;
+with no GPU the answer is the cost model's prediction, labelled ``predicted``
+(never a CPU time); on a GPU the output is poisoned with NaN, the kernel runs
+once, every element must have been written and match the float64 reference
+within the dtype's tolerance, and only then is it timed with
+``triton.testing.do_bench`` (median, L2 flushed between runs). A time below the
+physical floor (FLOPs at peak, bytes at bandwidth) by more than 3% cannot be
+real and is ``withheld``. Under Triton's interpreter (``TRITON_INTERPRET=1``,
+CPU tensors) the same checks run and the label is ``checked`` with no time.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import KernelConfig
+from ..errors import AutooptError, ConfigError
+from ..ops import OpSpec
+from ..profile import GPUProfile
+from . import registry
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LABELS", "Result", "evaluate", "floor_us", "interpreter_active"]
+
+LABELS = ("measured", "predicted", "rejected", "withheld", "checked")
+#: a measurement this far under the physical floor is an error, not a speed-up.
+_FLOOR_SLACK = 0.03
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result:
+    """The outcome of evaluating one config on one op."""
+
+    op: OpSpec
+    config: KernelConfig
+    label: str
+    us: float | None = None
+    tflops: float | None = None
+    gbs: float | None = None
+    roofline_pct: float | None = None
+    rel_err: float | None = None
+    reason: str = ""
+    device: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        def r(v: float | None, nd: int) -> float | None:
+            return None if v is None else round(v, nd)
+        return {"op": self.op.to_dict(), "config": self.config.to_dict(), "label": self.label,
+                "us": r(self.us, 4), "tflops": r(self.tflops, 3), "gbs": r(self.gbs, 2),
+                "roofline_pct": r(self.roofline_pct, 2),
+                "rel_err": None if self.rel_err is None else float(f"{self.rel_err:.4g}"),
+                "reason": self.reason, "device": self.device, "versions": dict(self.versions)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Result:
+        label = data.get("label")
+        if label not in LABELS:
+            raise ConfigError(f"result label {label!r} is not one of {', '.join(LABELS)}")
+
+        def f(key: str) -> float | None:
+            v = data.get(key)
+            return None if v is None else float(v)
+        return cls(op=OpSpec.from_dict(data["op"]), config=KernelConfig.from_dict(data["config"]),
+                   label=str(label), us=f("us"), tflops=f("tflops"), gbs=f("gbs"),
+                   roofline_pct=f("roofline_pct"), rel_err=f("rel_err"), reason=str(data.get("reason", "")),
+                   device=str(data.get("device", "")),
+                   versions={str(k): str(v) for k, v in dict(data.get("versions", {})).items()})
+
+
+def interpreter_active() -> bool:
+    """Whether Triton's CPU interpreter is switched on (``TRITON_INTERPRET``)."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        if torch.version.cuda:
+            out["cuda"] = str(torch.version.cuda)
+    except ImportError:
+        pass
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def _pick_device(device: str | None) -> str | None:
+    """Where kernels can run: a CUDA device, ``cpu`` under the interpreter, or None (predict only)."""
+    try:
+        import torch
+        import triton  # noqa: F401
+    except ImportError:
+        return None
+    if interpreter_active():
+        return "cpu" if device in (None, "cpu") else None
+    if not torch.cuda.is_available():
+        return None
+    if device is None:
+        return "cuda"
+    return device if str(device).startswith("cuda") else None
+
+
+def _peak_tflops(op: OpSpec, gpu: GPUProfile) -> float | None:
+    if op.is_matmul:
+        # fp32 matmuls run as TF32 on tensor cores; everything else at its own rate.
+        return gpu.tflops("tf32" if op.dtype == "fp32" else op.dtype)
+    return gpu.tflops("fp32")  # elementwise/norm math runs in fp32 on the CUDA cores
+
+
+def floor_us(op: OpSpec, gpu: GPUProfile | None) -> float | None:
+    """The physical floor in µs: max(FLOPs at peak, bytes at bandwidth); None if neither is known."""
+    if gpu is None:
+        return None
+    terms = []
+    peak = _peak_tflops(op, gpu)
+    if peak:
+        terms.append(op.flops / (peak * 1e12) * 1e6)
+    if gpu.bandwidth_gbs:
+        terms.append(op.min_bytes / (gpu.bandwidth_gbs * 1e9) * 1e6)
+    return max(terms) if terms else None
+
+
+def _rates(op: OpSpec, us: float | None, gpu: GPUProfile | None) -> dict[str, float | None]:
+    if not us or us <= 0:
+        return {"tflops": None, "gbs": None, "roofline_pct": None}
+    floor = floor_us(op, gpu)
+    return {"tflops": op.flops / (us * 1e-6) / 1e12, "gbs": op.min_bytes / (us * 1e-6) / 1e9,
+            "roofline_pct": None if floor is None else 100.0 * floor / us}
+
+
+#: the last op's inputs and float64 reference, keyed by (op, seed, device): a sweep of
+#: configs over one shape draws identical seeded inputs, so they are made once.
+_CACHE: dict[tuple[Any, ...], tuple[dict[str, Any], Any]] = {}
+
+
+def _inputs_and_reference(op: OpSpec, device: str, seed: int) -> tuple[dict[str, Any], Any]:
+    key = (op.kind, op.shape, op.dtype, op.layout, op.out_dtype, seed, device)
+    hit = _CACHE.get(key)
+    if hit is None:
+        _CACHE.clear()  # hold one op's tensors at a time (a 28672x4096 weight is 235 MB in bf16)
+        inputs = registry.make_inputs(op, device, seed)
+        hit = (inputs, registry.reference(inputs, op))
+        _CACHE[key] = hit
+    return hit
+
+
+def _reason(exc: BaseException) -> str:
+    """One line naming the failure kind (compile, resources, runtime) and its message."""
+    kind = "error"
+    try:
+        from triton.compiler.errors import CompilationError
+        from triton.runtime.errors import OutOfResources
+
+        if isinstance(exc, OutOfResources):
+            kind = "out of resources"
+        elif isinstance(exc, CompilationError):
+            kind = "compile error"
+    except ImportError:
+        pass
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{kind}: {type(exc).__name__}: {text}"
+
+
+def evaluate(op: OpSpec, config: KernelConfig, *, gpu: GPUProfile | None = None,
+             validate: Callable[[OpSpec, KernelConfig], list[str]] | None = None,
+             predict: Callable[[OpSpec, KernelConfig], float] | None = None,
+             device: str | None = None, seed: int = 0, warmup_ms: int = 25, rep_ms: int = 100,
+             check_only: bool = False, timeout_s: float = 120.0) -> Result:
+    """Validate, run, check and time one config; never raises for a bad config (label ``rejected``).
+
+    ``timeout_s`` bounds the first (compiling) run: a config slower than that is rejected
+    instead of being timed (a GPU kernel cannot be interrupted; this stops the sweep paying twice).
+    """
+    versions = _versions()
+
+    def result(label: str, **kw: Any) -> Result:
+        return Result(op=op, config=config, label=label, versions=versions, **kw)
+
+    try:
+        registry.check_kernel(op, config)
+    except ConfigError as exc:
+        return result("rejected", reason=str(exc))
+    if validate is not None:
+        reasons = [str(r) for r in validate(op, config)]
+        if reasons:
+            return result("rejected", reason="; ".join(reasons))
+
+    dev = _pick_device(device)
+    if dev is None:
+        us = float(predict(op, config)) if predict is not None else None
+        why = "no GPU here: time from the cost model" if us is not None else \
+            "no GPU here and no cost model given: nothing measured or predicted"
+        return result("predicted", us=us, reason=why, device="none", **_rates(op, us, gpu))
+
+    import torch
+
+    dev_name = "cpu (triton interpreter)" if dev == "cpu" else torch.cuda.get_device_name(dev)
+    try:
+        inputs, ref = _inputs_and_reference(op, dev, seed)
+        out = registry.alloc_out(op, dev)
+        out.fill_(float("nan"))  # poison: an element the kernel skips stays NaN
+        fn = registry.prepare(inputs, config, out, op)
+        t0 = time.perf_counter()
+        fn()
+        if dev != "cpu":
+            torch.cuda.synchronize(dev)
+        first_s = time.perf_counter() - t0
+    except (AutooptError, ValueError) as exc:
+        return result("rejected", reason=f"cannot launch: {exc}", device=dev_name)
+    except Exception as exc:  # compile errors, OutOfResources, CUDA faults: the sweep goes on
+        log.info("config %s on %s rejected: %s", config.describe(), op.label(), exc)
+        return result("rejected", reason=_reason(exc), device=dev_name)
+
+    bad = int((~torch.isfinite(out)).sum().item())
+    if bad:
+        return result("rejected", device=dev_name,
+                      reason=f"{bad} of {out.numel()} output elements are NaN/inf after the run "
+                             f"(the output was poisoned with NaN: unwritten or computed non-finite)")
+    err = float(torch.linalg.vector_norm(out.to(torch.float64) - ref) / torch.linalg.vector_norm(ref))
+    tol = registry.tolerance(op)
+    if not math.isfinite(err) or err > tol:
+        return result("rejected", rel_err=err, device=dev_name,
+                      reason=f"wrong result: relative error {err:.3g} > {tol:g} allowed for {op.dtype}")
+    if dev == "cpu" or check_only:
+        return result("checked", rel_err=err, device=dev_name,
+                      reason="correct under the Triton interpreter (no time taken on the CPU)"
+                      if dev == "cpu" else "correct (timing skipped: check_only)")
+    if first_s > timeout_s:
+        return result("rejected", rel_err=err, device=dev_name,
+                      reason=f"first run (with compile) took {first_s:.1f} s > limit {timeout_s:g} s")
+
+    import triton.testing
+
+    try:
+        ms = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+    except Exception as exc:
+        return result("rejected", rel_err=err, device=dev_name, reason=_reason(exc))
+    us = float(ms) * 1e3
+    rates = _rates(op, us, gpu)
+    floor = floor_us(op, gpu)
+    if floor is not None and us < floor * (1.0 - _FLOOR_SLACK):
+        return result("withheld", us=us, rel_err=err, device=dev_name, **rates,
+                      reason=f"measured {us:.3f} us is below the physical floor {floor:.3f} us "
+                             f"(peak {_peak_tflops(op, gpu)} TFLOP/s, {gpu.bandwidth_gbs if gpu else None} GB/s): "
+                             f"the measurement or the profile is wrong")
+    return result("measured", us=us, rel_err=err, device=dev_name, **rates)

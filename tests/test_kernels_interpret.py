@@ -1,0 +1,164 @@
+"""Every backend kernel computes the right answer, through runner.evaluate (the GPU's own path).
+
+On a machine without CUDA the kernels run under Triton's CPU interpreter
+(``TRITON_INTERPRET=1``, set here before any kernel module is imported; Triton
+reads it when a ``@triton.jit`` function is decorated). With CUDA the same tests
+run compiled. Shapes are tiny and ragged on purpose (M=3, N=50, K=40). Dots use
+fp16/fp32 only: the interpreter's bf16 ``tl.dot`` is wrong in triton 3.9.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+if not torch.cuda.is_available():
+    # before triton's first import (tests/conftest.py normally did it already)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from autoopt.backend import registry  # noqa: E402
+from autoopt.backend.runner import evaluate  # noqa: E402
+from autoopt.config import KernelConfig  # noqa: E402
+from autoopt.ops import OpSpec  # noqa: E402
+
+OK = ("checked", "measured")
+
+
+def gemm_cfg(kernel: str = "gemm", **kw: int) -> KernelConfig:
+    params = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, SPLIT_K=1, num_warps=4, num_stages=2)
+    if kernel == "gemm_tma":
+        params.pop("SPLIT_K")
+    params.update(kw)
+    return KernelConfig(kernel=kernel, params=params)
+
+
+def assert_correct(op: OpSpec, cfg: KernelConfig) -> None:
+    res = evaluate(op, cfg, check_only=True)
+    assert res.label in OK, res.reason
+    assert res.rel_err is not None and res.rel_err <= registry.tolerance(op)
+    assert res.us is None  # correctness only: never a CPU time
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_gemm_ragged_shape_is_correct(dtype: str) -> None:
+    assert_correct(OpSpec(kind="gemm", shape=(3, 50, 40), dtype=dtype), gemm_cfg())
+
+
+def test_gemm_multi_tile_group_ordering_is_correct() -> None:
+    # 5 x 4 tiles with GROUP_M=2: the last group is ragged (one row of tiles)
+    assert_correct(OpSpec(kind="gemm", shape=(70, 120, 48), dtype="fp16"), gemm_cfg(GROUP_M=2))
+
+
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_gemm_split_k_sums_every_slice(split_k: int) -> None:
+    # K=40 in BLOCK_K=16 tiles: 3 tiles over 2 or 3 slices, so some slices are partly empty
+    assert_correct(OpSpec(kind="gemm", shape=(3, 50, 40), dtype="fp32"), gemm_cfg(SPLIT_K=split_k))
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_gemm_layout_kn_is_correct(split_k: int) -> None:
+    assert_correct(OpSpec(kind="gemm", shape=(3, 50, 40), dtype="fp16", layout="kn"), gemm_cfg(SPLIT_K=split_k))
+
+
+def test_gemm_even_k_fast_path_is_correct() -> None:
+    # K a multiple of BLOCK_K * SPLIT_K: the masks are compiled out
+    assert_correct(OpSpec(kind="gemm", shape=(17, 33, 64), dtype="fp16"), gemm_cfg(SPLIT_K=2))
+
+
+def test_gemm_fp8_writes_bf16_within_fp8_tolerance() -> None:
+    op = OpSpec(kind="gemm", shape=(5, 48, 64), dtype="fp8")
+    assert op.out_dtype == "bf16"
+    assert_correct(op, gemm_cfg(BLOCK_K=32))
+
+
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_gemm_tma_persistent_covers_every_tile(layout: str) -> None:
+    # 3 x 2 = 6 tiles on a 4-program persistent grid under the interpreter: programs take 2 tiles
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("gemm_tma needs TMA (sm_90+)")
+    op = OpSpec(kind="gemm", shape=(33, 48, 64), dtype="fp16", layout=layout)
+    assert_correct(op, gemm_cfg("gemm_tma"))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32", "bf16"])
+def test_gemv_single_row_is_correct(dtype: str) -> None:
+    # M=1 takes the FMA path (no tl.dot), so bf16 is checkable under the interpreter too
+    cfg = KernelConfig(kernel="gemv", params=dict(BLOCK_M=1, BLOCK_N=16, BLOCK_K=32, SPLIT_K=1,
+                                                  num_warps=4, num_stages=2))
+    assert_correct(OpSpec(kind="gemv", shape=(1, 50, 72), dtype=dtype), cfg)
+
+
+@pytest.mark.parametrize("m,split_k,layout", [(1, 3, "nk"), (5, 1, "nk"), (5, 2, "kn"), (16, 2, "nk")])
+def test_gemv_multi_row_split_k_and_layouts_are_correct(m: int, split_k: int, layout: str) -> None:
+    bm = 1 if m == 1 else 16 if m > 8 else 8
+    cfg = KernelConfig(kernel="gemv", params=dict(BLOCK_M=bm, BLOCK_N=16, BLOCK_K=32, SPLIT_K=split_k,
+                                                  num_warps=4, num_stages=2))
+    assert_correct(OpSpec(kind="gemv", shape=(m, 50, 72), dtype="fp16", layout=layout), cfg)
+
+
+def test_gemv_block_m_below_m_is_rejected_not_run() -> None:
+    cfg = KernelConfig(kernel="gemv", params=dict(BLOCK_M=2, BLOCK_N=16, BLOCK_K=32, SPLIT_K=1, num_warps=4))
+    res = evaluate(OpSpec(kind="gemv", shape=(5, 50, 72), dtype="fp16"), cfg)
+    assert res.label == "rejected" and "BLOCK_M=2 must be >= M=5" in res.reason
+
+
+@pytest.mark.parametrize("kernel", ["silu_mul", "add"])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32", "bf16"])
+@pytest.mark.parametrize("shape,block", [((7, 100), 256), ((4, 64), 128)])
+def test_elementwise_ragged_and_even_are_correct(kernel: str, dtype: str, shape: tuple[int, int],
+                                                  block: int) -> None:
+    cfg = KernelConfig(kernel=kernel, params=dict(BLOCK_SIZE=block, num_warps=4))
+    assert_correct(OpSpec(kind=kernel, shape=shape, dtype=dtype), cfg)
+
+
+def test_add_flat_shape_is_correct() -> None:
+    op = OpSpec(kind="add", shape=(1000,), dtype="fp32")
+    assert_correct(op, KernelConfig(kernel="add", params=dict(BLOCK_SIZE=256, num_warps=4)))
+
+
+@pytest.mark.parametrize("kind", ["rmsnorm", "layernorm", "softmax"])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32", "bf16"])
+def test_single_pass_norms_are_correct(kind: str, dtype: str) -> None:
+    # 5 rows, 2 per program: the last program has a padding row
+    cfg = KernelConfig(kernel=f"{kind}_single", params=dict(BLOCK_N=128, ROWS_PER_PROGRAM=2, num_warps=4))
+    assert_correct(OpSpec(kind=kind, shape=(5, 100), dtype=dtype), cfg)
+
+
+@pytest.mark.parametrize("kind", ["rmsnorm", "layernorm", "softmax"])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32", "bf16"])
+def test_looped_norms_stream_ragged_rows_correctly(kind: str, dtype: str) -> None:
+    # N=100 in BLOCK_N=32 chunks: 4 chunks, the last one 4 wide
+    cfg = KernelConfig(kernel=f"{kind}_looped", params=dict(BLOCK_N=32, num_warps=4))
+    assert_correct(OpSpec(kind=kind, shape=(5, 100), dtype=dtype), cfg)
+
+
+def test_layernorm_looped_keeps_precision_with_large_mean() -> None:
+    # |mean| = 1000 >> std = 1: an unshifted one-pass variance would cancel in fp32
+    op = OpSpec(kind="layernorm", shape=(3, 96), dtype="fp32")
+    inputs = registry.make_inputs(op, "cuda" if torch.cuda.is_available() else "cpu", 1)
+    inputs["x"] += 1000.0
+    out = registry.alloc_out(op, inputs["x"].device)
+    registry.launch(inputs, KernelConfig(kernel="layernorm_looped", params=dict(BLOCK_N=32, num_warps=4)), out, op)
+    ref = registry.reference(inputs, op)
+    err = float(torch.linalg.vector_norm(out.double() - ref) / torch.linalg.vector_norm(ref))
+    assert err < 1e-4
+
+
+def test_softmax_rows_sum_to_one() -> None:
+    op = OpSpec(kind="softmax", shape=(4, 70), dtype="fp32")
+    inputs = registry.make_inputs(op, "cuda" if torch.cuda.is_available() else "cpu", 2)
+    out = registry.alloc_out(op, inputs["x"].device)
+    registry.launch(inputs, KernelConfig(kernel="softmax_looped", params=dict(BLOCK_N=16, num_warps=4)), out, op)
+    assert torch.allclose(out.sum(dim=-1).double().cpu(), torch.ones(4, dtype=torch.float64), atol=1e-5)
+
+
+def test_single_pass_norm_with_short_block_is_rejected() -> None:
+    cfg = KernelConfig(kernel="rmsnorm_single", params=dict(BLOCK_N=64, num_warps=4))
+    res = evaluate(OpSpec(kind="rmsnorm", shape=(5, 100), dtype="fp32"), cfg)
+    assert res.label == "rejected"
+    assert "BLOCK_N=64 < N=100" in res.reason and "BLOCK_N=128" in res.reason
