@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 __all__ = [
     "ArchVariant",
@@ -136,6 +137,7 @@ class Features:
         return tuple(name for name, on in self.to_dict().items() if on)
 
 
+@lru_cache(maxsize=256)  # GPUProfile.features is read per config while ranking; Features is frozen
 def features_for(arch: str) -> Features:
     """Feature flags of an arch variant; an unknown arch gets no features."""
     try:

@@ -1,0 +1,392 @@
+"""Analytic cost model: predicted time of a valid kernel config, in pure Python.
+
+Matmuls (:func:`predict_matmul`) are modelled per SM: every SM runs
+``ceil(tiles / SMs)`` tiles (wave quantization), each tile takes K-iterations
+limited by the tensor-core rate (scaled by the MMA path and by shared-memory
+operand bandwidth for the tile shape), by the SM's share of L2 bandwidth, and
+by latency hiding (``num_stages - 1`` loads in flight per resident CTA); the
+whole grid is also held to DRAM bandwidth for the bytes it really moves after
+L2 reuse (group-M ordering, L2 size). Split-K adds fp32 partial traffic and a
+reduce launch. Streaming kernels (elementwise, norms) use the same per-SM
+latency/bandwidth view (:func:`predict_stream`).
+
+Every tunable number lives in :class:`CostConstants`; :func:`fit_constants`
+refits them from measured timings in one call and :func:`using` installs a set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from ._serde import from_plain, to_plain
+from .config import KernelConfig
+from .constraints import Limits, limits, occupancy, warp_grid
+from .errors import AutooptError
+from .ops import DTYPE_BYTES, OpSpec
+from .profile import GPUProfile
+from .template import Prediction
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CostConstants", "DEFAULT_CONSTANTS", "constants", "fit_constants", "floor_us",
+           "peak_flops", "predict_matmul", "predict_stream", "using"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CostConstants:
+    """Every calibratable number of the cost model (priors until :func:`fit_constants` refits them)."""
+
+    #: fraction of the datasheet dense tensor peak a well-shaped GEMM sustains: H100 SXM cuBLAS
+    #: 774 of 989.4 TFLOP/s bf16 at 4096^3 (shared/hardware-captures/README.md) = 0.78.
+    tc_efficiency: float = 0.78
+    #: mma.sync (Ampere-style) issue rate relative to wgmma/tcgen05 on GPUs that have the latter:
+    #: FlashAttention-2 (mma.sync) reaches ~350-400 TFLOP/s on H100 where FA3 (wgmma) reaches
+    #: ~600-660 (Shah et al. 2024, FlashAttention-3, fig. 6) -> ~0.6.
+    mma_sync_fraction: float = 0.62
+    #: sustained/spec DRAM bandwidth: 3.00 TB/s measured copy / 3.35 spec on H100 (hardware-captures).
+    dram_efficiency: float = 0.90
+    #: L2->SM bandwidth as a multiple of DRAM bandwidth. A100: 5120 B/clk x 1.41 GHz = 7.2 TB/s
+    #: (NVIDIA A100 whitepaper) / 2.04 TB/s = 3.5; prior, to be fitted on Hopper.
+    l2_bw_ratio: float = 3.6
+    #: share of L2 that keeps reused operand blocks alive (H100's L2 is two partitions with
+    #: duplication across them; streaming data evicts the rest).
+    l2_usable_fraction: float = 0.5
+    #: DRAM load-to-use latency seen by a CTA (us): ~0.6-0.8 us on A100/H100 pointer-chase
+    #: microbenchmarks; fill cost of each tile's pipeline and the latency term of streaming.
+    dram_latency_us: float = 0.7
+    #: fixed cost of one kernel launch seen by torch-timed code on H100: ~4-6 us (brief).
+    launch_us: float = 4.5
+    #: shared-memory bandwidth per SM per clock: 32 banks x 4 B (CUDA guide, all sm_5x+).
+    smem_bytes_per_clk: float = 128.0
+    #: fixed cost of one K-iteration beyond its MMAs (barrier wait, address and loop bookkeeping):
+    #: ~80 cycles at ~2 GHz; makes BLOCK_K=32 lose to 64 on compute-bound shapes (prior).
+    iter_overhead_us: float = 0.04
+    #: fraction of per-tile pipeline fill a persistent kernel still pays (prefetch across tiles).
+    persistent_fill_fraction: float = 0.3
+    #: cost of the epilogue of one tile relative to one K-iteration (layout conversion + store).
+    epilogue_iters: float = 1.0
+
+    #: exponent of the smooth max joining overlapped terms (SM time vs DRAM time): 1 would add
+    #: them (no overlap), infinity takes the max (perfect overlap); 4 leaves ~19% when equal (prior).
+    overlap_exponent: float = 4.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CostConstants:
+        return from_plain(cls, data, lambda msg, where: AutooptError(f"cost constants: {where}: {msg}"))
+
+
+DEFAULT_CONSTANTS = CostConstants()
+_active: list[CostConstants] = [DEFAULT_CONSTANTS]
+
+
+def constants() -> CostConstants:
+    """The constants predictions use now."""
+    return _active[-1]
+
+
+@contextlib.contextmanager
+def using(consts: CostConstants) -> Iterator[CostConstants]:
+    """Predict with ``consts`` inside the block (rankings are cached per constants)."""
+    _active.append(consts)
+    try:
+        yield consts
+    finally:
+        _active.pop()
+
+
+def set_constants(consts: CostConstants) -> None:
+    """Install calibrated constants for the rest of the process."""
+    _active[0] = consts
+
+
+# -- shared quantities ---------------------------------------------------------------
+
+def peak_flops(gpu: GPUProfile, dtype: str, *, tensor: bool = True) -> float | None:
+    """Dense peak FLOP/s for ``dtype``; fp32 matmuls run as TF32 on tensor cores (Triton's default)."""
+    if not tensor:
+        t = gpu.tflops("fp32")
+    elif dtype == "fp32":
+        t = gpu.tflops("tf32") if gpu.features.tf32 else None
+        t = t or gpu.tflops("fp32")
+    else:
+        t = gpu.tflops(dtype)
+    return t * 1e12 if t else None
+
+
+def _bw(gpu: GPUProfile) -> float:
+    bw = gpu.bandwidth_gbs
+    if not bw:
+        raise AutooptError(f"GPU {gpu.name!r} has no memory bandwidth in its profile; "
+                           "the cost model needs mem_bandwidth_gbs (or a measured value)")
+    return bw * 1e9
+
+
+_FLOOR_CACHE: dict[tuple[int, OpSpec], tuple[GPUProfile, float]] = {}
+
+
+def floor_us(gpu: GPUProfile, op: OpSpec) -> float:
+    """The physical floor: max(FLOPs at peak, minimum bytes at spec bandwidth), no launch."""
+    hit = _FLOOR_CACHE.get((id(gpu), op))
+    if hit is not None and hit[0] is gpu:
+        return hit[1]
+    peak = peak_flops(gpu, op.dtype, tensor=op.is_matmul)
+    t_c = op.flops / peak if peak else 0.0
+    floor = max(t_c, op.min_bytes / _bw(gpu)) * 1e6
+    if len(_FLOOR_CACHE) > 1024:
+        _FLOOR_CACHE.clear()
+    _FLOOR_CACHE[(id(gpu), op)] = (gpu, floor)
+    return floor
+
+
+def _finish(gpu: GPUProfile, op: OpSpec, terms: dict[str, float], total: float, reason: str) -> Prediction:
+    bound_terms = {"compute": terms.get("compute_us", 0.0),
+                   "memory": max(terms.get("dram_us", 0.0), terms.get("l2_us", 0.0)),
+                   "latency": terms.get("latency_us", 0.0) + terms.get("launch_us", 0.0)}
+    bound = max(bound_terms, key=bound_terms.__getitem__)
+    floor = floor_us(gpu, op)
+    terms["floor_us"] = floor
+    return Prediction(us=total, bound=bound, roofline_pct=min(100.0, 100.0 * floor / total),
+                      reason=reason, breakdown=terms)
+
+
+def _softmax(a: float, b: float, p: float) -> float:
+    """Smooth max ``(a^p + b^p)^(1/p)``: overlapped terms never overlap perfectly, and the smaller
+    one still moves the total (so configs tied on their bound still rank by the other term)."""
+    hi = max(a, b)
+    if hi <= 0:
+        return 0.0
+    return hi * ((a / hi) ** p + (b / hi) ** p) ** (1 / p)
+
+
+# -- matmul ---------------------------------------------------------------------------
+
+#: MMA flavours a matmul tile can run on.
+MMA_KINDS = ("mma_sync", "wgmma", "tcgen05", "mfma", "fma")
+
+
+def _mma_efficiency(gpu: GPUProfile, mma: str, c: CostConstants) -> float:
+    f = gpu.features
+    if mma == "mma_sync" and (f.wgmma or f.tcgen05):
+        return c.mma_sync_fraction  # full rate on sm_90a/sm_100a needs wgmma/tcgen05
+    return 1.0
+
+
+def _smem_intensity(bm: int, bn: int, num_warps: int, e: float, mma: str) -> float:
+    """FLOP per byte of shared memory read by the MMA: per warp tile (mma.sync) or per 64-row
+    warpgroup slice with N = BLOCK_N (wgmma/tcgen05 read both operands from SMEM)."""
+    if mma in ("wgmma", "tcgen05"):
+        m = 64 if mma == "wgmma" else min(bm, 128)
+        return 2.0 * m * bn / ((m + bn) * e)
+    wm, wn = warp_grid(bm, bn, num_warps)
+    return 2.0 * wm * wn / ((wm + wn) * e)
+
+
+def _reuse(tm: int, tn: int, group_m: int, conc: int, a_blk: float, w_blk: float, l2: float) -> tuple[int, int]:
+    """DRAM reads of each A row-block and each W column-block after L2 reuse.
+
+    ``conc`` tiles run at once, in group-M order: a wave spans R row-blocks x C
+    column-blocks. A row-block is reused across ceil(tn/C) column waves if the
+    wave's operands fit the usable L2 between two uses; W across ceil(tm/R)
+    row passes if all of W (plus the active A rows) fits.
+    """
+    g = max(1, min(group_m, tm))
+    if conc >= tm * tn:
+        r, cols = tm, tn
+    elif conc <= g:
+        r, cols = conc, 1
+    elif conc < g * tn:
+        r, cols = g, math.ceil(conc / g)
+    else:
+        r, cols = min(tm, g * math.ceil(conc / (g * tn))), tn
+    a_passes = math.ceil(tn / cols)
+    w_passes = math.ceil(tm / r)
+    ra = 1 if a_passes == 1 or r * a_blk + cols * w_blk <= l2 else a_passes
+    rw = 1 if w_passes == 1 or tn * w_blk + r * a_blk <= l2 else w_passes
+    return ra, rw
+
+
+def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: str = "mma_sync",
+                   smem_bytes: int, regs_per_thread: float, persistent: bool = False,
+                   multicast: tuple[int, int] = (1, 1), consts: CostConstants | None = None) -> Prediction:
+    """Predicted time of a tiled matmul config (see module docstring).
+
+    ``mma``: one of :data:`MMA_KINDS`; ``multicast``: (CTAs sharing each W tile,
+    CTAs sharing each A tile) through cluster TMA multicast, dividing L2 reads.
+    """
+    c = consts or constants()
+    lim: Limits = limits(gpu)
+    p = config.params
+    m, n, k = op.shape
+    e = DTYPE_BYTES[op.dtype]
+    out_e = DTYPE_BYTES[op.out_dtype or op.dtype]
+    bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
+    split = p.get("SPLIT_K", 1)
+    warps, stages = config.num_warps, config.num_stages
+    sms = lim.sm_count
+    threads = warps * lim.warp_size
+    occ = max(1, occupancy(lim, smem_bytes=smem_bytes, regs_per_thread=regs_per_thread, threads=threads))
+    if persistent:
+        occ = 1  # grid = NUM_SMS programs, one per SM
+
+    tm, tn = math.ceil(m / bm), math.ceil(n / bn)
+    tiles = tm * tn * split
+    k_slice = math.ceil(k / split)
+    k_iters = max(1, math.ceil(k_slice / bk))
+    tiles_per_sm = math.ceil(tiles / sms)
+    conc = min(occ, tiles_per_sm)
+
+    # Compute per K-iteration on one SM (padded tile: the MMA computes masked rows too).
+    peak = peak_flops(gpu, op.dtype, tensor=mma != "fma")
+    it_flops = 2.0 * (max(bm, 16) if mma != "fma" else min(bm, m)) * bn * bk
+    t_comp = 0.0
+    smem_pen = 1.0
+    if peak:
+        rate = peak * c.tc_efficiency * _mma_efficiency(gpu, mma, c) / sms
+        if mma != "fma" and gpu.sm_clock_max_mhz:
+            need = peak / (sms * gpu.sm_clock_max_mhz * 1e6) / c.smem_bytes_per_clk
+            smem_pen = max(1.0, need / _smem_intensity(bm, bn, warps, e, mma))
+        t_comp = it_flops / rate * smem_pen * 1e6
+    # L2 -> SM: rows of A/W actually present (masked rows are not fetched), divided by multicast.
+    bw = _bw(gpu)
+    it_bytes = (min(bm, m) / multicast[1] + min(bn, n) / multicast[0]) * bk * e
+    t_l2 = it_bytes / (bw * c.l2_bw_ratio / sms) * 1e6
+    t_it = max(t_comp, t_l2) + c.iter_overhead_us
+    # a stage lands latency + its transfer time after issue; depth stages cover that many iterations
+    depth = max(stages - 1, 0.5)
+    t_it_eff = max(t_it, (c.dram_latency_us + t_l2) / (depth * conc))
+    fills = math.ceil(tiles_per_sm / conc) * c.dram_latency_us
+    if persistent:
+        fills = c.dram_latency_us + (tiles_per_sm - 1) * c.dram_latency_us * c.persistent_fill_fraction
+    epilogue = tiles_per_sm * c.epilogue_iters * t_it
+    sm_us = tiles_per_sm * k_iters * t_it_eff + fills + epilogue
+
+    # DRAM: operands after L2 reuse, output (or fp32 partials) once.
+    l2_eff = (gpu.l2_bytes or 0) * c.l2_usable_fraction
+    conc_grid = min(tiles, sms * occ)
+    ra, rw = _reuse(tm, tn, p.get("GROUP_M", 1), conc_grid, min(bm, m) * k * e, min(bn, n) * k * e, l2_eff)
+    a_bytes, w_bytes = m * k * e, n * k * e
+    out_bytes = m * n * (4 * split if split > 1 else out_e)
+    dram_bytes = a_bytes * ra + w_bytes * rw + out_bytes
+    dram_us = dram_bytes / (bw * c.dram_efficiency) * 1e6
+    launch = c.launch_us
+    reduce_us = 0.0
+    if split > 1:  # fp32 partials read back by a second kernel, output written once
+        reduce_us = (m * n * 4 * split + m * n * out_e) / (bw * c.dram_efficiency) * 1e6
+        launch += c.launch_us
+    main_us = _softmax(sm_us, dram_us, c.overlap_exponent)
+    total = main_us + reduce_us + launch
+
+    compute_us = tiles_per_sm * k_iters * t_comp
+    terms = {
+        "compute_us": compute_us,
+        "l2_us": tiles_per_sm * k_iters * t_l2,
+        "dram_us": dram_us + reduce_us,
+        "latency_us": max(0.0, sm_us - tiles_per_sm * k_iters * t_it),
+        "launch_us": launch,
+        "waves": (waves := tiles / (sms * occ)),
+        "ctas_per_sm": float(occ),
+        "dram_mb": dram_bytes / 1e6,
+        "smem_penalty": smem_pen,
+    }
+    reason = (f"{tiles} tiles over {sms} SMs x {occ} CTA/SM ({waves:.2f} waves), {k_iters} K-iters; "
+              f"{dram_bytes / 1e6:.1f} MB DRAM (A x{ra}, W x{rw}); {mma} path")
+    if split > 1:
+        reason += f"; split-K {split}: +{m * n * 4 * split * 2 / 1e6:.2f} MB fp32 partials, +1 launch"
+    return _finish(gpu, op, terms, total, reason)
+
+
+# -- streaming kernels (elementwise, norms) ------------------------------------------
+
+def predict_stream(gpu: GPUProfile, op: OpSpec, *, programs: int, threads: int, smem_bytes: int,
+                   regs_per_thread: float, iters: int, bytes_per_iter: float, dram_bytes: float,
+                   l2_bytes: float = 0.0, reason: str = "",
+                   consts: CostConstants | None = None) -> Prediction:
+    """Predicted time of a bandwidth-bound kernel: ``programs`` programs, each ``iters`` iterations
+    loading ``bytes_per_iter`` (the latency-exposed loads); ``dram_bytes`` in total from DRAM and
+    ``l2_bytes`` more re-read from L2."""
+    c = consts or constants()
+    lim = limits(gpu)
+    sms = lim.sm_count
+    bw = _bw(gpu)
+    occ = max(1, occupancy(lim, smem_bytes=smem_bytes, regs_per_thread=regs_per_thread, threads=threads))
+    per_sm = math.ceil(programs / sms)
+    conc = min(occ, per_sm)
+    # per SM: the bytes move at the SM's L2 port share unless latency with `conc` programs in flight
+    t_bw = bytes_per_iter / (bw * c.l2_bw_ratio / sms) * 1e6
+    t_iter = max(t_bw, c.dram_latency_us / conc)
+    sm_us = per_sm * iters * t_iter
+    dram_us = dram_bytes / (bw * c.dram_efficiency) * 1e6
+    l2_us = l2_bytes / (bw * c.l2_bw_ratio) * 1e6
+    peak = peak_flops(gpu, "fp32", tensor=False)
+    compute_us = op.flops / peak * 1e6 if peak else 0.0
+    main = _softmax(_softmax(sm_us, dram_us + l2_us, c.overlap_exponent), compute_us, c.overlap_exponent)
+    total = main + c.launch_us
+    terms = {"compute_us": compute_us, "dram_us": dram_us, "l2_us": l2_us,
+             "latency_us": max(0.0, sm_us - per_sm * iters * t_bw), "launch_us": c.launch_us,
+             "ctas_per_sm": float(occ), "waves": programs / (sms * occ), "dram_mb": dram_bytes / 1e6}
+    text = f"{programs} programs over {sms} SMs x {occ}/SM, {iters} iter(s) each; {dram_bytes / 1e6:.2f} MB DRAM"
+    return _finish(gpu, op, terms, total, f"{reason}; {text}" if reason else text)
+
+
+# -- calibration ----------------------------------------------------------------------
+
+Sample = tuple[GPUProfile, OpSpec, KernelConfig, float]
+
+
+def _loss(samples: Sequence[Sample], consts: CostConstants) -> float:
+    from .rank import predict_config  # lazy: rank imports this module
+
+    total = 0.0
+    with using(consts):
+        for gpu, op, config, measured in samples:
+            pred = predict_config(gpu, op, config)
+            total += (math.log(pred.us) - math.log(measured)) ** 2
+    return total / len(samples)
+
+
+def fit_constants(samples: Sequence[Sample], *, start: CostConstants | None = None,
+                  names: Sequence[str] | None = None, rounds: int = 8) -> CostConstants:
+    """Fit constants to measured timings: coordinate search on mean squared log-error.
+
+    ``samples``: (gpu, op, config, measured_us). Each round tries multiplying
+    every named constant by 1.5, 1.2, 1.05 and 1.01 (and their inverses),
+    keeping any improvement, until a round improves nothing; fractions stay in
+    (0, 1]. Returns the best constants found.
+    """
+    if not samples:
+        raise AutooptError("fit_constants needs at least one (gpu, op, config, measured_us) sample")
+    for i, s in enumerate(samples):
+        if len(s) != 4 or not (isinstance(s[3], (int, float)) and s[3] > 0):
+            raise AutooptError(f"sample {i}: expected (gpu, op, config, measured_us > 0), got {s!r}")
+    best = start or constants()
+    keys = list(names or [f.name for f in fields(CostConstants)])
+    unknown = set(keys) - {f.name for f in fields(CostConstants)}
+    if unknown:
+        raise AutooptError(f"fit_constants: unknown constants {sorted(unknown)}")
+    fractions = {"tc_efficiency", "mma_sync_fraction", "dram_efficiency", "l2_usable_fraction",
+                 "persistent_fill_fraction"}
+    best_loss = _loss(samples, best)
+    for _ in range(rounds):
+        improved = False
+        for key in keys:
+            for step in (1.5, 1.2, 1.05, 1.01):  # coarse to fine, both directions
+                for factor in (step, 1 / step):
+                    value = getattr(best, key) * factor
+                    if key in fractions:
+                        value = min(value, 1.0)
+                    trial = replace(best, **{key: value})
+                    loss = _loss(samples, trial)
+                    if loss < best_loss - 1e-12:
+                        best, best_loss, improved = trial, loss, True
+        if not improved:
+            break
+    log.info("fit_constants: mean squared log-error %.4f over %d samples", best_loss, len(samples))
+    return best

@@ -1,0 +1,57 @@
+"""The hooks a plugin may implement (pluggy project ``"autoopt"``).
+
+A plugin is a module (or object) with functions marked by
+``pluggy.HookimplMarker("autoopt")``, registered through the ``autoopt``
+entry-point group of its distribution::
+
+    [project.entry-points.autoopt]
+    blackwell = "autoopt_blackwell.plugin"
+
+Hooks that choose (``autoopt_choose_path``/``autoopt_choose_impl``) are
+``firstresult``: the first non-``None`` answer wins, and plugins are asked
+before the built-ins (whose implementations are ``trylast``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:  # annotations only: no import cycle at runtime
+    from .choices import ImplChoice, PathChoice
+    from .ops import OpSpec
+    from .profile import GPUProfile
+    from .template import Template
+
+__all__ = ["PROJECT", "hookimpl", "hookspec"]
+
+#: pluggy project name and entry-point group.
+PROJECT = "autoopt"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+@hookspec
+def autoopt_templates() -> list[Template]:
+    """Templates this plugin contributes (instances of :class:`autoopt.template.Template`).
+
+    Each template decides per op and GPU whether it applies (``Template.applies``),
+    so one plugin can target one architecture or kernel class.
+    """
+
+
+@hookspec
+def autoopt_profile_dirs() -> list[str | Path]:
+    """Directories (or single files) of known-hardware profile YAML this plugin ships."""
+
+
+@hookspec(firstresult=True)
+def autoopt_choose_path(gpu: GPUProfile, op: OpSpec) -> PathChoice | None:
+    """The execution path for ``op`` on ``gpu`` (:class:`autoopt.choices.PathChoice`), or None to pass."""
+
+
+@hookspec(firstresult=True)
+def autoopt_choose_impl(gpu: GPUProfile, kernel_class: str) -> ImplChoice | None:
+    """The implementation to use for a kernel class (:class:`autoopt.choices.ImplChoice`), or None."""

@@ -1,0 +1,119 @@
+"""Hopper persistent TMA + WGMMA GEMM template (backend kernel ``gemm_tma``), sm_90a only.
+
+Keys: ``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages``; path
+``tma_wgmma``. The grid is one program per SM walking tiles in group-M order
+(Triton tutorial 09); A, W and C go through TMA descriptors, so the TMA rules
+(16-byte row strides, box <= 256 per dim, >= 16-byte inner box row) and the
+WGMMA rules (BLOCK_M % 64, whole warpgroups, N multiple of 8 up to 256, K per
+instruction 16 / 32 for 16-/8-bit types) are hard constraints here. The C tile
+is staged in its own shared-memory buffer for the TMA store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from autoopt import constraints as C
+from autoopt.config import KernelConfig
+from autoopt.cost import predict_matmul
+from autoopt.ops import DTYPE_BYTES, OpSpec
+from autoopt.profile import GPUProfile
+from autoopt.template import Prediction, Template
+from autoopt.templates.gemm import blocks, missing_keys
+
+__all__ = ["HopperTmaGemmTemplate"]
+
+KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+MIN_BM, MIN_BN, MIN_BK = 64, 64, 32
+
+
+class HopperTmaGemmTemplate(Template):
+    """Persistent TMA-fed WGMMA GEMM for sm_90a."""
+
+    name = "hopper-tma-gemm"
+    ops = ("gemm",)
+    kernel = "gemm_tma"
+    priority = 1
+
+    def applies(self, gpu: GPUProfile, op: OpSpec) -> bool:
+        f = gpu.features
+        return op.kind in self.ops and f.tma and f.wgmma
+
+    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+        m, n, k = op.shape
+        bks = (32, 64, 128, 256) if op.dtype == "fp8" else (32, 64, 128)
+        for bm in blocks((64, 128, 256), m, MIN_BM):
+            for bn in blocks((64, 128, 256), n, MIN_BN):
+                for bk in blocks(bks, k, MIN_BK):
+                    for warps in (4, 8):
+                        for stages in (2, 3, 4, 5, 6):
+                            for g in (1, 8):
+                                yield KernelConfig(kernel=self.kernel, template=self.name, path="tma_wgmma",
+                                                   params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                                           "GROUP_M": g, "num_warps": warps, "num_stages": stages})
+
+    @staticmethod
+    def resources(gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> tuple[int, float, int]:
+        lim = C.limits(gpu)
+        p = config.params
+        epilogue = p["BLOCK_M"] * p["BLOCK_N"] * DTYPE_BYTES[op.out_dtype or op.dtype]
+        smem = C.gemm_smem_bytes(p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], config.num_stages,
+                                 DTYPE_BYTES[op.dtype], epilogue_bytes=int(epilogue))
+        regs = C.gemm_regs_per_thread(p["BLOCK_M"], p["BLOCK_N"], config.num_warps, lim.warp_size, wgmma=True)
+        return smem, regs, config.num_warps * lim.warp_size
+
+    @staticmethod
+    def tma_rules(op: OpSpec, bm: int, bn: int, bk: int) -> list[str]:
+        """TMA descriptor rules for A [M,K], W ([N,K] or [K,N]) and C [M,N] (innermost dim first)."""
+        m, n, k = op.shape
+        e = DTYPE_BYTES[op.dtype]
+        oe = DTYPE_BYTES[op.out_dtype or op.dtype]
+        out = C.tma_problems((k, m), (int(k * e),), (bk, bm), e, "A")
+        if op.layout == "nk":
+            out += C.tma_problems((k, n), (int(k * e),), (bk, bn), e, "W")
+        else:
+            out += C.tma_problems((n, k), (int(n * e),), (bn, bk), e, "W")
+        out += C.tma_problems((n, m), (int(n * oe),), (bn, bm), oe, "C")
+        return out
+
+    def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
+        out = missing_keys(config, KEYS)
+        if out:
+            return out
+        if config.kernel != self.kernel:
+            return [f"kernel {config.kernel!r} is not this template's {self.kernel!r}"]
+        if not (gpu.features.tma and gpu.features.wgmma):
+            return [f"TMA + WGMMA need sm_90a; {gpu.arch or gpu.name} has "
+                    f"{'no TMA' if not gpu.features.tma else 'no wgmma'}"]
+        if config.path != "tma_wgmma":
+            return [f"path {config.path!r}: this kernel always runs 'tma_wgmma'"]
+        m, n, k = op.shape
+        p = config.params
+        lim = C.limits(gpu)
+        bm, bn, bk, warps = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], config.num_warps
+        out += C.check_dtype(gpu, op.dtype)
+        for name, v, dim, lo in (("BLOCK_M", bm, m, MIN_BM), ("BLOCK_N", bn, n, MIN_BN), ("BLOCK_K", bk, k, MIN_BK)):
+            out += C.check_pow2(name, v) or C.check_block_vs_dim(name, v, dim, lo)
+        if out:
+            return out
+        out += C.check_threads(lim, warps)
+        out += C.wgmma_problems(bm, bn, bk, warps, op.dtype)
+        out += self.tma_rules(op, bm, bn, bk)
+        if config.num_stages < 2:
+            out.append(f"num_stages={config.num_stages}: the TMA pipeline needs >= 2 buffers")
+        if p["GROUP_M"] < 1:
+            out.append(f"GROUP_M={p['GROUP_M']} must be >= 1")
+        if out:
+            return out
+        smem, regs, threads = self.resources(gpu, op, config)
+        return C.check_smem(lim, smem) + C.check_regs(lim, regs, threads)
+
+    def predict(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> Prediction:
+        smem, regs, _ = self.resources(gpu, op, config)
+        p = config.params
+        pred = predict_matmul(gpu, op, config, mma="wgmma", smem_bytes=smem, regs_per_thread=regs, persistent=True)
+        sw = C.swizzle_bytes(p["BLOCK_K"], DTYPE_BYTES[op.dtype])
+        n_inst = C.wgmma_instructions_per_tile(p["BLOCK_M"], p["BLOCK_K"], op.dtype)
+        extra = f"; TMA {sw or 'no'}{'B' if sw else ''} swizzle, {n_inst} wgmma (N={p['BLOCK_N']}) per K-iter"
+        return replace(pred, reason=pred.reason + extra)

@@ -1,0 +1,135 @@
+"""Row-normalisation template: RMSNorm, LayerNorm and softmax over the last dim N.
+
+Kernels ``{rmsnorm,layernorm,softmax}_single`` hold the whole row on chip
+(``BLOCK_N = next_pow2(N)``, one DRAM read and one write per element) and
+``*_looped`` stream it in ``BLOCK_N`` chunks, reading it twice (the second read
+mostly from L2). Keys: ``BLOCK_N, num_warps`` (+ ``ROWS_PER_PROGRAM`` for
+single-pass, rows sharing a program when N is small).
+
+Single-pass is feasible while the fp32 row fits the block's register share:
+``ROWS * BLOCK_N / threads + 32`` registers per thread within 255 and
+``threads x regs <= 65536`` per SM. On H100 a 32768-wide row fits (128 + 32
+registers at 256 threads); a 65536-wide one never does (at 1024 threads 64 + 32
+registers x 1024 > 65536, the whole register file), and a 131072-wide fp32 row
+(512 KB) is twice the register file, so only looped works there, as measured
+(single-pass wins up to N = 32768 on H100). ``rank(..., force=...)``
+forces either variant.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from autoopt import constraints as C
+from autoopt.config import KernelConfig
+from autoopt.cost import constants, predict_stream
+from autoopt.ops import DTYPE_BYTES, OpSpec
+from autoopt.profile import GPUProfile
+from autoopt.template import Prediction, Template
+from autoopt.templates.gemm import missing_keys
+
+__all__ = ["NormTemplate"]
+
+SINGLE_KEYS = ("BLOCK_N", "ROWS_PER_PROGRAM", "num_warps")
+LOOPED_KEYS = ("BLOCK_N", "num_warps")
+#: fp32 values per column a looped kernel keeps live: rmsnorm (sum x^2, x), layernorm (sum, sum sq, x),
+#: softmax (running max, running sum, x).
+_LOOPED_LIVE = {"rmsnorm": 2, "layernorm": 3, "softmax": 3}
+MIN_LOOPED_BLOCK = 256
+#: rows sharing a single-pass program stop growing at this many elements per program.
+_ROWS_ELEMS = 16384
+
+
+class NormTemplate(Template):
+    """Single-pass (row on chip) or looped (row streamed twice) row normalisation."""
+
+    name = "norm"
+    ops = ("rmsnorm", "layernorm", "softmax")
+
+    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+        rows, n = op.shape
+        bn = C.next_pow2(n)
+        lim = C.limits(gpu)
+        warp_opts = [w for w in (1, 2, 4, 8, 16, 32) if w * lim.warp_size <= lim.max_threads_per_block]
+        for r in (1, 2, 4, 8, 16):
+            if r > 1 and (r * bn > _ROWS_ELEMS or r > C.next_pow2(rows)):
+                break
+            for warps in warp_opts:
+                yield KernelConfig(kernel=f"{op.kind}_single", template=self.name, path="standard",
+                                   params={"BLOCK_N": bn, "ROWS_PER_PROGRAM": r, "num_warps": warps})
+        for b in (256, 512, 1024, 2048, 4096, 8192, 16384):
+            if b > max(MIN_LOOPED_BLOCK, bn):
+                break
+            for warps in warp_opts:
+                yield KernelConfig(kernel=f"{op.kind}_looped", template=self.name, path="standard",
+                                   params={"BLOCK_N": b, "num_warps": warps})
+
+    @staticmethod
+    def regs(op: OpSpec, config: KernelConfig, threads: int) -> float:
+        p = config.params
+        if config.kernel.endswith("_single"):
+            return p.get("ROWS_PER_PROGRAM", 1) * p["BLOCK_N"] / threads + C.REG_OVERHEAD
+        return _LOOPED_LIVE[op.kind] * p["BLOCK_N"] / threads + C.REG_OVERHEAD
+
+    def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
+        single = config.kernel == f"{op.kind}_single"
+        if not single and config.kernel != f"{op.kind}_looped":
+            return [f"kernel {config.kernel!r} does not compute op {op.kind!r} "
+                    f"(expected {op.kind}_single or {op.kind}_looped)"]
+        out = missing_keys(config, SINGLE_KEYS if single else LOOPED_KEYS)
+        if out:
+            return out
+        if config.path != "standard":
+            return [f"path {config.path!r}: norm kernels run 'standard'"]
+        rows, n = op.shape
+        lim = C.limits(gpu)
+        p = config.params
+        bn = p["BLOCK_N"]
+        out += C.check_pow2("BLOCK_N", bn)
+        if single:
+            r = p["ROWS_PER_PROGRAM"]
+            out += C.check_pow2("ROWS_PER_PROGRAM", r)
+            if bn < n:
+                out.append(f"single-pass holds the whole row: BLOCK_N={bn} < N={n} "
+                           f"(use BLOCK_N={C.next_pow2(n)} or the looped kernel)")
+            out += C.check_block_vs_dim("BLOCK_N", bn, n, 1)
+        else:
+            out += C.check_block_vs_dim("BLOCK_N", bn, n, MIN_LOOPED_BLOCK)
+        out += C.check_threads(lim, config.num_warps)
+        if out:
+            return out
+        threads = config.num_warps * lim.warp_size
+        elems = bn * p.get("ROWS_PER_PROGRAM", 1)
+        if elems < threads:
+            return [f"{threads} threads for {elems} elements: idle threads (use fewer warps)"]
+        problems = C.check_regs(lim, self.regs(op, config, threads), threads)
+        if problems and single:
+            problems = [f"row of {bn} fp32 does not fit on chip with {threads} threads: {problems[0]}"]
+        return problems
+
+    def predict(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> Prediction:
+        rows, n = op.shape
+        e = DTYPE_BYTES[op.dtype]
+        lim = C.limits(gpu)
+        p = config.params
+        threads = config.num_warps * lim.warp_size
+        regs = self.regs(op, config, threads)
+        if config.kernel.endswith("_single"):
+            r = p["ROWS_PER_PROGRAM"]
+            return predict_stream(gpu, op, programs=math.ceil(rows / r), threads=threads, smem_bytes=0,
+                                  regs_per_thread=regs, iters=1, bytes_per_iter=r * n * e,
+                                  dram_bytes=op.min_bytes,
+                                  reason=f"single-pass: row of {n} on chip, {r} row(s)/program, one read")
+        occ = max(1, C.occupancy(lim, smem_bytes=0, regs_per_thread=regs, threads=threads))
+        live_rows = min(rows, lim.sm_count * occ)
+        l2_keep = (gpu.l2_bytes or 0) * constants().l2_usable_fraction
+        reread = rows * n * e
+        from_l2 = live_rows * n * e <= l2_keep
+        chunks = math.ceil(n / p["BLOCK_N"])
+        return predict_stream(gpu, op, programs=rows, threads=threads, smem_bytes=0, regs_per_thread=regs,
+                              iters=2 * chunks, bytes_per_iter=p["BLOCK_N"] * e,
+                              dram_bytes=op.min_bytes + (0 if from_l2 else reread),
+                              l2_bytes=reread if from_l2 else 0.0,
+                              reason=f"looped: {chunks} chunk(s) x 2 passes, second read from "
+                                     f"{'L2' if from_l2 else 'DRAM'}")

@@ -1,0 +1,31 @@
+"""The built-in templates' plugin module: registered as ``"builtin"`` through the same
+``PluginManager.register`` path a third-party plugin takes. The choice hooks are
+``trylast`` so any plugin's answer comes first."""
+
+from __future__ import annotations
+
+from autoopt.choices import ImplChoice, PathChoice, default_impl, default_path
+from autoopt.hookspecs import hookimpl
+from autoopt.ops import OpSpec
+from autoopt.profile import GPUProfile
+from autoopt.template import Template
+from autoopt.templates.elementwise import ElementwiseTemplate
+from autoopt.templates.gemm import GemmTemplate
+from autoopt.templates.gemv import GemvTemplate
+from autoopt.templates.hopper import HopperTmaGemmTemplate
+from autoopt.templates.norm import NormTemplate
+
+
+@hookimpl
+def autoopt_templates() -> list[Template]:
+    return [GemmTemplate(), GemvTemplate(), HopperTmaGemmTemplate(), ElementwiseTemplate(), NormTemplate()]
+
+
+@hookimpl(trylast=True)
+def autoopt_choose_path(gpu: GPUProfile, op: OpSpec) -> PathChoice:
+    return default_path(gpu, op)
+
+
+@hookimpl(trylast=True)
+def autoopt_choose_impl(gpu: GPUProfile, kernel_class: str) -> ImplChoice:
+    return default_impl(gpu, kernel_class)
