@@ -1,0 +1,262 @@
+"""Weight formats: exact bits per weight (scales included), hardware gating, and the choice.
+
+Bits per weight, with what is modelled:
+- BF16/FP16: 16.
+- FP8 (e4m3, W8A8): 8 + one fp32 scale per output channel = 8 + 32/K (K = in_features).
+- INT8 (W8A16 weight-only): 8 + one fp16 scale per output channel = 8 + 16/K.
+- Q8_0 (llama.cpp): blocks of 32 int8 + fp16 scale = 34 B / 32 = 8.5.
+- Q6_K: 256-weight super-blocks of 210 B = 6.5625.
+- Q5_K_M: mix of Q5_K (176 B / 256 = 5.5) with Q6_K on half of attn_v/ffn_down: ~5.7 whole-model average.
+- Q4_K_M: mix of Q4_K (144 B / 256 = 4.5) with Q6_K on half of attn_v/ffn_down: ~4.85 average.
+- MXFP4 (OCP MX v1.0): e2m1 + one E8M0 scale per 32 = 4 + 8/32 = 4.25.
+- NVFP4: e2m1 + one FP8 e4m3 scale per 16 = 4 + 8/16 = 4.5, plus one fp32 scale per tensor (32/(N·K)).
+
+Which weights a format covers: GPU formats (FP8, INT8, MXFP4, NVFP4) quantize the
+Linear layers only; embeddings, LM head and norms stay in the checkpoint dtype
+(ModelOpt and vLLM leave ``lm_head`` unquantized by default). GGUF K-quants
+(Q8_0..Q4_K_M) quote a whole-model average, so their bits apply to every parameter.
+
+Hardware gating (autoopt.features): FP8 matmuls are native from sm_89 (and CDNA3),
+FP4 from sm_100; older GPUs get the weight-only formats, which dequantize to
+bf16/fp16 inside the GEMM and save memory and bandwidth but no compute.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._serde import to_plain
+from .errors import ModelError
+from .model import ModelSpec
+from .profile import GPUProfile
+
+__all__ = ["FORMATS", "PREFERENCES", "QuantChoice", "QuantFormat", "available_formats", "choose_format",
+           "get_format", "weight_bytes"]
+
+log = logging.getLogger(__name__)
+PREFERENCES = ("speed", "balanced", "quality")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantFormat:
+    """One weight format."""
+
+    name: str
+    #: bits per weight before per-channel/per-tensor terms (those are added in :meth:`bits_per_weight`).
+    bits: float
+    #: extra scale bits per output channel (divided by in_features K).
+    channel_scale_bits: float = 0.0
+    #: extra scale bits per tensor (divided by N·K).
+    tensor_scale_bits: float = 0.0
+    #: "native" (the tensor cores compute in it), "weight-only" (dequantized in the kernel), or "original".
+    mode: str = "native"
+    #: the dtype the GEMM computes in (what the cost model rates it at).
+    compute_dtype: str = "bf16"
+    #: feature flag the GPU needs (``fp8``/``fp4``), or ``None``.
+    requires: str | None = None
+    #: whether the bits apply to every parameter (GGUF averages) or to Linear weights only.
+    whole_model: bool = False
+    approx: bool = False
+    note: str = ""
+
+    def bits_per_weight(self, in_features: int | None = None, out_features: int | None = None) -> float:
+        b = self.bits
+        if self.channel_scale_bits and in_features:
+            b += self.channel_scale_bits / in_features
+        if self.tensor_scale_bits and in_features and out_features:
+            b += self.tensor_scale_bits / (in_features * out_features)
+        return b
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
+
+
+def _f(**kw: Any) -> QuantFormat:
+    return QuantFormat(**kw)
+
+
+#: every format, largest first.
+FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
+    _f(name="fp32", bits=32, mode="original", compute_dtype="fp32", note="full precision"),
+    _f(name="bf16", bits=16, mode="original", compute_dtype="bf16", note="checkpoint precision"),
+    _f(name="fp16", bits=16, mode="original", compute_dtype="fp16", note="checkpoint precision"),
+    _f(name="fp8", bits=8, channel_scale_bits=32, mode="native", compute_dtype="fp8", requires="fp8",
+       note="e4m3 weights and activations, fp32 per-channel weight scales"),
+    _f(name="q8_0", bits=8.5, mode="weight-only", whole_model=True, note="GGUF: 32-weight blocks, fp16 scale"),
+    _f(name="int8", bits=8, channel_scale_bits=16, mode="weight-only",
+       note="W8A16, fp16 per-channel scales"),
+    _f(name="q6_k", bits=6.5625, mode="weight-only", whole_model=True, note="GGUF: 256-weight super-blocks"),
+    _f(name="q5_k_m", bits=5.7, mode="weight-only", whole_model=True, approx=True,
+       note="GGUF mix: Q5_K (5.5) + Q6_K on half of attn_v/ffn_down"),
+    _f(name="q4_k_m", bits=4.85, mode="weight-only", whole_model=True, approx=True,
+       note="GGUF mix: Q4_K (4.5) + Q6_K on half of attn_v/ffn_down"),
+    _f(name="nvfp4", bits=4.5, tensor_scale_bits=32, mode="native", compute_dtype="fp4", requires="fp4",
+       note="e2m1, e4m3 scale per 16 + fp32 per tensor"),
+    _f(name="mxfp4", bits=4.25, mode="native", compute_dtype="fp4", requires="fp4",
+       note="e2m1, E8M0 scale per 32 (OCP MX)"),
+)}
+_ORIGINAL_BITS = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0, "fp8": 8.0}
+#: the lowest precision the automatic choice goes to (4-bit formats keep quality acceptable for 7B+ models).
+MIN_BITS = 4.25
+
+
+def get_format(name: str) -> QuantFormat:
+    key = name.strip().lower().replace("-", "_")
+    key = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "e4m3": "fp8"}.get(key, key)
+    if key not in FORMATS:
+        raise ModelError(f"unknown weight format {name!r}; known: {', '.join(FORMATS)}", field="weight_dtype")
+    return FORMATS[key]
+
+
+def supported(fmt: QuantFormat, gpu: GPUProfile | None) -> bool:
+    """Whether ``gpu`` can run ``fmt`` (CPU: weight-only and original formats only)."""
+    if fmt.requires is None:
+        if fmt.name == "bf16" and gpu is not None and not gpu.features.bf16:
+            return False  # pre-Ampere has no bf16 tensor cores: fp16 instead
+        return True
+    return gpu is not None and bool(getattr(gpu.features, fmt.requires))
+
+
+def available_formats(gpu: GPUProfile | None, model: ModelSpec) -> tuple[QuantFormat, ...]:
+    """Formats this GPU supports that are no larger than the model's checkpoint format."""
+    limit = _ORIGINAL_BITS[model.dtype]
+    out = []
+    for f in FORMATS.values():
+        if f.mode == "original":
+            # fp32 checkpoints may be served in fp32/bf16/fp16; bf16/fp16 ones in either 16-bit type.
+            if f.bits > limit or model.dtype == "fp8":
+                continue
+        elif f.bits > limit:
+            continue
+        if supported(f, gpu):
+            out.append(f)
+    if model.dtype == "fp8" and not any(f.name == "fp8" for f in out):
+        # An fp8 checkpoint on a GPU without fp8 matmuls: served weight-only (e.g. Marlin FP8 on Ampere).
+        out.insert(0, QuantFormat(name="fp8-weight-only", bits=8, channel_scale_bits=32, mode="weight-only",
+                                  note="fp8 checkpoint dequantized to bf16 in the kernel"))
+    return tuple(out)
+
+
+def weight_bytes(model: ModelSpec, fmt: QuantFormat, layers: range | None = None, *,
+                 embed: bool = True, head: bool = True, tp: int = 1) -> float:
+    """Bytes of the weights of ``layers`` (all by default) in ``fmt``, divided over ``tp`` ranks.
+
+    Linear weights are counted at the format's bits (per-channel scales taken at
+    K = hidden_size; down_proj's larger K makes that a slight over-count); ``embed``
+    and ``head`` add the embedding table and the LM head + final norm. Embeddings, LM head, norms and the router
+    at the checkpoint dtype unless the format is a whole-model GGUF average.
+    """
+    lin_bits = fmt.bits_per_weight(model.hidden_size, model.hidden_size)
+    rest_bits = fmt.bits if fmt.whole_model else _ORIGINAL_BITS[model.dtype]
+    if fmt.mode == "original":
+        lin_bits = rest_bits = fmt.bits
+    total = 0.0
+    layers = range(model.num_layers) if layers is None else layers
+    for moe in ((False, True) if model.is_moe else (False,)):
+        count = model.count_layers(layers, moe=moe)
+        if not count:
+            continue
+        i = model.first_k_dense_replace if moe else 0
+        if not moe and model.is_moe and model.first_k_dense_replace == 0:
+            continue
+        lin = model.linear_params(i)
+        rest = model.layer_params(i) - lin
+        # Linear weights shard over tensor-parallel ranks; norms and the router are replicated.
+        total += count * (lin * lin_bits / 8 / tp + rest * rest_bits / 8)
+    # Embedding and LM head are vocab-parallel over TP ranks (tied: one table, held with the embedding).
+    if embed:
+        total += model.embedding_params * rest_bits / 8 / tp
+    if head:
+        # A tied head on a device without the embedding (last pipeline stage) needs its own copy.
+        head_params = model.lm_head_params or (0 if embed else model.embedding_params)
+        total += head_params * rest_bits / 8 / tp + model.hidden_size * rest_bits / 8
+    return total
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantChoice:
+    """The chosen format, why, and what else was considered."""
+
+    format: QuantFormat
+    reason: str
+    considered: tuple[tuple[str, float, bool], ...] = ()  # (format, weight bytes, fits)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format.name, "mode": self.format.mode,
+                "bits_per_weight": round(self.format.bits_per_weight(), 4), "approx": self.format.approx,
+                "compute_dtype": self.format.compute_dtype, "note": self.format.note, "reason": self.reason,
+                "considered": [{"format": n, "weight_bytes": round(b), "fits": f} for n, b, f in self.considered]}
+
+
+def choose_format(gpu: GPUProfile | None, model: ModelSpec, *, preference: str = "balanced",
+                  fits: Callable[[QuantFormat], bool] | None = None,
+                  requested: str | None = None) -> QuantChoice:
+    """Pick a weight format for ``model`` on ``gpu``.
+
+    ``fits(fmt)`` says whether the whole deployment fits in memory with that format
+    (the caller owns the memory model). Rules, among supported formats no larger
+    than the checkpoint and no lower than 4.25 bits:
+
+    - ``quality``: the most bits that fit.
+    - ``speed``: the lowest-precision *native* class that fits (FP4 on Blackwell,
+      FP8 from Ada/Hopper), best accuracy within it (NVFP4's 16-weight e4m3-scaled
+      blocks over MXFP4's 32-weight power-of-two scales); without one, the fewest
+      bits among weight-only formats (decode is bandwidth bound).
+    - ``balanced``: native FP8 when it fits, else the checkpoint format when it fits,
+      else the most bits that fit.
+    """
+    if preference not in PREFERENCES:
+        raise ModelError(f"unknown preference {preference!r}; expected one of {', '.join(PREFERENCES)}",
+                         field="preference")
+    fits = fits or (lambda f: True)
+    if requested:
+        fmt = get_format(requested)
+        if not supported(fmt, gpu):
+            need = {"fp8": "sm_89+", "fp4": "sm_100+"}.get(fmt.requires or "", "")
+            raise ModelError(f"{fmt.name} needs native {fmt.requires} matmuls ({need}); "
+                             f"{gpu.name if gpu else 'this CPU'} ({gpu.arch if gpu else 'no GPU'}) has none",
+                             field="weight_dtype")
+        return QuantChoice(format=fmt, reason=f"{fmt.name} as requested",
+                           considered=((fmt.name, weight_bytes(model, fmt), fits(fmt)),))
+    pool = [f for f in available_formats(gpu, model) if f.bits >= MIN_BITS]
+    considered = tuple((f.name, weight_bytes(model, f), fits(f)) for f in pool)
+    ok = [f for f, (_, _, fit) in zip(pool, considered) if fit]
+    if not ok:
+        smallest = min(pool, key=lambda f: f.bits)
+        return QuantChoice(format=smallest, reason=f"nothing fits; {smallest.name} is the smallest format "
+                           f"(a multi-device split is needed)", considered=considered)
+    by_bits = sorted(ok, key=lambda f: -f.bits_per_weight(model.hidden_size))
+    native = [f for f in ok if f.mode == "native"]
+    original = [f for f in ok if f.mode == "original"]
+    if preference == "quality":
+        f = by_bits[0]
+        return QuantChoice(format=f, reason=f"quality: {f.name} is the most precise format that fits",
+                           considered=considered)
+    if preference == "speed":
+        if native:
+            cls = min({f.compute_dtype for f in native}, key=lambda d: {"fp4": 0, "fp8": 1}.get(d, 2))
+            f = max((f for f in native if f.compute_dtype == cls), key=lambda f: f.bits)
+            return QuantChoice(format=f, reason=f"speed: {f.name} is the lowest-precision format this GPU "
+                               f"computes natively ({cls} tensor cores) that fits", considered=considered)
+        f = by_bits[-1]
+        return QuantChoice(format=f, reason=f"speed: no native low-precision format here; {f.name} moves the "
+                           "fewest weight bytes (decode is bandwidth bound)", considered=considered)
+    fp8 = [f for f in native if f.compute_dtype == "fp8"]
+    if fp8:
+        return QuantChoice(format=fp8[0], reason="balanced: native FP8 halves weight bytes and doubles tensor-core "
+                           "rate at small accuracy cost", considered=considered)
+    if original:
+        f = original[0]
+        return QuantChoice(format=f, reason=f"balanced: the checkpoint format {f.name} fits",
+                           considered=considered)
+    f = by_bits[0]
+    return QuantChoice(format=f, reason=f"balanced: {f.name} is the most precise format that fits",
+                       considered=considered)
+
+
+def describe_formats() -> Mapping[str, float]:
+    """Format name -> bits per weight at K=4096 (for listings)."""
+    return {n: f.bits_per_weight(4096, 4096) for n, f in FORMATS.items()}

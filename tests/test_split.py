@@ -1,0 +1,76 @@
+"""Multi-device split: tensor/pipeline plans that respect every device's memory and real rates."""
+
+from __future__ import annotations
+
+import pytest
+
+from _recommend_hw import H100, H200, HOST, RTX3070, nvlink_box, one
+from autoopt.catalog import get_model
+from autoopt.profile import HardwareProfile
+from autoopt.quant import get_format
+from autoopt.split import Workload, allreduce_us, candidate_splits, link_gbs, devices_of, pcie_gbs, plan_split
+
+WL = Workload(batch=1, prompt_len=512, gen_len=128)
+
+
+def test_llama3_70b_bf16_gets_a_valid_split_of_two_or_four_h100():
+    box = nvlink_box(H100, 8, "8x h100")
+    m, bf16 = get_model("llama-3-70b"), get_format("bf16")
+    assert plan_split(one(H100, "h100"), m, bf16, WL) is None  # 141 GB of weights, 85.5 GB card
+    plan = plan_split(box, m, bf16, WL, max_devices=4)
+    assert plan.num_devices in (2, 4) and plan.fits
+    assert all(s.memory.fits for s in plan.stages)
+    assert plan_split(box, m, bf16, WL, objective="devices").num_devices == 2
+
+
+def test_fastest_split_on_eight_h100_is_tensor_parallel_eight():
+    plan = plan_split(nvlink_box(H100, 8, "8x h100"), get_model("llama-3-70b"), get_format("bf16"), WL)
+    assert (plan.kind, plan.tp, plan.pp) == ("tensor", 8, 1)
+    assert 0 < plan.comm_us < plan.predicted_us
+
+
+def test_pipeline_ranges_cover_every_layer_once():
+    plans = candidate_splits(nvlink_box(H100, 4, "4x h100"), get_model("llama-3-70b"), get_format("bf16"), WL)
+    for p in plans:
+        covered = [i for s in p.stages for i in range(*s.layers)]
+        assert covered == list(range(80))
+
+
+def test_heterogeneous_pipeline_gives_the_bigger_faster_gpu_more_layers():
+    prof = HardwareProfile(name="h200+h100", gpus=(H200.with_(index=0), H100.with_(index=1)),
+                           links=())
+    plan = [p for p in candidate_splits(prof, get_model("llama-3-70b"), get_format("bf16"),
+                                        Workload(batch=8, prompt_len=512, gen_len=128)) if p.pp == 2][0]
+    (a0, b0), (a1, b1) = (s.layers for s in plan.stages)
+    assert plan.stages[0].device_name == "NVIDIA H200" and b0 - a0 > b1 - a1
+    assert all(s.memory.fits for s in plan.stages)
+
+
+def test_gpu_to_gpu_without_nvlink_uses_pcie():
+    prof = HardwareProfile(name="2x3070", gpus=(RTX3070.with_(index=0), RTX3070.with_(index=1)))
+    a, b = devices_of(prof)
+    assert link_gbs(prof, a, b) == (pytest.approx(1.969 * 16), "pcie")  # gen4 x16, 128b/130b
+
+
+def test_nvlink_bandwidth_comes_from_the_link_table():
+    box = nvlink_box(H100, 2, "2x h100")
+    a, b = devices_of(box)
+    assert link_gbs(box, a, b) == (450.0, "nvlink")
+
+
+def test_cpu_stage_takes_layers_that_do_not_fit_the_gpu():
+    prof = HardwareProfile(name="3070+host", cpu=HOST, gpus=(RTX3070,))
+    m = get_model("llama-3-8b")  # 16 GB bf16 > 8 GiB
+    assert plan_split(prof, m, get_format("bf16"), WL) is None
+    plan = plan_split(prof, m, get_format("bf16"), WL, include_cpu=True)
+    assert plan.kind == "pipeline" and [s.device_name for s in plan.stages] == [RTX3070.name, HOST.model]
+    assert plan.comm_us > 0  # hidden state over PCIe gen4 x16
+
+
+def test_allreduce_follows_the_nccl_ring_model():
+    # 3.6 us + 2 x 7 hops x 0.47 us + 1 MB x 2 x 7/8 / 450 GB/s
+    assert allreduce_us(1e6, 8, 450.0, "nvlink") == pytest.approx(3.6 + 14 * 0.47 + 1e6 * 1.75 / 450e3)
+
+
+def test_pcie_rate_from_generation_and_width():
+    assert pcie_gbs(H100) == pytest.approx(3.938 * 16)
