@@ -31,8 +31,8 @@ _LAZY = {
     "detect": ("autoopt.detection", "detect"),
     "load_profile": ("autoopt.api", "load_profile"),
     "known_profiles": ("autoopt.api", "known_profiles"),
-    "rank": ("autoopt.rank", "rank"),
-    "recommend": ("autoopt.recommend", "recommend"),
+    "rank": ("autoopt.ranking", "rank"),
+    "recommend": ("autoopt.recommendation", "recommend"),
     "HardwareProfile": ("autoopt.profile", "HardwareProfile"),
     "GPUProfile": ("autoopt.profile", "GPUProfile"),
     "CPUProfile": ("autoopt.profile", "CPUProfile"),
@@ -40,7 +40,7 @@ _LAZY = {
     "KernelConfig": ("autoopt.config", "KernelConfig"),
     "Candidate": ("autoopt.config", "Candidate"),
     "Template": ("autoopt.template", "Template"),
-    "Recommendation": ("autoopt.recommend", "Recommendation"),
+    "Recommendation": ("autoopt.recommendation", "Recommendation"),
     "ModelSpec": ("autoopt.model", "ModelSpec"),
 }
 
@@ -54,8 +54,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .detection import detect
     from .ops import OpSpec
     from .profile import CPUProfile, GPUProfile, HardwareProfile
-    from .rank import rank
-    from .recommend import Recommendation, recommend
+    from .ranking import rank
+    from .recommendation import Recommendation, recommend
     from .template import Template
 
 

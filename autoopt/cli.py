@@ -91,7 +91,7 @@ def _suite_rankings(prof: Any, suite_name: str) -> list[dict[str, Any]]:
     gpu = prof.gpu
     if gpu is None:
         return []
-    from .rank import rank
+    from .ranking import rank
     from .suite import suite
 
     out = []
@@ -125,7 +125,7 @@ def _kernels_text(kernels: list[dict[str, Any]]) -> str:
 def _default_recommendation(prof: Any, model: str | None):
     if prof.gpu is None and not model:
         return None
-    from .recommend import recommend
+    from .recommendation import recommend
 
     return recommend(prof, model or "llama-3-8b")
 
@@ -147,7 +147,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 def cmd_kernel(args: argparse.Namespace) -> int:
     from .ops import OpSpec, parse_shape
-    from .rank import rank
+    from .ranking import rank
     from .report import format_table
 
     prof = _profile(args.profile)
@@ -184,7 +184,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from .recommend import recommend
+    from .recommendation import recommend
 
     prof = _profile(args.profile)
     kwargs: dict[str, Any] = {"batch": args.batch, "phase": args.phase, "preference": args.preference}

@@ -71,6 +71,11 @@ class CostConstants:
     #: cost of the epilogue of one tile relative to one K-iteration (layout conversion + store).
     epilogue_iters: float = 1.0
 
+    #: wgmma fed by pointer loads (cp.async through registers) instead of TMA: fraction of the
+    #: TMA kernel's MMA rate it keeps. Prior from the H200 grid (benchmarks/results/h200_gemm_grid.json):
+    #: 4096^3 bf16 best pointer-based tile 226.5 us vs 196.7 us for the TMA persistent kernel -> 0.87.
+    pointer_wgmma_efficiency: float = 0.87
+
     #: exponent of the smooth max joining overlapped terms (SM time vs DRAM time): 1 would add
     #: them (no overlap), infinity takes the max (perfect overlap); 4 leaves ~19% when equal (prior).
     overlap_exponent: float = 4.0
@@ -250,6 +255,8 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     smem_pen = 1.0
     if peak:
         rate = peak * c.tc_efficiency * _mma_efficiency(gpu, mma, c) / sms
+        if mma == "wgmma" and not persistent:
+            rate *= c.pointer_wgmma_efficiency
         if mma != "fma" and gpu.sm_clock_max_mhz:
             need = peak / (sms * gpu.sm_clock_max_mhz * 1e6) / c.smem_bytes_per_clk
             smem_pen = max(1.0, need / _smem_intensity(bm, bn, warps, e, mma))
@@ -342,7 +349,7 @@ Sample = tuple[GPUProfile, OpSpec, KernelConfig, float]
 
 
 def _loss(samples: Sequence[Sample], consts: CostConstants) -> float:
-    from .rank import predict_config  # lazy: rank imports this module
+    from .ranking import predict_config  # lazy: rank imports this module
 
     total = 0.0
     with using(consts):
@@ -372,7 +379,7 @@ def fit_constants(samples: Sequence[Sample], *, start: CostConstants | None = No
     if unknown:
         raise AutooptError(f"fit_constants: unknown constants {sorted(unknown)}")
     fractions = {"tc_efficiency", "mma_sync_fraction", "dram_efficiency", "l2_usable_fraction",
-                 "persistent_fill_fraction"}
+                 "persistent_fill_fraction", "pointer_wgmma_efficiency"}
     best_loss = _loss(samples, best)
     for _ in range(rounds):
         improved = False

@@ -282,9 +282,9 @@ def reset_plugin_manager(manager: PluginManager | None = None) -> None:
     global _MANAGER
     with _MANAGER_LOCK:
         _MANAGER = manager
-    from . import rank
+    from . import ranking
 
-    rank.clear_cache()
+    ranking.clear_cache()
 
 
 def list_plugins() -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import statistics
 import time
 
 from autoopt.library import load_profile
-from autoopt.rank import clear_cache, rank
+from autoopt.ranking import clear_cache, rank
 from autoopt.suite import suite
 
 

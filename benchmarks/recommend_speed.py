@@ -21,9 +21,9 @@ from pathlib import Path
 _CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-import autoopt.recommend as R
+import autoopt.recommendation as R
 t1 = time.perf_counter()
-import autoopt.rank as rank_mod
+import autoopt.ranking as rank_mod
 orig = rank_mod.rank
 spent = [0.0]
 def timed(*a, **k):
@@ -59,7 +59,7 @@ def main() -> int:
                              text=True, env={**os.environ, **env_path}, check=True)
         cold.append(json.loads(out.stdout.strip().splitlines()[-1]))
     sys.path.insert(0, str(root))
-    from autoopt.recommend import recommend
+    from autoopt.recommendation import recommend
 
     recommend(args.profile, args.model)
     warm = []

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autoopt.errors import AutooptError  # noqa: E402
-from autoopt.recommend import recommend  # noqa: E402
+from autoopt.recommendation import recommend  # noqa: E402
 
 log = logging.getLogger("runtime_startup")
 

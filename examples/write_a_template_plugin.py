@@ -33,7 +33,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "autoopt-blackwell")]
 from autoopt.library import load_profile  # noqa: E402
 from autoopt.ops import OpSpec  # noqa: E402
 from autoopt.plugins import PluginManager, reset_plugin_manager  # noqa: E402
-from autoopt.rank import rank  # noqa: E402
+from autoopt.ranking import rank  # noqa: E402
 
 
 def main() -> int:

@@ -10,7 +10,7 @@ from autoopt.config import KernelConfig
 from autoopt.errors import ConfigError
 from autoopt.library import load_profile
 from autoopt.ops import OpSpec
-from autoopt.rank import generic_problems, rank, validate_config
+from autoopt.ranking import generic_problems, rank, validate_config
 
 builtin_templates()
 from autoopt.templates.gemm import GemmTemplate  # noqa: E402

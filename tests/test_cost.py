@@ -13,7 +13,7 @@ from autoopt.cost import CostConstants, fit_constants, predict_matmul, using
 from autoopt.errors import AutooptError
 from autoopt.library import load_profile
 from autoopt.ops import OpSpec
-from autoopt.rank import predict_config, rank
+from autoopt.ranking import predict_config, rank
 
 builtin_templates()
 from autoopt.templates.gemm import GemmTemplate  # noqa: E402

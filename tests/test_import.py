@@ -44,3 +44,12 @@ def test_importtime_lists_neither_torch_nor_triton():
 def test_lazy_public_api_resolves_on_first_use():
     out = _run("import autoopt; print(autoopt.OpSpec.__module__, autoopt.HardwareProfile.__name__)")
     assert out.stdout.split() == ["autoopt.ops", "HardwareProfile"]
+
+
+def test_public_functions_stay_callable_after_every_submodule_is_imported():
+    # a submodule named like a public function would replace it on the package when imported
+    code = ("import importlib, pkgutil, autoopt\n"
+            "for m in pkgutil.iter_modules(autoopt.__path__):\n"
+            "    if m.name != '__main__': importlib.import_module('autoopt.' + m.name)\n"
+            "print(all(callable(getattr(autoopt, n)) for n in ('detect', 'rank', 'recommend', 'load_profile')))")
+    assert _run(code).stdout.strip() == "True"

@@ -20,7 +20,7 @@ from autoopt.errors import PluginError
 from autoopt.library import load_profile
 from autoopt.ops import OpSpec
 from autoopt.plugins import AUTOLOAD_ENV, PluginManager, get_plugin_manager, list_plugins, reset_plugin_manager
-from autoopt.rank import rank
+from autoopt.ranking import rank
 from autoopt.template import Prediction, Template
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -200,7 +200,7 @@ import json
 from autoopt.library import load_profile
 from autoopt.ops import OpSpec
 from autoopt.plugins import list_plugins
-from autoopt.rank import rank
+from autoopt.ranking import rank
 op = OpSpec(kind="gemm", shape=(8192, 8192, 8192), dtype="fp8")
 out = {name: rank(load_profile(name), op, top=1).best.config.template for name in ("b200", "h100-sxm")}
 out["plugins"] = list_plugins()

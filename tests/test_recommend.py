@@ -11,7 +11,7 @@ from autoopt.catalog import get_model
 from autoopt.errors import ModelError
 from autoopt.library import known_names, load_profile
 from autoopt.quant import choose_format
-from autoopt.recommend import recommend
+from autoopt.recommendation import recommend
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from autoopt.config import KernelConfig
 from autoopt.errors import AutooptError, ConfigError
 from autoopt.library import load_profile
 from autoopt.ops import OpSpec
-from autoopt.rank import rank, validate_config
+from autoopt.ranking import rank, validate_config
 
 builtin_templates()
 from autoopt.templates.elementwise import ElementwiseTemplate  # noqa: E402

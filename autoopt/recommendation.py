@@ -3,7 +3,7 @@
 :func:`recommend` works from the hardware profile and the cost model only (no GPU
 timing): it picks a weight format (:mod:`autoopt.quant`), checks memory
 (:mod:`autoopt.memory`), lays the model over the devices (:mod:`autoopt.split`),
-ranks every distinct op of every phase with :func:`autoopt.rank.rank` (cached per
+ranks every distinct op of every phase with :func:`autoopt.ranking.rank` (cached per
 GPU and op) and solves the per-layer plan (:mod:`autoopt.plan`): each layer runs
 its GEMMs with bf16 activations or, where the format is native FP8/FP4, with fp8
 activations; neighbouring layers in different modes pay a cast of the hidden
@@ -210,7 +210,7 @@ def _rank(gpu: GPUProfile, op: Any, top: int) -> Any:
            op.dtype, top)
     hit = _RANK_CACHE.get(key)
     if hit is None:
-        from .rank import rank
+        from .ranking import rank
 
         try:
             hit = rank(gpu, op, top=top)
