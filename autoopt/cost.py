@@ -39,17 +39,25 @@ __all__ = ["CostConstants", "DEFAULT_CONSTANTS", "constants", "fit_constants", "
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CostConstants:
-    """Every calibratable number of the cost model (priors until :func:`fit_constants` refits them)."""
+    """Every calibratable number of the cost model.
+
+    Defaults marked "fitted" come from ``benchmarks/calibrate.py`` on 5,000+ correctness-checked
+    timings of plain and TMA GEMM configs on an H200 (torch 2.11, triton 3.6); the rest are the
+    cited priors. H100 and H200 share the SM, so the fractions carry over; rates come from the
+    profile. Refit with :func:`fit_constants` for another GPU family.
+    """
 
     #: fraction of the datasheet dense tensor peak a well-shaped GEMM sustains: H100 SXM cuBLAS
     #: 774 of 989.4 TFLOP/s bf16 at 4096^3 (shared/hardware-captures/README.md) = 0.78.
-    tc_efficiency: float = 0.78
+    #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 0.78
+    tc_efficiency: float = 0.7964
     #: mma.sync (Ampere-style) issue rate relative to wgmma/tcgen05 on GPUs that have the latter:
     #: FlashAttention-2 (mma.sync) reaches ~350-400 TFLOP/s on H100 where FA3 (wgmma) reaches
     #: ~600-660 (Shah et al. 2024, FlashAttention-3, fig. 6) -> ~0.6.
     mma_sync_fraction: float = 0.62
     #: sustained/spec DRAM bandwidth: 3.00 TB/s measured copy / 3.35 spec on H100 (hardware-captures).
-    dram_efficiency: float = 0.90
+    #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 0.9
+    dram_efficiency: float = 0.7567
     #: L2->SM bandwidth as a multiple of DRAM bandwidth. A100: 5120 B/clk x 1.41 GHz = 7.2 TB/s
     #: (NVIDIA A100 whitepaper) / 2.04 TB/s = 3.5; prior, to be fitted on Hopper.
     l2_bw_ratio: float = 3.6
@@ -58,14 +66,17 @@ class CostConstants:
     l2_usable_fraction: float = 0.5
     #: DRAM load-to-use latency seen by a CTA (us): ~0.6-0.8 us on A100/H100 pointer-chase
     #: microbenchmarks; fill cost of each tile's pipeline and the latency term of streaming.
-    dram_latency_us: float = 0.7
+    #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 0.7
+    dram_latency_us: float = 0.9803
     #: fixed cost of one kernel launch seen by torch-timed code on H100: ~4-6 us (brief).
-    launch_us: float = 4.5
+    #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 4.5
+    launch_us: float = 5.2093
     #: shared-memory bandwidth per SM per clock: 32 banks x 4 B (CUDA guide, all sm_5x+).
     smem_bytes_per_clk: float = 128.0
     #: fixed cost of one K-iteration beyond its MMAs (barrier wait, address and loop bookkeeping):
     #: ~80 cycles at ~2 GHz; makes BLOCK_K=32 lose to 64 on compute-bound shapes (prior).
-    iter_overhead_us: float = 0.04
+    #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 0.04
+    iter_overhead_us: float = 0.0324
     #: fraction of per-tile pipeline fill a persistent kernel still pays (prefetch across tiles).
     persistent_fill_fraction: float = 0.3
     #: cost of the epilogue of one tile relative to one K-iteration (layout conversion + store).
@@ -74,11 +85,23 @@ class CostConstants:
     #: wgmma fed by pointer loads (cp.async through registers) instead of TMA: fraction of the
     #: TMA kernel's MMA rate it keeps. Prior from the H200 grid (benchmarks/results/h200_gemm_grid.json):
     #: 4096^3 bf16 best pointer-based tile 226.5 us vs 196.7 us for the TMA persistent kernel -> 0.87.
-    pointer_wgmma_efficiency: float = 0.87
+    #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 0.87
+    pointer_wgmma_efficiency: float = 0.8042
+    #: wgmma rate kept when an SM holds a single warpgroup (one CTA of 4 warps): with nothing to
+    #: overlap its MMA waits and epilogue the tensor cores idle. H200 grid, 256x28672x4096:
+    #: 64x128x128 tiles with 4 warps at 1 CTA/SM 150.6 us vs 121.2 us for 256x128 with 8 warps (prior).
+    #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 0.8
+    single_warpgroup_efficiency: float = 0.9336
+    #: wgmma rate kept when each warpgroup's instruction is narrower than N = 128 (a 64x64 slice
+    #: re-reads A from shared memory twice as often per FLOP). Same grid: 64x128 tiles with 8 warps
+    #: (two 64x64 warpgroup slices) 158 us vs 128x128 with 8 warps 123 us (prior).
+    #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 0.8
+    narrow_wgmma_efficiency: float = 0.84
 
     #: exponent of the smooth max joining overlapped terms (SM time vs DRAM time): 1 would add
     #: them (no overlap), infinity takes the max (perfect overlap); 4 leaves ~19% when equal (prior).
-    overlap_exponent: float = 4.0
+    #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 4.0
+    overlap_exponent: float = 3.3237
 
     def to_dict(self) -> dict[str, Any]:
         return to_plain(self)
@@ -257,6 +280,13 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
         rate = peak * c.tc_efficiency * _mma_efficiency(gpu, mma, c) / sms
         if mma == "wgmma" and not persistent:
             rate *= c.pointer_wgmma_efficiency
+        if mma == "wgmma":
+            if occ * warps < 8:
+                rate *= c.single_warpgroup_efficiency
+            groups = max(1, warps // 4)
+            groups_m = max(1, min(groups, bm // 64))
+            if bn // max(1, groups // groups_m) < 128:
+                rate *= c.narrow_wgmma_efficiency
         if mma != "fma" and gpu.sm_clock_max_mhz:
             need = peak / (sms * gpu.sm_clock_max_mhz * 1e6) / c.smem_bytes_per_clk
             smem_pen = max(1.0, need / _smem_intensity(bm, bn, warps, e, mma))
@@ -379,7 +409,8 @@ def fit_constants(samples: Sequence[Sample], *, start: CostConstants | None = No
     if unknown:
         raise AutooptError(f"fit_constants: unknown constants {sorted(unknown)}")
     fractions = {"tc_efficiency", "mma_sync_fraction", "dram_efficiency", "l2_usable_fraction",
-                 "persistent_fill_fraction", "pointer_wgmma_efficiency"}
+                 "persistent_fill_fraction", "pointer_wgmma_efficiency", "single_warpgroup_efficiency",
+                 "narrow_wgmma_efficiency"}
     best_loss = _loss(samples, best)
     for _ in range(rounds):
         improved = False
