@@ -178,9 +178,42 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .backend.bench import bench_cli
+    from .backend import bench
+    from .ops import OpSpec, parse_shape
+    from .ranking import predict_config, validate_config
+    from .suite import suite
 
-    return bench_cli(args, _profile(args.profile), _emit)
+    prof = _profile(args.profile)
+    gpu = prof.gpu
+    if gpu is None:
+        raise UsageError("no GPU in this profile; pass --profile NAME|FILE for predictions (see `autoopt profiles`)")
+    if args.op:
+        if not args.shape:
+            raise UsageError("--op needs --shape")
+        ops = [OpSpec(kind=args.op.lower(), shape=parse_shape(args.shape), dtype=args.dtype)]
+    else:
+        ops = [op for _, op in suite(args.suite or "llm", args.dtype)]
+    for target in (args.out, args.plot):
+        if target and not Path(target).resolve().parent.is_dir():
+            raise UsageError(f"cannot write {target!r}: its folder does not exist")
+    rows = bench.run_bench(bench.recommended_cases(gpu, ops), gpu, progress=args.format == "table",
+                           validate=lambda op, cfg: validate_config(gpu, op, cfg),
+                           predict=lambda op, cfg: predict_config(gpu, op, cfg).us)
+    versions = next((r.result.versions for r in rows if r.result.versions), {})
+    data = {"profile": prof.name, "gpu": gpu.name, "versions": versions, "rows": [r.to_dict() for r in rows]}
+    if args.out:
+        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.plot:
+        if not any(r.label == "measured" for r in rows):
+            print("autoopt: no measured rows (no GPU here): --plot skipped", file=sys.stderr)
+        else:
+            from .backend.plot import roofline_png
+
+            roofline_png(rows, gpu, args.plot)
+            print(f"wrote {args.plot}", file=sys.stderr)
+    _emit(data, args.format, bench.format_table(rows))
+    return 0
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:

@@ -139,9 +139,10 @@ class GPUProfile:
         """The memory bandwidth to plan with: measured when available, else spec."""
         return self.measured_bandwidth_gbs or self.mem_bandwidth_gbs
 
-    def tflops(self, dtype: str) -> float | None:
-        """Dense peak for ``dtype``: measured if present, else datasheet; fp16<->bf16 share."""
-        for table in (self.measured_tflops, self.peak_tflops):
+    def tflops(self, dtype: str, *, measured: bool = True) -> float | None:
+        """Dense peak for ``dtype``: measured if present (unless ``measured=False``), else
+        datasheet; fp16<->bf16 share a rate."""
+        for table in ((self.measured_tflops, self.peak_tflops) if measured else (self.peak_tflops,)):
             for key in (dtype, {"fp16": "bf16", "bf16": "fp16"}.get(dtype, dtype)):
                 if key in table:
                     return table[key]

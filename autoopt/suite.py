@@ -27,11 +27,10 @@ def _llm(dtype: str = "bf16") -> list[tuple[str, OpSpec]]:
     for m in (4096, 256):
         for name, (n, k) in LLAMA3_8B_PROJECTIONS.items():
             ops.append((f"prefill {name} M={m}", OpSpec(kind="gemm", shape=(m, n, k), dtype=dtype)))
-    for m in (16,):
+    # decode: gemv ops (M <= 16) are ranked over both the GEMV and the GEMM templates
+    for m in (16, 1):
         for name, (n, k) in LLAMA3_8B_PROJECTIONS.items():
-            ops.append((f"decode {name} M={m}", OpSpec(kind="gemm", shape=(m, n, k), dtype=dtype)))
-    for name, (n, k) in LLAMA3_8B_PROJECTIONS.items():
-        ops.append((f"decode {name} M=1", OpSpec(kind="gemv", shape=(1, n, k), dtype=dtype)))
+            ops.append((f"decode {name} M={m}", OpSpec(kind="gemv", shape=(m, n, k), dtype=dtype)))
     ops += [
         ("silu_mul prefill", OpSpec(kind="silu_mul", shape=(4096, 14336), dtype=dtype)),
         ("silu_mul 64M", OpSpec(kind="silu_mul", shape=(4096, 16384), dtype=dtype)),
@@ -46,7 +45,7 @@ def _quick(dtype: str = "bf16") -> list[tuple[str, OpSpec]]:
     return [
         ("prefill qkv M=4096", OpSpec(kind="gemm", shape=(4096, 6144, 4096), dtype=dtype)),
         ("prefill down M=4096", OpSpec(kind="gemm", shape=(4096, 4096, 14336), dtype=dtype)),
-        ("decode gate_up M=16", OpSpec(kind="gemm", shape=(16, 28672, 4096), dtype=dtype)),
+        ("decode gate_up M=16", OpSpec(kind="gemv", shape=(16, 28672, 4096), dtype=dtype)),
         ("decode qkv M=1", OpSpec(kind="gemv", shape=(1, 6144, 4096), dtype=dtype)),
         ("silu_mul", OpSpec(kind="silu_mul", shape=(4096, 14336), dtype=dtype)),
         ("rmsnorm", OpSpec(kind="rmsnorm", shape=(4096, 4096), dtype=dtype)),

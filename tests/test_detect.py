@@ -358,7 +358,7 @@ def test_measure_gpu_on_a_real_gpu():
     assert got["copy_gbs"] > 100 and got["bf16_tflops"] > 10
 
 
-@pytest.mark.parametrize("name", ["h100", "h200x2", "h200x2_live", "h200x2_cvd1"])
+@pytest.mark.parametrize("name", ["h100", "h200", "h200x2", "h200x2_live", "h200x2_cvd1"])
 def test_committed_profiles_are_what_build_profile_gives(name):
     sys.path.insert(0, str(FIXTURES))
     try:
@@ -374,3 +374,11 @@ def test_committed_profiles_are_what_build_profile_gives(name):
 def test_committed_profiles_load_as_hardware_profiles(name):
     prof = HardwareProfile.from_json((FIXTURES / f"{name}_profile.json").read_text())
     assert prof == build_profile(raw(name))
+
+
+def test_real_single_h200_capture_merges_into_the_h200_profile():
+    prof = build_profile(raw("h200"))
+    gpu = prof.gpu
+    assert (gpu.name, gpu.profile, gpu.sm_count, gpu.smem_per_block_optin_bytes) == ("NVIDIA H200", "h200", 132, 232448)
+    assert (gpu.arch, gpu.generation, gpu.memory_total_bytes) == ("sm_90a", "Hopper", 150754820096)
+    assert gpu.sources["sm_count"] == "detected" and gpu.sources["peak_tflops"] == "library"

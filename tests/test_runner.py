@@ -154,15 +154,6 @@ def test_inputs_are_random_and_seeded() -> None:
     assert int((a["a"] == 0).sum()) == 0
 
 
-def test_llm_suite_has_the_llama3_8b_projections() -> None:
-    ops = bench.llm_suite()
-    gemms = {op.shape for op in ops if op.kind == "gemm"}
-    assert (4096, 28672, 4096) in gemms and (256, 4096, 14336) in gemms and len(gemms) == 8
-    assert {op.shape for op in ops if op.kind == "gemv"} >= {(1, 6144, 4096), (16, 4096, 14336)}
-    assert (1, 64 * 1024 * 1024) in {op.shape for op in ops if op.kind == "silu_mul"}
-    assert {op.shape for op in ops if op.kind == "rmsnorm"} == {(4096, 4096), (16384, 8192)}
-
-
 def test_run_bench_reports_one_row_per_case_in_order() -> None:
     other = KernelConfig(kernel="add", params=dict(BLOCK_SIZE=64, num_warps=2))
     rows = bench.run_bench([(OP, CFG), (OP, other)], H100, progress=False)

@@ -4,8 +4,8 @@ Each (op, config) goes through :func:`autoopt.backend.runner.evaluate` (validate
 poison, check, ``do_bench`` median), then the plain-PyTorch equivalent
 (cuBLAS / ATen, see ``registry.torch_baseline``) is timed with the same
 ``do_bench`` call on the same tensors; ``ratio = torch_us / ours_us`` (> 1: ours
-is faster). :func:`llm_suite` lists the Llama-3-8B shapes of one decode and
-prefill step.
+is faster). :func:`recommended_cases` asks the templates' ranking (no timing)
+for each op's top config, which is what ``autoopt bench`` measures.
 """
 
 from __future__ import annotations
@@ -23,12 +23,7 @@ from . import registry, runner
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BenchRow", "format_table", "llm_suite", "run_bench"]
-
-# Llama-3-8B (hidden 4096, 32 q heads + 8 kv heads of 128, MLP 14336):
-# fused qkv N = (32 + 2*8) * 128 = 6144; o 4096; fused gate+up N = 2*14336; down K = 14336.
-LLAMA3_8B_PROJECTIONS: dict[str, tuple[int, int]] = {
-    "qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+__all__ = ["BenchRow", "format_table", "recommended_cases", "run_bench"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,18 +58,15 @@ class BenchRow:
         return out
 
 
-def llm_suite() -> list[OpSpec]:
-    """Llama-3-8B decode and prefill ops in bf16: GEMMs, GEMVs, SiLU-mul, RMSNorm."""
-    ops: list[OpSpec] = []
-    for m in (256, 4096):
-        ops += [OpSpec(kind="gemm", shape=(m, n, k), dtype="bf16") for n, k in LLAMA3_8B_PROJECTIONS.values()]
-    for m in (1, 16):
-        ops += [OpSpec(kind="gemv", shape=(m, n, k), dtype="bf16") for n, k in LLAMA3_8B_PROJECTIONS.values()]
-    ops.append(OpSpec(kind="silu_mul", shape=(4096, 14336), dtype="bf16"))
-    ops.append(OpSpec(kind="silu_mul", shape=(1, 64 * 1024 * 1024), dtype="bf16"))
-    ops.append(OpSpec(kind="rmsnorm", shape=(4096, 4096), dtype="bf16"))
-    ops.append(OpSpec(kind="rmsnorm", shape=(16384, 8192), dtype="bf16"))
-    return ops
+def recommended_cases(gpu: GPUProfile, ops: Iterable[OpSpec], *, top: int = 1
+                      ) -> list[tuple[OpSpec, KernelConfig]]:
+    """The ranking's top ``top`` configs for each op (predicted, zero timing), in op order."""
+    from ..ranking import rank
+
+    cases: list[tuple[OpSpec, KernelConfig]] = []
+    for op in ops:
+        cases += [(op, c.config) for c in rank(gpu, op, top=top).candidates]
+    return cases
 
 
 def _torch_us(op: OpSpec, seed: int, warmup_ms: int, rep_ms: int) -> float | None:

@@ -118,23 +118,31 @@ def _pick_device(device: str | None) -> str | None:
     return device if str(device).startswith("cuda") else None
 
 
-def _peak_tflops(op: OpSpec, gpu: GPUProfile) -> float | None:
-    if op.is_matmul:
-        # fp32 matmuls run as TF32 on tensor cores; everything else at its own rate.
-        return gpu.tflops("tf32" if op.dtype == "fp32" else op.dtype)
-    return gpu.tflops("fp32")  # elementwise/norm math runs in fp32 on the CUDA cores
+def _peak_tflops(op: OpSpec, gpu: GPUProfile, *, measured: bool = True) -> float | None:
+    # fp32 matmuls run as TF32 on tensor cores; elementwise/norm math in fp32 on the CUDA cores.
+    dtype = ("tf32" if op.dtype == "fp32" else op.dtype) if op.is_matmul else "fp32"
+    return gpu.tflops(dtype, measured=measured)
 
 
-def floor_us(op: OpSpec, gpu: GPUProfile | None) -> float | None:
-    """The physical floor in µs: max(FLOPs at peak, bytes at bandwidth); None if neither is known."""
+def floor_us(op: OpSpec, gpu: GPUProfile | None, *, physical: bool = False) -> float | None:
+    """Time at the ceilings, in µs: max(FLOPs at peak, bytes at bandwidth); None if neither is known.
+
+    By default the attainable ceilings (measured copy bandwidth and matmul rate when the
+    profile has them, else the datasheet), which % of roofline is taken against. With
+    ``physical=True`` the higher of datasheet and measured: no correct kernel can beat that,
+    so a time below it is withheld as a measurement error.
+    """
     if gpu is None:
         return None
     terms = []
-    peak = _peak_tflops(op, gpu)
+    rates = [_peak_tflops(op, gpu), _peak_tflops(op, gpu, measured=False)]
+    bws = [gpu.bandwidth_gbs, gpu.mem_bandwidth_gbs]
+    peak = max(filter(None, rates), default=None) if physical else rates[0]
+    bw = max(filter(None, bws), default=None) if physical else bws[0]
     if peak:
         terms.append(op.flops / (peak * 1e12) * 1e6)
-    if gpu.bandwidth_gbs:
-        terms.append(op.min_bytes / (gpu.bandwidth_gbs * 1e9) * 1e6)
+    if bw:
+        terms.append(op.min_bytes / (bw * 1e9) * 1e6)
     return max(terms) if terms else None
 
 
@@ -257,10 +265,10 @@ def evaluate(op: OpSpec, config: KernelConfig, *, gpu: GPUProfile | None = None,
         return result("rejected", rel_err=err, device=dev_name, reason=_reason(exc))
     us = float(ms) * 1e3
     rates = _rates(op, us, gpu)
-    floor = floor_us(op, gpu)
+    floor = floor_us(op, gpu, physical=True)
     if floor is not None and us < floor * (1.0 - _FLOOR_SLACK):
         return result("withheld", us=us, rel_err=err, device=dev_name, **rates,
                       reason=f"measured {us:.3f} us is below the physical floor {floor:.3f} us "
-                             f"(peak {_peak_tflops(op, gpu)} TFLOP/s, {gpu.bandwidth_gbs if gpu else None} GB/s): "
+                             f"(datasheet/measured ceilings of {gpu.name if gpu else None}): "
                              f"the measurement or the profile is wrong")
     return result("measured", us=us, rel_err=err, device=dev_name, **rates)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Run measurement stages on a lent GPU host, from the repository root, results under $OUT.
+#   bash benchmarks/device_session.sh capture profile gputests ranking bench norm models
+# Each stage's output goes to $OUT/r/<stage>.log (its tail is printed); everything is
+# packed into $OUT/results.tgz (the device tool returns at most 8 files).
+set -u
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+R=${OUT:?}/r
+mkdir -p "$R"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv > "$R/nvidia-smi.csv" 2>&1
+stage() {
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "== $name"
+  "$@" > "$R/$name.log" 2>&1
+  echo "== $name rc=$? in $((SECONDS - t0)) s"
+  tail -n "${TAIL:-20}" "$R/$name.log"
+}
+for s in "$@"; do
+  case $s in
+    capture)  stage capture python3 benchmarks/capture_hw.py --out "$R/capture" --measure ;;
+    profile)  stage profile sh -c "python3 -m autoopt profile --format json --measure > '$R/autoopt_profile.json'" ;;
+    gputests) stage gputests python3 -m pytest -q -m gpu -p no:cacheprovider tests ;;
+    ranking)  stage ranking python3 benchmarks/ranking_quality.py --grid benchmarks/results/h200_gemm_grid.json --out "$R/ranking.json" ;;
+    bench)    TAIL=40 stage bench python3 -m autoopt bench --suite llm --out "$R/bench.json" --plot "$R/roofline.png" ;;
+    norm)     stage norm python3 benchmarks/norm_choice.py --out "$R/norm.json" ;;
+    models)   stage models python3 benchmarks/model_checks.py --check all --out "$R/model_checks.json" ;;
+    *) echo "unknown stage $s" ;;
+  esac
+done
+cd "$OUT" && tar czf results.tgz r && rm -rf r
