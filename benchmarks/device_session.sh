@@ -24,6 +24,7 @@ for s in "$@"; do
     ranking)  stage ranking python3 benchmarks/ranking_quality.py --grid benchmarks/results/h200_gemm_grid.json --out "$R/ranking.json" ;;
     bench)    TAIL=40 stage bench python3 -m autoopt bench --suite llm --out "$R/bench.json" --plot "$R/roofline.png" ;;
     norm)     stage norm python3 benchmarks/norm_choice.py --out "$R/norm.json" ;;
+    stream)   stage stream python3 benchmarks/stream_sweep.py --out "$R/stream.json" ;;
     models)   stage models python3 benchmarks/model_checks.py --check all --out "$R/model_checks.json" ;;
     *) echo "unknown stage $s" ;;
   esac
