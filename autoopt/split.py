@@ -312,8 +312,13 @@ def _fixed_memory(model: ModelSpec, fmt: QuantFormat, wl: Workload, dev: Device,
     return est.total_bytes
 
 
-def _partition(costs: _Costs, devs: Sequence[Device], fixed: Sequence[float]) -> list[tuple[int, int]] | None:
+def _partition(costs: _Costs, devs: Sequence[Device], fixed: Sequence[float],
+               extra: Sequence[float] | None = None) -> list[tuple[int, int]] | None:
     """Contiguous layer ranges over ``devs`` in order minimising the slowest stage, memory respected.
+
+    ``extra[k]`` is time stage ``k`` spends besides its layers (the LM head on the last
+    stage), so the balance counts it: on 2 x H200, 8 Llama-3-8B layers at decode split
+    5/3 rather than 4/4 once the head's ~220 us sits on the second stage.
 
     Binary search on the stage-time cap; for a cap, filling each device greedily
     as far as time and memory allow is feasible iff any partition is (both limits
@@ -322,13 +327,14 @@ def _partition(costs: _Costs, devs: Sequence[Device], fixed: Sequence[float]) ->
     n = costs.model.num_layers
     tpre = [list(itertools.accumulate(costs.times(d), initial=0.0)) for d in devs]
     mpre = costs.mem_prefix
+    extra = list(extra) if extra is not None else [0.0] * len(devs)
 
     def fill(cap: float) -> list[tuple[int, int]] | None:
         out, i = [], 0
         for k, d in enumerate(devs):
             # Furthest stop within the time cap and the memory left; leave a layer for each later device.
             stop = n - (len(devs) - 1 - k)
-            j_t = bisect.bisect_right(tpre[k], tpre[k][i] + cap, i, stop + 1) - 1
+            j_t = bisect.bisect_right(tpre[k], tpre[k][i] + cap - extra[k], i, stop + 1) - 1
             j_m = bisect.bisect_right(mpre, mpre[i] + d.capacity_bytes - fixed[k], i, stop + 1) - 1
             j = min(j_t, j_m, stop)
             if j <= i:
@@ -337,7 +343,7 @@ def _partition(costs: _Costs, devs: Sequence[Device], fixed: Sequence[float]) ->
             i = j
         return out if i == n else None
 
-    times = [t[-1] for t in tpre]
+    times = [t[-1] + x for t, x in zip(tpre, extra)]
     hi = max(times)
     lo = max(min(tpre[k][i + 1] - tpre[k][i] for k in range(len(devs))) for i in range(n))
     if fill(hi * (1 + 1e-9)) is None:
@@ -360,7 +366,8 @@ def _evaluate(profile: HardwareProfile, model: ModelSpec, fmt: QuantFormat, wl: 
     lead = [g[0] for g in groups]
     pp = len(groups)
     fixed = [_fixed_memory(model, fmt, wl, d, tp, embed=k == 0, head=k == pp - 1) for k, d in enumerate(lead)]
-    ranges = _partition(costs, lead, fixed)
+    head_us = sum(w * _head_time_us(lead[-1], model, fmt, wl.batch, tp) for _, _, w in wl.points())
+    ranges = _partition(costs, lead, fixed, [0.0] * (pp - 1) + [head_us])
     if ranges is None:
         return None
     # Tensor-parallel communication: two all-reduces per layer over the group's slowest link.
@@ -374,7 +381,7 @@ def _evaluate(profile: HardwareProfile, model: ModelSpec, fmt: QuantFormat, wl: 
     for k, ((a, b), g) in enumerate(zip(ranges, groups)):
         t = sum(costs.times(lead[k])[a:b]) + (b - a) * tp_us_per_layer
         if k == pp - 1:
-            t += sum(w * _head_time_us(lead[k], model, fmt, wl.batch, tp) for _, _, w in wl.points())
+            t += head_us
         mem = estimate_memory(model, fmt, capacity_bytes=lead[k].capacity_bytes, device=lead[k].name,
                               gpu=lead[k].gpu, batch=wl.batch, context=wl.max_context, prompt_len=wl.prompt_len,
                               phase=wl.phase, kv_dtype=wl.kv_dtype, tp=tp, layers=range(a, b), embed=k == 0,

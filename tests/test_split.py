@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from _recommend_hw import H100, H200, HOST, RTX3070, nvlink_box, one
@@ -74,3 +76,15 @@ def test_allreduce_follows_the_nccl_ring_model():
 
 def test_pcie_rate_from_generation_and_width():
     assert pcie_gbs(H100) == pytest.approx(3.938 * 16)
+
+
+def test_pipeline_balance_counts_the_lm_head_on_the_last_stage():
+    # 8 Llama-3-8B layers at decode on two H200s: the 128256-wide LM head costs about as much as a
+    # couple of layers, so the last stage takes fewer layers than the first.
+    model = dataclasses.replace(get_model("llama-3-8b"), num_layers=8)
+    plan = [p for p in candidate_splits(nvlink_box(H200, 2, "2x h200"), model, get_format("bf16"),
+                                        Workload(batch=4, prompt_len=1024, gen_len=16, phase="decode"))
+            if p.pp == 2 and p.tp == 1][0]
+    first, last = (s.layers[1] - s.layers[0] for s in plan.stages)
+    assert first > last
+    assert abs(plan.stages[0].time_us - plan.stages[1].time_us) < max(s.time_us for s in plan.stages) * 0.3
