@@ -26,7 +26,8 @@ _DATA = Path(__file__).resolve().parent / "models.yaml"
 def _entries() -> dict[str, dict[str, Any]]:
     import yaml
 
-    data = yaml.safe_load(_DATA.read_text())
+    # libyaml's parser when PyYAML has it (same safe constructor; ~10x faster than the pure-Python one)
+    data = yaml.load(_DATA.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
     if not isinstance(data, dict):
         raise ModelError(f"{_DATA}: expected a mapping of model names")
     return data

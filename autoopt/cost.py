@@ -33,8 +33,8 @@ from .template import Prediction
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CostConstants", "DEFAULT_CONSTANTS", "constants", "fit_constants", "floor_us",
-           "peak_flops", "predict_matmul", "predict_stream", "using"]
+__all__ = ["CostConstants", "DEFAULT_CONSTANTS", "MatmulBound", "StreamBound", "constants", "fit_constants",
+           "floor_us", "matmul_lower_bound", "peak_flops", "predict_matmul", "predict_stream", "using"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,19 +138,25 @@ def set_constants(consts: CostConstants) -> None:
 # -- shared quantities ---------------------------------------------------------------
 
 def peak_flops(gpu: GPUProfile, dtype: str, *, tensor: bool = True) -> float | None:
-    """Dense peak FLOP/s for ``dtype``; fp32 matmuls run as TF32 on tensor cores (Triton's default)."""
+    """Dense datasheet peak FLOP/s for ``dtype`` (fp32 matmuls run as TF32 on tensor cores, Triton's
+    default). The constants were fitted against datasheet rates, so a measured rate is used only
+    where the profile has no datasheet value."""
+    def rate(d: str) -> float | None:
+        return gpu.tflops(d, measured=False) or gpu.tflops(d)
+
     if not tensor:
-        t = gpu.tflops("fp32")
+        t = rate("fp32")
     elif dtype == "fp32":
-        t = gpu.tflops("tf32") if gpu.features.tf32 else None
-        t = t or gpu.tflops("fp32")
+        t = rate("tf32") if gpu.features.tf32 else None
+        t = t or rate("fp32")
     else:
-        t = gpu.tflops(dtype)
+        t = rate(dtype)
     return t * 1e12 if t else None
 
 
 def _bw(gpu: GPUProfile) -> float:
-    bw = gpu.bandwidth_gbs
+    """Spec bandwidth (what ``dram_efficiency`` was fitted against), else the measured one."""
+    bw = gpu.mem_bandwidth_gbs or gpu.measured_bandwidth_gbs
     if not bw:
         raise AutooptError(f"GPU {gpu.name!r} has no memory bandwidth in its profile; "
                            "the cost model needs mem_bandwidth_gbs (or a measured value)")
@@ -220,24 +226,23 @@ def _smem_intensity(bm: int, bn: int, num_warps: int, e: float, mma: str) -> flo
 def _reuse(tm: int, tn: int, group_m: int, conc: int, a_blk: float, w_blk: float, l2: float) -> tuple[int, int]:
     """DRAM reads of each A row-block and each W column-block after L2 reuse.
 
-    ``conc`` tiles run at once, in group-M order: a wave spans R row-blocks x C
-    column-blocks. A row-block is reused across ceil(tn/C) column waves if the
-    wave's operands fit the usable L2 between two uses; W across ceil(tm/R)
-    row passes if all of W (plus the active A rows) fits.
+    Tiles are issued in group-M order (``group_m`` row-blocks walked column by
+    column) and ``conc`` run at once. A W column-block is read together by the
+    rows whose tiles run side by side: the group's rows, or more when a wave
+    spans several whole rows (``conc // tn``); any other row re-reads it from
+    DRAM unless all of W stays in L2 meanwhile. Measured on an H200 (TMA GEMM,
+    256x28672x4096, 2 row-blocks): GROUP_M=1 131.9 us, GROUP_M=8 106.3 us,
+    because with GROUP_M=1 the second row-block's use of a W tile comes a whole
+    wave (~230 MB of W) after the first. An A row-block is re-read per column
+    wave unless the wave's operands fit the usable L2.
     """
     g = max(1, min(group_m, tm))
-    if conc >= tm * tn:
-        r, cols = tm, tn
-    elif conc <= g:
-        r, cols = conc, 1
-    elif conc < g * tn:
-        r, cols = g, math.ceil(conc / g)
-    else:
-        r, cols = min(tm, g * math.ceil(conc / (g * tn))), tn
-    a_passes = math.ceil(tn / cols)
+    r = min(tm, max(g, conc // max(tn, 1)))
     w_passes = math.ceil(tm / r)
-    ra = 1 if a_passes == 1 or r * a_blk + cols * w_blk <= l2 else a_passes
     rw = 1 if w_passes == 1 or tn * w_blk + r * a_blk <= l2 else w_passes
+    cols = max(1, min(tn, conc // r))
+    a_passes = math.ceil(tn / cols)
+    ra = 1 if a_passes == 1 or r * a_blk + cols * w_blk <= l2 else a_passes
     return ra, rw
 
 
@@ -340,6 +345,131 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     return _finish(gpu, op, terms, total, reason)
 
 
+# -- lower bounds of predict_matmul (branch-and-bound ranking) ---------------------------
+#
+# The ranking prunes whole groups of configs whose lower bound already exceeds the k-th best
+# prediction found so far, so these must never exceed what predict_matmul returns. They take the
+# per-iteration MMA time ``t_comp`` from the caller (templates read it off predict_matmul's own
+# ``compute_us`` for a one-tile, one-iteration probe, so efficiency factors added to t_comp carry
+# over), repeat predict_matmul's other expressions in the same order, and replace each quantity
+# that varies inside a group by its most favourable value. Proof, term by term, for every config
+# with these blocks/split whose per-iteration time t_it = max(t_comp, t_l2) + iter_overhead_us is
+# >= iter_us, occupancy occ <= max_ctas and num_stages <= max_stages (tests/test_rank_pruning.py):
+#   conc = min(occ, tiles_per_sm) <= conc_hi; depth = max(stages - 1, 0.5) <= depth_hi, so
+#   t_it_eff = max(t_it, (lat + t_l2) / (depth * conc)) >= max(iter_us, (lat + t_l2) / (depth_hi * conc_hi));
+#   fills = ceil(tiles_per_sm / conc) * lat >= ceil(tiles_per_sm / conc_hi) * lat (persistent: exact);
+#   epilogue = tiles_per_sm * epilogue_iters * t_it >= the same with iter_us (constants are >= 0);
+#   dram_us: the reuse factors ra, rw from _reuse are >= 1, so perfect reuse (1, 1) is a floor;
+#   reduce_us and launch depend only on split-K and the shape: exact;
+#   _softmax(a, b, p) = (a^p + b^p)^(1/p) is nondecreasing in a and in b for a, b >= 0, p > 0.
+# Hence softmax(sm_lb, dram_lb) + reduce + launch <= predict_matmul(...).us.
+
+
+class MatmulBound:
+    """Lower bounds of :func:`predict_matmul` for one (GPU, op, constants); see the proof above.
+
+    Built once per op; each call is a few float operations, so a ranking can bound
+    every tile of an op before predicting any config.
+    """
+
+    __slots__ = ("c", "sms", "m", "n", "k", "e", "l2_rate", "dram_rate", "dram_base", "out_e", "_split1")
+
+    def __init__(self, gpu: GPUProfile, op: OpSpec, consts: CostConstants | None = None) -> None:
+        c = self.c = consts or constants()
+        self.sms = limits(gpu).sm_count
+        m, n, k = self.m, self.n, self.k = op.shape
+        e = self.e = DTYPE_BYTES[op.dtype]
+        self.out_e = DTYPE_BYTES[op.out_dtype or op.dtype]
+        bw = _bw(gpu)
+        self.l2_rate = bw * c.l2_bw_ratio / self.sms
+        self.dram_rate = bw * c.dram_efficiency
+        self.dram_base = m * k * e + n * k * e  # A and W read once each (perfect L2 reuse)
+        self._split1 = self._fixed(1)
+
+    def _fixed(self, split: int) -> tuple[float, float]:
+        """(DRAM us with perfect reuse, reduce + launch us) of a split: the same for every tile."""
+        c, m, n, out_e = self.c, self.m, self.n, self.out_e
+        dram_us = (self.dram_base + m * n * (4 * split if split > 1 else out_e)) / self.dram_rate * 1e6
+        launch = c.launch_us
+        reduce_us = 0.0
+        if split > 1:
+            reduce_us = (m * n * 4 * split + m * n * out_e) / self.dram_rate * 1e6
+            launch += c.launch_us
+        return dram_us, reduce_us + launch
+
+    def l2_us(self, bm: int, bn: int, bk: int, multicast: tuple[int, int] = (1, 1)) -> float:
+        """predict_matmul's ``t_l2``: L2->SM time of one K-iteration (exact)."""
+        it_bytes = (min(bm, self.m) / multicast[1] + min(bn, self.n) / multicast[0]) * bk * self.e
+        return it_bytes / self.l2_rate * 1e6
+
+    def tiles(self, tiles: list[tuple[int, int, int, int, float, int, int]],
+              persistent: bool = False) -> list[float]:
+        """:meth:`__call__` for many ``(bm, bn, bk, split, t_comp, max_ctas, max_stages)`` at once, with
+        ``iter_us = max(t_comp, t_l2) + iter_overhead_us`` (the same expressions, without a call per tile)."""
+        c = self.c
+        m, n, k, sms, e, l2_rate = self.m, self.n, self.k, self.sms, self.e, self.l2_rate
+        lat, ovh, epi, pff, p = (c.dram_latency_us, c.iter_overhead_us, c.epilogue_iters,
+                                 c.persistent_fill_fraction, c.overlap_exponent)
+        inv_p = 1 / p
+        out = []
+        for bm, bn, bk, split, t_comp, max_ctas, max_stages in tiles:
+            t_l2 = (min(bm, m) / 1 + min(bn, n) / 1) * bk * e / l2_rate * 1e6
+            iter_us = max(t_comp, t_l2) + ovh
+            tiles_per_sm = -(-(-(-m // bm) * -(-n // bn) * split) // sms)
+            k_iters = max(1, -(-(-(-k // split)) // bk))
+            if persistent:
+                t_eff = max(iter_us, (lat + t_l2) / max(max_stages - 1, 0.5))
+                fills = lat + (tiles_per_sm - 1) * lat * pff
+            else:
+                conc = min(max(1, max_ctas), tiles_per_sm)
+                t_eff = max(iter_us, (lat + t_l2) / (max(max_stages - 1, 0.5) * conc))
+                fills = -(-tiles_per_sm // conc) * lat
+            a = tiles_per_sm * k_iters * t_eff + fills + tiles_per_sm * epi * iter_us
+            b, fixed = self._split1 if split == 1 else self._fixed(split)
+            hi = a if a > b else b
+            out.append(fixed if hi <= 0 else hi * ((a / hi) ** p + (b / hi) ** p) ** inv_p + fixed)
+        return out
+
+    def __call__(self, bm: int, bn: int, bk: int, split: int, iter_us: float, l2_us: float, max_ctas: int,
+                 max_stages: int, persistent: bool = False) -> float:
+        """Lower bound over configs with these blocks and split whose ``t_it >= iter_us``, occupancy
+        ``<= max_ctas`` and ``num_stages <= max_stages``; ``l2_us`` is :meth:`l2_us` of the blocks."""
+        c = self.c
+        # integer ceil-division: equal to predict_matmul's math.ceil of the float quotient here
+        # (operands < 2^40, so the quotient is never within one ulp of an integer it is not)
+        tiles_per_sm = -(-(-(-self.m // bm) * -(-self.n // bn) * split) // self.sms)
+        k_iters = max(1, -(-(-(-self.k // split)) // bk))
+        lat = c.dram_latency_us
+        if persistent:
+            t_eff = max(iter_us, (lat + l2_us) / max(max_stages - 1, 0.5))
+            fills = lat + (tiles_per_sm - 1) * lat * c.persistent_fill_fraction
+        else:
+            conc = min(max(1, max_ctas), tiles_per_sm)
+            t_eff = max(iter_us, (lat + l2_us) / (max(max_stages - 1, 0.5) * conc))
+            fills = -(-tiles_per_sm // conc) * lat
+        a = tiles_per_sm * k_iters * t_eff + fills + tiles_per_sm * c.epilogue_iters * iter_us
+        b, fixed = self._split1 if split == 1 else self._fixed(split)
+        p = c.overlap_exponent
+        hi = a if a > b else b  # _softmax(a, b, p), inlined
+        if hi <= 0:
+            return fixed
+        return hi * ((a / hi) ** p + (b / hi) ** p) ** (1 / p) + fixed
+
+
+def matmul_lower_bound(gpu: GPUProfile, op: OpSpec, *, block_m: int, block_n: int, block_k: int,
+                       split_k: int = 1, t_comp_us: float, max_ctas_per_sm: int, max_stages: int,
+                       persistent: bool = False, multicast: tuple[int, int] = (1, 1),
+                       consts: CostConstants | None = None) -> float:
+    """A lower bound of ``predict_matmul(...).us`` over every config with these blocks, split-K and
+    multicast whose per-iteration MMA time is at least ``t_comp_us``, whose occupancy is at most
+    ``max_ctas_per_sm`` and ``num_stages`` at most ``max_stages`` (any GROUP_M). Proof in the
+    comment above :class:`MatmulBound`."""
+    b = MatmulBound(gpu, op, consts)
+    t_l2 = b.l2_us(block_m, block_n, block_k, multicast)
+    return b(block_m, block_n, block_k, split_k, max(t_comp_us, t_l2) + b.c.iter_overhead_us, t_l2,
+             max_ctas_per_sm, max_stages, persistent)
+
+
 # -- streaming kernels (elementwise, norms) ------------------------------------------
 
 def predict_stream(gpu: GPUProfile, op: OpSpec, *, programs: int, threads: int, smem_bytes: int,
@@ -371,6 +501,42 @@ def predict_stream(gpu: GPUProfile, op: OpSpec, *, programs: int, threads: int, 
              "ctas_per_sm": float(occ), "waves": programs / (sms * occ), "dram_mb": dram_bytes / 1e6}
     text = f"{programs} programs over {sms} SMs x {occ}/SM, {iters} iter(s) each; {dram_bytes / 1e6:.2f} MB DRAM"
     return _finish(gpu, op, terms, total, f"{reason}; {text}" if reason else text)
+
+
+class StreamBound:
+    """:func:`predict_stream`'s time without its Prediction, for branch and bound (one GPU and op).
+
+    Same expressions in the same order, so with the same arguments it equals
+    ``predict_stream(...).us`` up to rounding. It is a lower bound when the caller
+    passes a lower bound of ``dram_bytes``/``l2_bytes`` (the total is nondecreasing
+    in both: the smooth max :func:`_softmax` is nondecreasing in each argument).
+    """
+
+    __slots__ = ("c", "sms", "lat", "l2_rate", "dram_rate", "l2_total_rate", "compute_us")
+
+    def __init__(self, gpu: GPUProfile, op: OpSpec, consts: CostConstants | None = None) -> None:
+        c = self.c = consts or constants()
+        self.sms = limits(gpu).sm_count
+        bw = _bw(gpu)
+        self.l2_rate = bw * c.l2_bw_ratio / self.sms
+        self.dram_rate = bw * c.dram_efficiency
+        self.l2_total_rate = bw * c.l2_bw_ratio
+        peak = peak_flops(gpu, "fp32", tensor=False)
+        self.compute_us = op.flops / peak * 1e6 if peak else 0.0
+
+    def __call__(self, programs: int, occ: int, iters: int, bytes_per_iter: float, dram_bytes: float,
+                 l2_bytes: float = 0.0) -> float:
+        """``occ``: resident programs per SM as predict_stream computes it (``max(1, occupancy(...))``)."""
+        c = self.c
+        per_sm = math.ceil(programs / self.sms)
+        conc = min(occ, per_sm)
+        t_bw = bytes_per_iter / self.l2_rate * 1e6
+        t_iter = max(t_bw, c.dram_latency_us / conc)
+        sm_us = per_sm * iters * t_iter
+        dram_us = dram_bytes / self.dram_rate * 1e6
+        l2_us = l2_bytes / self.l2_total_rate * 1e6
+        p = c.overlap_exponent
+        return _softmax(_softmax(sm_us, dram_us + l2_us, p), self.compute_us, p) + c.launch_us
 
 
 # -- calibration ----------------------------------------------------------------------

@@ -9,13 +9,17 @@ vectors when a thread owns at least ``16 / elem_bytes`` contiguous elements
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator
+from functools import partial
+from typing import Any
 
 from autoopt import constraints as C
 from autoopt.config import KernelConfig
-from autoopt.cost import predict_stream
+from autoopt.cost import StreamBound, predict_stream
 from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
+from autoopt.pruning import BoundedSpace, cached, gpu_key, rule_of
 from autoopt.template import Prediction, Template
 from autoopt.templates.gemm import missing_keys
 
@@ -26,6 +30,8 @@ KEYS = ("BLOCK_SIZE", "num_warps")
 _INPUTS = 2
 #: smallest block: one 16-byte vector for each of 32 threads of a warp at fp32 (32 x 4 elements).
 MIN_BLOCK = 128
+BLOCK_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+WARPS = (1, 2, 4, 8, 16)
 
 
 class ElementwiseTemplate(Template):
@@ -34,16 +40,25 @@ class ElementwiseTemplate(Template):
     name = "elementwise"
     ops = ("silu_mul", "add")
 
-    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+    @staticmethod
+    def pairs(gpu: GPUProfile, op: OpSpec) -> Iterator[tuple[int, int]]:
+        """(BLOCK_SIZE, num_warps) of the space, in its order."""
         cap = max(MIN_BLOCK, C.next_pow2(op.numel))
         lim = C.limits(gpu)
-        warp_opts = [w for w in (1, 2, 4, 8, 16) if w * lim.warp_size <= lim.max_threads_per_block]
-        for bs in (128, 256, 512, 1024, 2048, 4096, 8192, 16384):
+        warp_opts = [w for w in WARPS if w * lim.warp_size <= lim.max_threads_per_block]
+        for bs in BLOCK_SIZES:
             if bs > cap:
                 break
             for warps in warp_opts:
-                yield KernelConfig(kernel=op.kind, template=self.name, path="standard",
-                                   params={"BLOCK_SIZE": bs, "num_warps": warps})
+                yield bs, warps
+
+    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+        for bs, warps in self.pairs(gpu, op):
+            yield self._config(op, bs, warps)
+
+    def _config(self, op: OpSpec, bs: int, warps: int) -> KernelConfig:
+        return KernelConfig(kernel=op.kind, template=self.name, path="standard",
+                            params={"BLOCK_SIZE": bs, "num_warps": warps})
 
     @staticmethod
     def per_thread(gpu: GPUProfile, config: KernelConfig) -> tuple[int, float]:
@@ -81,3 +96,51 @@ class ElementwiseTemplate(Template):
         return predict_stream(gpu, op, programs=programs, threads=threads, smem_bytes=0,
                               regs_per_thread=(_INPUTS + 1) * ept + C.REG_OVERHEAD, iters=1,
                               bytes_per_iter=_INPUTS * bs * e, dram_bytes=op.min_bytes, reason=why)
+
+    # -- branch and bound (see autoopt.pruning) ------------------------------------
+    @staticmethod
+    def table(gpu: GPUProfile) -> dict[tuple[int, int], tuple[str | None, int, float, int]]:
+        """(BLOCK_SIZE, num_warps) -> (validate's first problem or None, threads, elements per thread,
+        programs per SM) on this GPU; the same for every op and dtype (registers hold fp32)."""
+        def build() -> dict[tuple[int, int], tuple[str | None, int, float, int]]:
+            lim = C.limits(gpu)
+            out = {}
+            for bs in BLOCK_SIZES:
+                for w in WARPS:
+                    threads = w * lim.warp_size
+                    ept = bs / threads
+                    regs = (_INPUTS + 1) * ept + C.REG_OVERHEAD
+                    problems = C.check_threads(lim, w) or (
+                        [f"BLOCK_SIZE={bs} < {threads} threads: idle threads"] if ept < 1
+                        else C.check_regs(lim, regs, threads))
+                    occ = max(1, C.occupancy(lim, smem_bytes=0, regs_per_thread=regs, threads=threads))
+                    out[(bs, w)] = (problems[0] if problems else None, threads, ept, occ)
+            return out
+        return cached(("elementwise", "table", gpu_key(gpu)), build)
+
+    def bounded_space(self, gpu: GPUProfile, op: OpSpec) -> BoundedSpace:
+        """Every config of the space with its predicted time as the bound (exact up to rounding)."""
+        table = self.table(gpu)
+        bound = StreamBound(gpu, op)
+        e = DTYPE_BYTES[op.dtype]
+        considered = rejected = 0
+        rules: Counter = Counter()
+        examples: dict[str, str] = {}
+        roots: list[tuple[float, Any]] = []
+        for bs, w in self.pairs(gpu, op):  # 40 configs at most: bound each, predict only the best
+            considered += 1
+            problem, _, _, occ = table[(bs, w)]
+            if problem is not None:
+                rejected += 1
+                rule = rule_of(problem)
+                rules[rule] += 1
+                examples.setdefault(rule, problem)
+                continue
+            b = bound(math.ceil(op.numel / bs), occ, 1, _INPUTS * bs * e, op.min_bytes)
+            roots.append((b, partial(_leaf, b, self._config, op, bs, w)))
+        return BoundedSpace(considered=considered, rejected=rejected,
+                            reasons={op.kind: rules} if rules else {}, examples=examples, roots=roots)
+
+
+def _leaf(b: float, make: Any, op: OpSpec, bs: int, w: int) -> list[tuple[float, Any]]:
+    return [(b, make(op, bs, w))]

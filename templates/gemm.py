@@ -10,16 +10,21 @@ takes both), so decode shapes are compared against the gemv template.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from autoopt import constraints as C
 from autoopt.config import KernelConfig
-from autoopt.cost import predict_matmul
+from autoopt.cost import MatmulBound, constants, predict_matmul
 from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
+from autoopt.pruning import BoundedSpace, cached, gpu_key, rule_of
 from autoopt.template import Prediction, Template
 
-__all__ = ["GemmTemplate", "blocks", "matmul_path"]
+__all__ = ["GemmTemplate", "TileTable", "blocks", "expand_tile", "matmul_path", "tile_table"]
 
 KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
 #: smallest block per dim: MMA M is 16 (mma.sync m16n8k16); N and K below 32 waste 16-byte vectors.
@@ -27,6 +32,15 @@ MIN_BM, MIN_BN, MIN_BK = 16, 32, 32
 #: GROUP_M only changes L2 reuse (no per-tile cost): 1 (row-major) against 8 (Triton's usual
 #: choice; a 8-row band of A stays in L2 while W columns stream) covers what it can change.
 GROUPS = (1, 8)
+BMS, BNS = (16, 32, 64, 128, 256), (32, 64, 128, 256)
+SPLITS = (1, 2, 4, 8, 16)
+WARPS, STAGES = (2, 4, 8), (2, 3, 4, 5, 6)
+_NO_SPLIT = [1]  # shared: consumers of axes() only read it
+
+
+def block_ks(dtype: str) -> tuple[int, ...]:
+    """BLOCK_K candidates; fp8 adds 256 (256-byte rows, as BLOCK_K=128 at 16 bits)."""
+    return (32, 64, 128, 256) if dtype == "fp8" else (32, 64, 128)
 
 
 def blocks(cands: tuple[int, ...], dim: int, minimum: int) -> list[int]:
@@ -58,6 +72,130 @@ def missing_keys(config: KernelConfig, keys: tuple[str, ...]) -> list[str]:
     return out
 
 
+# -- branch and bound (see autoopt.pruning) ------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class TileTable:
+    """What one (BLOCK_M, BLOCK_N, BLOCK_K) tile can run as on one GPU and dtype, for every shape:
+    the valid (num_warps, num_stages) pairs with their occupancy and MMA time, and why the others fail."""
+
+    #: (num_warps, path, least t_comp, ((num_stages, CTAs per SM, t_comp us), ...), most CTAs, most stages)
+    variants: tuple[tuple[int, str, float, tuple[tuple[int, int, float], ...], int, int], ...]
+    t_comp_min: float
+    max_ctas: int
+    max_stages: int
+    #: (num_warps, num_stages) pairs validate rejects, rule -> count, rule -> first message.
+    invalid: int
+    rules: tuple[tuple[str, int], ...]
+    examples: tuple[tuple[str, str], ...]
+
+
+def tile_table(warps: list[tuple[int, str | None, str, float, str | None, int]],
+               stages: list[tuple[int, str | None, int]], probe: Callable[[int, str, int], float], *,
+               persistent: bool = False) -> TileTable:
+    """Combine a tile's per-num_warps and per-num_stages facts into a :class:`TileTable`.
+
+    ``warps``: (num_warps, problem found before the resource checks, path, registers per thread,
+    register problem, occupancy by registers and threads alone); ``stages``: (num_stages, smem
+    problem, occupancy by smem alone). A config's first problem is the early one, else the smem
+    one, else the register one (the order validate reports them in), and its occupancy is the
+    smaller of the two partial ones: ``occupancy`` takes the min over smem, registers, threads and
+    the block cap, and each partial call only adds terms no smaller than those it already has.
+    ``probe(num_warps, path, num_stages)`` is the config's per-iteration MMA time (predict_matmul's
+    t_comp), which depends on the stages only through the occupancy: probed once per occupancy.
+    """
+    variants = []
+    invalid = 0
+    rules: Counter = Counter()
+    examples: dict[str, str] = {}
+    for w, early, path, _, reg_problem, occ_rt in warps:
+        ok = []
+        t_comp_of: dict[int, float] = {}
+        for st, smem_problem, occ_smem in stages:
+            problem = early or smem_problem or reg_problem
+            if problem is not None:
+                invalid += 1
+                rule = rule_of(problem)
+                rules[rule] += 1
+                examples.setdefault(rule, problem)
+                continue
+            occ = 1 if persistent else max(1, min(occ_smem, occ_rt))
+            if occ not in t_comp_of:
+                t_comp_of[occ] = probe(w, path, st)
+            ok.append((st, occ, t_comp_of[occ]))
+        if ok:
+            variants.append((w, path, min(t_comp_of.values()), tuple(ok), max(o for _, o, _ in ok),
+                             ok[-1][0]))
+    return TileTable(variants=tuple(variants), t_comp_min=min((v[2] for v in variants), default=0.0),
+                     max_ctas=max((v[4] for v in variants), default=1),
+                     max_stages=max((v[5] for v in variants), default=1), invalid=invalid,
+                     rules=tuple(rules.items()), examples=tuple(examples.items()))
+
+
+def probe_t_comp(template: Template, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> float:
+    """The template's own prediction of ``config`` on a one-tile, one-K-iteration ``op``: its
+    ``compute_us`` is then exactly the per-iteration MMA time, whatever factors the cost model has."""
+    return template.predict(gpu, op, config).breakdown["compute_us"]
+
+
+def warp_facts(gpu: GPUProfile, w: int, early: list[str], path: str,
+               regs: float) -> tuple[int, str | None, str, float, str | None, int]:
+    """One ``warps`` entry of :func:`tile_table` (registers and threads checked here)."""
+    lim = C.limits(gpu)
+    threads = w * lim.warp_size
+    reg_problems = C.check_regs(lim, regs, threads)
+    return (w, early[0] if early else None, path, regs, reg_problems[0] if reg_problems else None,
+            C.occupancy(lim, smem_bytes=0, regs_per_thread=regs, threads=threads))
+
+
+def stage_facts(gpu: GPUProfile, st: int, smem: int) -> tuple[int, str | None, int]:
+    """One ``stages`` entry of :func:`tile_table` (shared memory checked here)."""
+    lim = C.limits(gpu)
+    problems = C.check_smem(lim, smem)
+    return (st, problems[0] if problems else None,
+            C.occupancy(lim, smem_bytes=smem, regs_per_thread=0, threads=1))
+
+
+def expand_tile(bound: MatmulBound, tt: TileTable, tile: tuple[int, int, int], split: int, t_l2: float,
+                leaves: Callable[[int, str, int], list[KernelConfig]], persistent: bool = False,
+                ) -> list[tuple[float, Any]]:
+    """Children of a tile node: one node per num_warps, bounded with its own least MMA time."""
+    bm, bn, bk = tile
+    ovh = bound.c.iter_overhead_us
+    out = []
+    for w, path, t_comp, stages, max_ctas, max_stages in tt.variants:
+        out.append((bound(bm, bn, bk, split, max(t_comp, t_l2) + ovh, t_l2, max_ctas, max_stages, persistent),
+                    partial(_expand_warps, bound, tile, split, t_l2, w, path, stages, leaves, persistent)))
+    return out
+
+
+def _expand_warps(bound: MatmulBound, tile: tuple[int, int, int], split: int, t_l2: float, w: int, path: str,
+                  stages: tuple[tuple[int, int, float], ...],
+                  leaves: Callable[[int, str, int], list[KernelConfig]], persistent: bool) -> list[tuple[float, Any]]:
+    """Children of a (tile, num_warps) node: one per num_stages, bounded with its exact occupancy and
+    MMA time (only L2 reuse is left at its best case), expanding into the leaf configs."""
+    bm, bn, bk = tile
+    ovh = bound.c.iter_overhead_us
+    out = []
+    for st, occ, t_comp in stages:
+        b = bound(bm, bn, bk, split, max(t_comp, t_l2) + ovh, t_l2, occ, st, persistent)
+        out.append((b, partial(_bounded_leaves, b, leaves, w, path, st)))
+    return out
+
+
+def _bounded_leaves(b: float, leaves: Callable[[int, str, int], list[KernelConfig]], w: int, path: str,
+                    st: int) -> list[tuple[float, Any]]:
+    return [(b, cfg) for cfg in leaves(w, path, st)]
+
+
+def add_rejections(tt: TileTable, times: int, rules: Counter, examples: dict[str, str]) -> None:
+    """Count a tile's rejected (num_warps, num_stages) pairs ``times`` times (once per GROUP_M/SPLIT_K)."""
+    for rule, n in tt.rules:
+        rules[rule] += n * times
+    for rule, msg in tt.examples:
+        examples.setdefault(rule, msg)
+
+
 class GemmTemplate(Template):
     """Triton tiled GEMM with group-M swizzle and split-K for skinny shapes."""
 
@@ -68,29 +206,35 @@ class GemmTemplate(Template):
     def applies(self, gpu: GPUProfile, op: OpSpec) -> bool:
         return op.kind in self.ops and gpu.features.tensor_cores
 
-    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+    @staticmethod
+    def axes(gpu: GPUProfile, op: OpSpec) -> Iterator[tuple[int, int, int, list[int], list[int]]]:
+        """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M values, SPLIT_K values) of the space, in its order."""
         m, n, k = op.shape
         sms = gpu.sm_count or 1
-        bks = (32, 64, 128, 256) if op.dtype == "fp8" else (32, 64, 128)
-        for bm in blocks((16, 32, 64, 128, 256), m, MIN_BM):
+        bks = blocks(block_ks(op.dtype), k, MIN_BK)
+        for bm in blocks(BMS, m, MIN_BM):
             tm = math.ceil(m / bm)
             # GROUP_M values >= the number of row tiles all order tiles the same: keep the first.
             groups = [g for g in GROUPS if g < tm] + [g for g in GROUPS if g >= tm][:1]
-            for bn in blocks((32, 64, 128, 256), n, MIN_BN):
+            for bn in blocks(BNS, n, MIN_BN):
                 tiles = tm * math.ceil(n / bn)
-                for bk in blocks(bks, k, MIN_BK):
+                for bk in bks:
                     # split-K only when the output tiles leave SMs idle and K is long
-                    splits = [s for s in (1, 2, 4, 8, 16)
-                              if s == 1 or (tiles < sms and tiles * s <= 2 * sms and k // s >= max(256, bk))]
-                    for warps in (2, 4, 8):
-                        path = matmul_path(gpu, bm, warps)
-                        for stages in (2, 3, 4, 5, 6):
-                            for g in groups:
-                                for s in splits:
-                                    yield KernelConfig(kernel=self.kernel, template=self.name, path=path,
-                                                       params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                                                               "GROUP_M": g, "SPLIT_K": s, "num_warps": warps,
-                                                               "num_stages": stages})
+                    splits = _NO_SPLIT if tiles >= sms else [
+                        s for s in SPLITS if s == 1 or (tiles * s <= 2 * sms and k // s >= max(256, bk))]
+                    yield bm, bn, bk, groups, splits
+
+    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+        for bm, bn, bk, groups, splits in self.axes(gpu, op):
+            for warps in WARPS:
+                path = matmul_path(gpu, bm, warps)
+                for stages in STAGES:
+                    for g in groups:
+                        for s in splits:
+                            yield KernelConfig(kernel=self.kernel, template=self.name, path=path,
+                                               params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                                       "GROUP_M": g, "SPLIT_K": s, "num_warps": warps,
+                                                       "num_stages": stages})
 
     # -- resources shared by validate and predict -----------------------------
     @staticmethod
@@ -138,3 +282,75 @@ class GemmTemplate(Template):
     def predict(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> Prediction:
         smem, regs, _ = self.resources(gpu, op, config)
         return predict_matmul(gpu, op, config, mma=mma_kind(config.path), smem_bytes=smem, regs_per_thread=regs)
+
+    # -- branch and bound -----------------------------------------------------------
+    def tables(self, gpu: GPUProfile, dtype: str) -> dict[tuple[int, int, int], TileTable]:
+        """Every tile's :class:`TileTable` on this GPU and dtype (built once, shared by every shape).
+
+        For a config of the space (blocks, split, group and path pass by construction) validate's
+        first problem is: threads, else wgmma shape, else smem, else registers; see :func:`tile_table`."""
+        def build() -> dict[tuple[int, int, int], TileTable]:
+            lim = C.limits(gpu)
+            e = DTYPE_BYTES[dtype]
+            out = {}
+            for bm in BMS:
+                for bn in BNS:
+                    regs = {}
+                    for w in WARPS:
+                        path = matmul_path(gpu, bm, w)
+                        regs[w] = (path, C.gemm_regs_per_thread(bm, bn, w, lim.warp_size,
+                                                                wgmma=path in ("wgmma", "tma_wgmma")))
+                    for bk in block_ks(dtype):
+                        warps = [warp_facts(gpu, w, C.check_threads(lim, w) + (
+                            C.wgmma_problems(bm, bn, bk, w, dtype) if path == "wgmma" else []), path, r)
+                                 for w, (path, r) in regs.items()]
+                        stages = [stage_facts(gpu, st, C.gemm_smem_bytes(bm, bn, bk, st, e)) for st in STAGES]
+                        one_tile = OpSpec(kind="gemm", shape=(bm, bn, bk), dtype=dtype)
+                        probe = partial(self._probe, gpu, one_tile, bm, bn, bk)
+                        out[(bm, bn, bk)] = tile_table(warps, stages, probe)
+            return out
+        return cached((self.name, "tiles", gpu_key(gpu), dtype, constants()), build)
+
+    def _probe(self, gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int, w: int, path: str,
+               st: int) -> float:
+        return probe_t_comp(self, gpu, op, KernelConfig(
+            kernel=self.kernel, template=self.name, path=path,
+            params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "num_warps": w,
+                    "num_stages": st}))
+
+    def bounded_space(self, gpu: GPUProfile, op: OpSpec) -> BoundedSpace | None:
+        """The space as tile -> num_warps -> num_stages -> (GROUP_M, SPLIT_K) configs with lower bounds."""
+        if C.check_dtype(gpu, op.dtype) or C.check_threads(C.limits(gpu), max(WARPS)):
+            return None  # the exhaustive path words (and reports) these
+        tables = self.tables(gpu, op.dtype)
+        bound = MatmulBound(gpu, op)
+        considered = rejected = 0
+        rules: Counter = Counter()
+        examples: dict[str, str] = {}
+        per_tile = len(WARPS) * len(STAGES)
+        tiles, nodes = [], []
+        for bm, bn, bk, groups, splits in self.axes(gpu, op):
+            tt = tables[(bm, bn, bk)]
+            times = len(groups) * len(splits)
+            considered += per_tile * times
+            if tt.invalid:
+                rejected += tt.invalid * times
+                add_rejections(tt, times, rules, examples)
+            if tt.variants:
+                for s in splits:
+                    tiles.append((bm, bn, bk, s, tt.t_comp_min, tt.max_ctas, tt.max_stages))
+                    nodes.append(partial(self._expand, bound, tt, bm, bn, bk, s, groups))
+        roots = list(zip(bound.tiles(tiles), nodes))
+        return BoundedSpace(considered=considered, rejected=rejected,
+                            reasons={self.kernel: rules} if rules else {}, examples=examples, roots=roots)
+
+    def _expand(self, bound: MatmulBound, tt: TileTable, bm: int, bn: int, bk: int, s: int,
+                groups: list[int]) -> list[tuple[float, Any]]:
+        return expand_tile(bound, tt, (bm, bn, bk), s, bound.l2_us(bm, bn, bk),
+                           partial(self._leaves, bm, bn, bk, s, groups))
+
+    def _leaves(self, bm: int, bn: int, bk: int, s: int, groups: list[int], w: int, path: str,
+                st: int) -> list[KernelConfig]:
+        return [KernelConfig(kernel=self.kernel, template=self.name, path=path,
+                             params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "SPLIT_K": s,
+                                     "num_warps": w, "num_stages": st}) for g in groups]

@@ -10,20 +10,27 @@ runs FMAs into a ``[BLOCK_N, BLOCK_K]`` fp32 accumulator; ``BLOCK_M > 1`` runs
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator
+from functools import partial
+from typing import Any
 
 from autoopt import constraints as C
 from autoopt.config import KernelConfig
-from autoopt.cost import predict_matmul
+from autoopt.cost import MatmulBound, constants, predict_matmul
 from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
+from autoopt.pruning import BoundedSpace, cached, gpu_key
 from autoopt.template import Prediction, Template
-from autoopt.templates.gemm import blocks, missing_keys
+from autoopt.templates.gemm import (TileTable, add_rejections, blocks, expand_tile, missing_keys,
+                                    probe_t_comp, stage_facts, tile_table, warp_facts)
 
 __all__ = ["GemvTemplate"]
 
 KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 MIN_BN, MIN_BK = 16, 32
+BNS, BKS = (16, 32, 64, 128, 256), (32, 64, 128, 256, 512)
+SPLITS, WARPS, STAGES = (1, 2, 4, 8, 16, 32), (1, 2, 4, 8), (1, 2, 3, 4)
 
 
 def dot_m(bm: int) -> int:
@@ -45,21 +52,28 @@ class GemvTemplate(Template):
     def path_for(gpu: GPUProfile, bm: int) -> str:
         return "mfma" if bm > 1 and gpu.features.mfma else "standard"
 
-    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+    @staticmethod
+    def axes(gpu: GPUProfile, op: OpSpec) -> Iterator[tuple[int, int, list[int]]]:
+        """(BLOCK_N, BLOCK_K, SPLIT_K values) of the space, in its order."""
         m, n, k = op.shape
         sms = gpu.sm_count or 1
-        bm = C.next_pow2(m)
-        for bn in blocks((16, 32, 64, 128, 256), n, MIN_BN):
+        for bn in blocks(BNS, n, MIN_BN):
             ntiles = math.ceil(n / bn)
-            for bk in blocks((32, 64, 128, 256, 512), k, MIN_BK):
-                splits = [s for s in (1, 2, 4, 8, 16, 32)
+            for bk in blocks(BKS, k, MIN_BK):
+                splits = [s for s in SPLITS
                           if s == 1 or (ntiles < 2 * sms and ntiles * s <= 4 * sms and s * bk <= k)]
-                for warps in (1, 2, 4, 8):
-                    for stages in (1, 2, 3, 4):
-                        for s in splits:
-                            yield KernelConfig(kernel=self.kernel, template=self.name, path=self.path_for(gpu, bm),
-                                               params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s,
-                                                       "num_warps": warps, "num_stages": stages})
+                yield bn, bk, splits
+
+    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+        bm = C.next_pow2(op.shape[0])
+        path = self.path_for(gpu, bm)
+        for bn, bk, splits in self.axes(gpu, op):
+            for warps in WARPS:
+                for stages in STAGES:
+                    for s in splits:
+                        yield KernelConfig(kernel=self.kernel, template=self.name, path=path,
+                                           params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s,
+                                                   "num_warps": warps, "num_stages": stages})
 
     @staticmethod
     def resources(gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> tuple[int, float, int]:
@@ -70,15 +84,22 @@ class GemvTemplate(Template):
         p = config.params
         e = DTYPE_BYTES[op.dtype]
         bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
-        threads = config.num_warps * lim.warp_size
-        stages = config.num_stages
+        return (GemvTemplate.smem_bytes(bm, bn, bk, config.num_stages, e),
+                GemvTemplate.regs_per_thread(bm, bn, bk, config.num_warps, lim.warp_size, e),
+                config.num_warps * lim.warp_size)
+
+    @staticmethod
+    def regs_per_thread(bm: int, bn: int, bk: int, num_warps: int, warp_size: int, e: float) -> float:
+        threads = num_warps * warp_size
         if bm == 1:
-            regs = bn * bk / threads + bn * bk * e / 4 / threads + C.REG_OVERHEAD
-            smem = int(stages * (bn * bk + bk) * e) if stages > 1 else 0
-        else:
-            regs = C.gemm_regs_per_thread(dot_m(bm), bn, config.num_warps, lim.warp_size, wgmma=False)
-            smem = C.gemm_smem_bytes(dot_m(bm), bn, bk, max(stages, 1), e)
-        return smem, regs, threads
+            return bn * bk / threads + bn * bk * e / 4 / threads + C.REG_OVERHEAD
+        return C.gemm_regs_per_thread(dot_m(bm), bn, num_warps, warp_size, wgmma=False)
+
+    @staticmethod
+    def smem_bytes(bm: int, bn: int, bk: int, stages: int, e: float) -> int:
+        if bm == 1:
+            return int(stages * (bn * bk + bk) * e) if stages > 1 else 0
+        return C.gemm_smem_bytes(dot_m(bm), bn, bk, max(stages, 1), e)
 
     def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
         out = missing_keys(config, KEYS)
@@ -116,3 +137,69 @@ class GemvTemplate(Template):
                                params={**config.params, "BLOCK_M": dot_m(bm) if bm > 1 else 1, "GROUP_M": 1})
         mma = "fma" if bm == 1 else ("mfma" if config.path == "mfma" else "mma_sync")
         return predict_matmul(gpu, op, as_tile, mma=mma, smem_bytes=smem, regs_per_thread=regs)
+
+    # -- branch and bound (see autoopt.pruning) ------------------------------------
+    def tables(self, gpu: GPUProfile, dtype: str, bm: int) -> dict[tuple[int, int], TileTable]:
+        """Every (BLOCK_N, BLOCK_K) tile's :class:`~autoopt.templates.gemm.TileTable` for this BLOCK_M
+        (modelled at M = 1 on the FMA path, at the padded M = 16 on the dot path). For a config of
+        the space validate's first problem is threads, else smem, else registers."""
+        path = self.path_for(gpu, bm)
+
+        def build() -> dict[tuple[int, int], TileTable]:
+            lim = C.limits(gpu)
+            e = DTYPE_BYTES[dtype]
+            out = {}
+            for bn in BNS:
+                for bk in BKS:
+                    warps = [warp_facts(gpu, w, C.check_threads(lim, w), path,
+                                        self.regs_per_thread(bm, bn, bk, w, lim.warp_size, e)) for w in WARPS]
+                    stages = [stage_facts(gpu, st, self.smem_bytes(bm, bn, bk, st, e)) for st in STAGES]
+                    one_tile = OpSpec(kind="gemv", shape=(bm, bn, bk), dtype=dtype)
+                    probe = partial(self._probe, gpu, one_tile, bm, bn, bk)
+                    out[(bn, bk)] = tile_table(warps, stages, probe)
+            return out
+        return cached((self.name, "tiles", gpu_key(gpu), dtype, bm, constants()), build)
+
+    def _probe(self, gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int, w: int, path: str,
+               st: int) -> float:
+        return probe_t_comp(self, gpu, op, KernelConfig(
+            kernel=self.kernel, template=self.name, path=path,
+            params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "num_warps": w,
+                    "num_stages": st}))
+
+    def bounded_space(self, gpu: GPUProfile, op: OpSpec) -> BoundedSpace | None:
+        """The space as (BLOCK_N, BLOCK_K, SPLIT_K) -> num_warps -> num_stages configs with lower bounds."""
+        if C.check_dtype(gpu, op.dtype) or C.check_threads(C.limits(gpu), max(WARPS)):
+            return None  # the exhaustive path words (and reports) these
+        bm = C.next_pow2(op.shape[0])
+        tile_m = dot_m(bm) if bm > 1 else 1
+        tables = self.tables(gpu, op.dtype, bm)
+        bound = MatmulBound(gpu, op)
+        considered = rejected = 0
+        rules: Counter = Counter()
+        examples: dict[str, str] = {}
+        per_tile = len(WARPS) * len(STAGES)
+        tiles, nodes = [], []
+        for bn, bk, splits in self.axes(gpu, op):
+            tt = tables[(bn, bk)]
+            considered += per_tile * len(splits)
+            if tt.invalid:
+                rejected += tt.invalid * len(splits)
+                add_rejections(tt, len(splits), rules, examples)
+            if tt.variants:
+                for s in splits:
+                    tiles.append((tile_m, bn, bk, s, tt.t_comp_min, tt.max_ctas, tt.max_stages))
+                    nodes.append(partial(self._expand, bound, tt, bm, tile_m, bn, bk, s))
+        roots = list(zip(bound.tiles(tiles), nodes))
+        return BoundedSpace(considered=considered, rejected=rejected,
+                            reasons={self.kernel: rules} if rules else {}, examples=examples, roots=roots)
+
+    def _expand(self, bound: MatmulBound, tt: TileTable, bm: int, tile_m: int, bn: int, bk: int,
+                s: int) -> list[tuple[float, Any]]:
+        return expand_tile(bound, tt, (tile_m, bn, bk), s, bound.l2_us(tile_m, bn, bk),
+                           partial(self._leaves, bm, bn, bk, s))
+
+    def _leaves(self, bm: int, bn: int, bk: int, s: int, w: int, path: str, st: int) -> list[KernelConfig]:
+        return [KernelConfig(kernel=self.kernel, template=self.name, path=path,
+                             params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s, "num_warps": w,
+                                     "num_stages": st})]

@@ -11,21 +11,27 @@ is staged in its own shared-memory buffer for the TMA store.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import replace
+from functools import partial
+from typing import Any
 
 from autoopt import constraints as C
 from autoopt.config import KernelConfig
-from autoopt.cost import predict_matmul
+from autoopt.cost import MatmulBound, constants, predict_matmul
 from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
+from autoopt.pruning import BoundedSpace, cached, gpu_key
 from autoopt.template import Prediction, Template
-from autoopt.templates.gemm import blocks, missing_keys
+from autoopt.templates.gemm import (TileTable, add_rejections, block_ks, blocks, expand_tile, missing_keys,
+                                    probe_t_comp, stage_facts, tile_table, warp_facts)
 
 __all__ = ["HopperTmaGemmTemplate"]
 
 KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 MIN_BM, MIN_BN, MIN_BK = 64, 64, 32
+BMS = BNS = (64, 128, 256)
+WARPS, STAGES, GROUPS = (4, 8), (2, 3, 4, 5, 6), (1, 8)
 
 
 class HopperTmaGemmTemplate(Template):
@@ -42,13 +48,12 @@ class HopperTmaGemmTemplate(Template):
 
     def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
         m, n, k = op.shape
-        bks = (32, 64, 128, 256) if op.dtype == "fp8" else (32, 64, 128)
-        for bm in blocks((64, 128, 256), m, MIN_BM):
-            for bn in blocks((64, 128, 256), n, MIN_BN):
-                for bk in blocks(bks, k, MIN_BK):
-                    for warps in (4, 8):
-                        for stages in (2, 3, 4, 5, 6):
-                            for g in (1, 8):
+        for bm in blocks(BMS, m, MIN_BM):
+            for bn in blocks(BNS, n, MIN_BN):
+                for bk in blocks(block_ks(op.dtype), k, MIN_BK):
+                    for warps in WARPS:
+                        for stages in STAGES:
+                            for g in GROUPS:
                                 yield KernelConfig(kernel=self.kernel, template=self.name, path="tma_wgmma",
                                                    params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
                                                            "GROUP_M": g, "num_warps": warps, "num_stages": stages})
@@ -116,4 +121,79 @@ class HopperTmaGemmTemplate(Template):
         sw = C.swizzle_bytes(p["BLOCK_K"], DTYPE_BYTES[op.dtype])
         n_inst = C.wgmma_instructions_per_tile(p["BLOCK_M"], p["BLOCK_K"], op.dtype)
         extra = f"; TMA {sw or 'no'}{'B' if sw else ''} swizzle, {n_inst} wgmma (N={p['BLOCK_N']}) per K-iter"
-        return replace(pred, reason=pred.reason + extra)
+        return Prediction(us=pred.us, bound=pred.bound, roofline_pct=pred.roofline_pct,
+                          reason=pred.reason + extra, breakdown=pred.breakdown)
+
+    # -- branch and bound (see autoopt.pruning) ------------------------------------
+    def tables(self, gpu: GPUProfile, dtype: str, out_dtype: str) -> dict[tuple[int, int, int], TileTable]:
+        """Every tile's :class:`~autoopt.templates.gemm.TileTable` on this GPU (built once per dtype pair).
+
+        On an op whose TMA descriptors are valid (the space's boxes always are: <= 256 per dim,
+        rows >= 32 B) validate's first problem is threads, else wgmma, else smem, else registers."""
+        def build() -> dict[tuple[int, int, int], TileTable]:
+            lim = C.limits(gpu)
+            e, oe = DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype]
+            out = {}
+            for bm in BMS:
+                for bn in BNS:
+                    for bk in block_ks(dtype):
+                        warps = [warp_facts(gpu, w, C.check_threads(lim, w)
+                                            + C.wgmma_problems(bm, bn, bk, w, dtype), "tma_wgmma",
+                                            C.gemm_regs_per_thread(bm, bn, w, lim.warp_size, wgmma=True))
+                                 for w in WARPS]
+                        stages = [stage_facts(gpu, st, C.gemm_smem_bytes(bm, bn, bk, st, e,
+                                                                         epilogue_bytes=int(bm * bn * oe)))
+                                  for st in STAGES]
+                        probe = partial(self._probe, gpu, OpSpec(kind="gemm", shape=(bm, bn, bk), dtype=dtype,
+                                                                 out_dtype=out_dtype), bm, bn, bk)
+                        out[(bm, bn, bk)] = tile_table(warps, stages, probe, persistent=True)
+            return out
+        return cached((self.name, "tiles", gpu_key(gpu), dtype, out_dtype, constants()), build)
+
+    def _probe(self, gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int, w: int, path: str,
+               st: int) -> float:
+        return probe_t_comp(self, gpu, op, KernelConfig(
+            kernel=self.kernel, template=self.name, path=path,
+            params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "num_warps": w,
+                    "num_stages": st}))
+
+    def bounded_space(self, gpu: GPUProfile, op: OpSpec) -> BoundedSpace | None:
+        """The space as tile -> num_warps -> num_stages -> GROUP_M configs with lower bounds."""
+        f = gpu.features
+        m, n, k = op.shape
+        if (not (f.tma and f.wgmma) or C.check_dtype(gpu, op.dtype) or self.tma_rules(op, MIN_BM, MIN_BN, MIN_BK)
+                or C.check_threads(C.limits(gpu), max(WARPS))):
+            return None  # every config is rejected for the op itself: the exhaustive path words it
+        out_dtype = op.out_dtype or op.dtype
+        tables = self.tables(gpu, op.dtype, out_dtype)
+        bound = MatmulBound(gpu, op)
+        considered = rejected = 0
+        rules: Counter = Counter()
+        examples: dict[str, str] = {}
+        per_tile = len(WARPS) * len(STAGES) * len(GROUPS)
+        tiles, nodes = [], []
+        bns, bks = blocks(BNS, n, MIN_BN), blocks(block_ks(op.dtype), k, MIN_BK)
+        for bm in blocks(BMS, m, MIN_BM):
+            for bn in bns:
+                for bk in bks:
+                    tt = tables[(bm, bn, bk)]
+                    considered += per_tile
+                    if tt.invalid:
+                        rejected += tt.invalid * len(GROUPS)
+                        add_rejections(tt, len(GROUPS), rules, examples)
+                    if tt.variants:
+                        tiles.append((bm, bn, bk, 1, tt.t_comp_min, 1, tt.max_stages))
+                        nodes.append(partial(self._expand, bound, tt, bm, bn, bk))
+        roots = list(zip(bound.tiles(tiles, persistent=True), nodes))
+        return BoundedSpace(considered=considered, rejected=rejected,
+                            reasons={self.kernel: rules} if rules else {}, examples=examples, roots=roots)
+
+    def _expand(self, bound: MatmulBound, tt: TileTable, bm: int, bn: int,
+                bk: int) -> list[tuple[float, Any]]:
+        return expand_tile(bound, tt, (bm, bn, bk), 1, bound.l2_us(bm, bn, bk),
+                           partial(self._leaves, bm, bn, bk), True)
+
+    def _leaves(self, bm: int, bn: int, bk: int, w: int, path: str, st: int) -> list[KernelConfig]:
+        return [KernelConfig(kernel=self.kernel, template=self.name, path=path,
+                             params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "num_warps": w,
+                                     "num_stages": st}) for g in GROUPS]

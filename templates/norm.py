@@ -19,13 +19,16 @@ forces either variant.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 from autoopt import constraints as C
 from autoopt.config import KernelConfig
-from autoopt.cost import constants, predict_stream
+from autoopt.cost import StreamBound, constants, predict_stream
 from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
+from autoopt.pruning import BoundedSpace, cached, gpu_key, rule_of
 from autoopt.template import Prediction, Template
 from autoopt.templates.gemm import missing_keys
 
@@ -133,3 +136,46 @@ class NormTemplate(Template):
                               l2_bytes=reread if from_l2 else 0.0,
                               reason=f"looped: {chunks} chunk(s) x 2 passes, second read from "
                                      f"{'L2' if from_l2 else 'DRAM'}")
+
+    # -- branch and bound (see autoopt.pruning) ------------------------------------
+    def bounded_space(self, gpu: GPUProfile, op: OpSpec) -> BoundedSpace:
+        """Every config of the space, bounded by predict_stream: exactly for single-pass; for looped
+        with the row re-read left out (it only adds DRAM or L2 time; the total is nondecreasing in both)."""
+        lim = C.limits(gpu)
+        # validate's answer for a config of the space depends on the op only through its kind: the
+        # space's BLOCK_N always passes the shape checks (single: next_pow2(N); looped: <= max(256, that))
+        memo = cached((self.name, "validate", gpu_key(gpu), op.kind), dict)
+        bound = StreamBound(gpu, op)
+        rows, n = op.shape
+        e = DTYPE_BYTES[op.dtype]
+        considered = rejected = 0
+        rules: Counter = Counter()
+        examples: dict[str, str] = {}
+        reasons: dict[str, Counter] = {}
+        roots: list[tuple[float, Any]] = []
+        for cfg in self.space(gpu, op):  # <= 48 configs: bound each, predict only the best
+            considered += 1
+            p = cfg.params
+            key = (cfg.kernel, tuple(p.values()))
+            hit = memo.get(key)
+            if hit is None:
+                problems = self.validate(gpu, op, cfg)
+                threads = cfg.num_warps * lim.warp_size
+                occ = max(1, C.occupancy(lim, smem_bytes=0, regs_per_thread=self.regs(op, cfg, threads),
+                                         threads=threads))
+                hit = memo[key] = (problems[0] if problems else None, occ)
+            problem, occ = hit
+            if problem is not None:
+                rejected += 1
+                rule = rule_of(problem)
+                reasons.setdefault(cfg.kernel, Counter())[rule] += 1
+                examples.setdefault(rule, problem)
+                continue
+            if "ROWS_PER_PROGRAM" in p:
+                r = p["ROWS_PER_PROGRAM"]
+                b = bound(math.ceil(rows / r), occ, 1, r * n * e, op.min_bytes)
+            else:
+                b = bound(rows, occ, 2 * math.ceil(n / p["BLOCK_N"]), p["BLOCK_N"] * e, op.min_bytes)
+            roots.append((b, cfg))
+        return BoundedSpace(considered=considered, rejected=rejected, reasons=reasons, examples=examples,
+                            roots=roots)

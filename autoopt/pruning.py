@@ -1,0 +1,102 @@
+"""Branch and bound for ranking: the bounded-space protocol and the per-GPU tables behind it.
+
+Ranking every config of an op costs ~15-50 us per config in Python (validate +
+predict), ~100 ms for a 2000-config GEMM space. A template can instead describe
+its space as a tree whose every node carries a *lower bound* of the predicted
+time of all configs beneath it; :func:`autoopt.ranking.rank` then pops nodes
+best-bound first and stops once the next bound exceeds the k-th best prediction
+found. The result equals the exhaustive top-k (same order, same tie-breaks) as
+long as every bound is a true lower bound (``rank(..., exhaustive=True)`` keeps
+the old path; tests/test_rank_pruning.py compares the two).
+
+Protocol: a template may define ``bounded_space(gpu, op) -> BoundedSpace | None``
+(``None``: rank this op exhaustively). Its nodes are ``(bound_us, item)`` where
+``item`` is a :class:`~autoopt.config.KernelConfig` that passes the template's
+``validate`` (a leaf, predicted with ``predict``) or a zero-argument callable
+returning more ``(bound_us, item)`` pairs. The space also reports how many
+configs the template's ``space`` would emit and how many (and why) its
+``validate`` would reject, so a pruned :class:`~autoopt.ranking.Ranking` says
+the same as an exhaustive one.
+
+Shape-independent work (resources, occupancy, hard constraints, per-iteration
+MMA time) goes in per-(GPU, dtype, constants) tables, built on a template's first
+op on that GPU and reused by every later op (:func:`cached`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .profile import GPUProfile
+
+__all__ = ["RELATIVE_SLACK", "BoundedSpace", "cached", "gpu_key", "rule_of"]
+
+#: a node is pruned only when its bound exceeds the k-th best by this relative margin: the
+#: bounds repeat the cost model's float expressions but may round differently in the last bits
+#: (~1e-15 relative per operation); 1e-9 is far above that and far below any real difference.
+RELATIVE_SLACK = 1e-9
+
+_GPU_KEY_FIELDS = ("name", "vendor", "arch", "cc_major", "cc_minor", "sm_count", "max_threads_per_sm",
+                   "max_threads_per_block", "warp_size", "regs_per_sm", "regs_per_block",
+                   "max_regs_per_thread", "smem_per_sm_bytes", "smem_per_block_bytes",
+                   "smem_per_block_optin_bytes", "l2_bytes", "sm_clock_max_mhz", "mem_bandwidth_gbs",
+                   "measured_bandwidth_gbs")
+_KEY_CACHE: dict[int, tuple[GPUProfile, tuple[Any, ...]]] = {}
+_TABLES: dict[Hashable, Any] = {}
+_TABLES_MAX = 512
+
+
+def gpu_key(gpu: GPUProfile) -> tuple[Any, ...]:
+    """Everything about a GPU that templates and the cost model read (cached per profile object)."""
+    hit = _KEY_CACHE.get(id(gpu))
+    if hit is not None and hit[0] is gpu:
+        return hit[1]
+    key = (tuple(getattr(gpu, f) for f in _GPU_KEY_FIELDS), tuple(sorted(gpu.peak_tflops.items())),
+           tuple(sorted(gpu.measured_tflops.items())))
+    if len(_KEY_CACHE) > 256:
+        _KEY_CACHE.clear()
+    _KEY_CACHE[id(gpu)] = (gpu, key)
+    return key
+
+
+def cached(key: Hashable, build: Callable[[], Any]) -> Any:
+    """The table stored under ``key``, built by ``build()`` on first use (bounded, process-wide)."""
+    try:
+        return _TABLES[key]
+    except KeyError:
+        pass
+    value = build()
+    if len(_TABLES) >= _TABLES_MAX:
+        _TABLES.clear()
+    _TABLES[key] = value
+    return value
+
+
+def clear_tables() -> None:
+    _TABLES.clear()
+    _KEY_CACHE.clear()
+
+
+def rule_of(reason: str) -> str:
+    """A rejection reason with its numbers masked, so one rule counts once (``smem # B > opt-in # B``)."""
+    return re.sub(r"\d+", "#", reason)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BoundedSpace:
+    """One template's space for one op as bounded nodes, plus what ``space``/``validate`` would report."""
+
+    #: configs ``space`` emits for the op.
+    considered: int
+    #: of those, configs ``validate`` rejects.
+    rejected: int
+    #: kernel name -> Counter of rejection rules (:func:`rule_of` of the first problem).
+    reasons: Mapping[str, Counter] = field(default_factory=dict)
+    #: rule -> the first full message seen for it.
+    examples: Mapping[str, str] = field(default_factory=dict)
+    #: (lower bound in us, node): a valid KernelConfig or a callable returning more such pairs.
+    roots: list[tuple[float, Any]] = field(default_factory=list)
