@@ -98,6 +98,15 @@ class CostConstants:
     #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 0.8
     narrow_wgmma_efficiency: float = 0.84
 
+    #: sustained/spec DRAM bandwidth of streaming kernels (elementwise, norms, GEMV), which read
+    #: and write each byte once like a copy: the device-to-device copy reaches 4221 of 4800 GB/s
+    #: on the H200 (benchmarks/results/h200/autoopt_profile.json) and 3000 of 3350 on the H100.
+    stream_dram_efficiency: float = 0.88
+    #: warps resident per SM that keep DRAM busy; with fewer, bandwidth falls in proportion (too
+    #: few loads in flight). H200 stream sweep (benchmarks/results/h200/stream_sweep_run2.json),
+    #: GEMV 1x4096x14336 with 2 programs per SM: 2 warps each 65.0 us, 4 warps 37.2, 8 warps 35.6.
+    warps_for_full_bandwidth: float = 8.0
+
     #: exponent of the smooth max joining overlapped terms (SM time vs DRAM time): 1 would add
     #: them (no overlap), infinity takes the max (perfect overlap); 4 leaves ~19% when equal (prior).
     #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 4.0
@@ -317,7 +326,9 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     a_bytes, w_bytes = m * k * e, n * k * e
     out_bytes = m * n * (4 * split if split > 1 else out_e)
     dram_bytes = a_bytes * ra + w_bytes * rw + out_bytes
-    dram_us = dram_bytes / (bw * c.dram_efficiency) * 1e6
+    # register-fed loads (the FMA path) need enough warps in flight; cp.async/TMA stages do not
+    in_flight = min(1.0, conc * warps / c.warps_for_full_bandwidth) if mma == "fma" else 1.0
+    dram_us = dram_bytes / (bw * c.dram_efficiency * in_flight) * 1e6
     launch = c.launch_us
     reduce_us = 0.0
     if split > 1:  # fp32 partials read back by a second kernel, output written once
@@ -490,7 +501,8 @@ def predict_stream(gpu: GPUProfile, op: OpSpec, *, programs: int, threads: int, 
     t_bw = bytes_per_iter / (bw * c.l2_bw_ratio / sms) * 1e6
     t_iter = max(t_bw, c.dram_latency_us / conc)
     sm_us = per_sm * iters * t_iter
-    dram_us = dram_bytes / (bw * c.dram_efficiency) * 1e6
+    in_flight = min(1.0, conc * threads / lim.warp_size / c.warps_for_full_bandwidth)
+    dram_us = dram_bytes / (bw * c.stream_dram_efficiency * in_flight) * 1e6
     l2_us = l2_bytes / (bw * c.l2_bw_ratio) * 1e6
     peak = peak_flops(gpu, "fp32", tensor=False)
     compute_us = op.flops / peak * 1e6 if peak else 0.0
@@ -519,7 +531,8 @@ class StreamBound:
         self.sms = limits(gpu).sm_count
         bw = _bw(gpu)
         self.l2_rate = bw * c.l2_bw_ratio / self.sms
-        self.dram_rate = bw * c.dram_efficiency
+        # without predict_stream's in-flight factor (<= 1): a lower bound of its DRAM time
+        self.dram_rate = bw * c.stream_dram_efficiency
         self.l2_total_rate = bw * c.l2_bw_ratio
         peak = peak_flops(gpu, "fp32", tensor=False)
         self.compute_us = op.flops / peak * 1e6 if peak else 0.0
@@ -576,6 +589,7 @@ def fit_constants(samples: Sequence[Sample], *, start: CostConstants | None = No
         raise AutooptError(f"fit_constants: unknown constants {sorted(unknown)}")
     fractions = {"tc_efficiency", "mma_sync_fraction", "dram_efficiency", "l2_usable_fraction",
                  "persistent_fill_fraction", "pointer_wgmma_efficiency", "single_warpgroup_efficiency",
+                 "stream_dram_efficiency",
                  "narrow_wgmma_efficiency"}
     best_loss = _loss(samples, best)
     for _ in range(rounds):

@@ -22,7 +22,7 @@ from calibrate import spearman  # noqa: E402
 from autoopt.api import load_profile  # noqa: E402
 from autoopt.config import KernelConfig  # noqa: E402
 from autoopt.ops import OpSpec  # noqa: E402
-from autoopt.ranking import predict_config, validate_config  # noqa: E402
+from autoopt.ranking import predict_config, rank  # noqa: E402
 
 
 def score(path: str, profile: str = "h200") -> dict:
@@ -31,12 +31,14 @@ def score(path: str, profile: str = "h200") -> dict:
     out = {}
     for entry in data["ops"]:
         op = OpSpec.from_dict(entry["op"])
+        # only configs the current search space still offers (caps may have dropped some)
+        offered = {c.config.key() for c in rank(gpu, op, top=1_000_000).candidates}
         pairs = []
         for row in entry["rows"]:
             if row["label"] != "measured":
                 continue
             cfg = KernelConfig.from_dict(row["config"])
-            if validate_config(gpu, op, cfg):
+            if cfg.key() not in offered:
                 continue
             pairs.append((predict_config(gpu, op, cfg).us, row["measured_us"]))
         if not pairs:

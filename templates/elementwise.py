@@ -30,6 +30,10 @@ KEYS = ("BLOCK_SIZE", "num_warps")
 _INPUTS = 2
 #: smallest block: one 16-byte vector for each of 32 threads of a warp at fp32 (32 x 4 elements).
 MIN_BLOCK = 128
+#: at most this many elements per thread: H200 sweep at 64M bf16 elements (SiLU-mul and add),
+#: configs with <= 16 per thread ran 100.5-102.2 us, 32-64 per thread 103.6-105.4 us
+#: (benchmarks/results/h200/stream_sweep_run2.json).
+MAX_ELEMS_PER_THREAD = 16
 BLOCK_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 WARPS = (1, 2, 4, 8, 16)
 
@@ -50,7 +54,8 @@ class ElementwiseTemplate(Template):
             if bs > cap:
                 break
             for warps in warp_opts:
-                yield bs, warps
+                if bs <= MAX_ELEMS_PER_THREAD * warps * lim.warp_size:
+                    yield bs, warps
 
     def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
         for bs, warps in self.pairs(gpu, op):

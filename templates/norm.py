@@ -42,6 +42,10 @@ _LOOPED_LIVE = {"rmsnorm": 2, "layernorm": 3, "softmax": 3}
 MIN_LOOPED_BLOCK = 256
 #: rows sharing a single-pass program stop growing at this many elements per program.
 _ROWS_ELEMS = 16384
+#: single-pass configs keep at most this many row elements per thread: more serialises each
+#: thread's loads and reduction. H200 sweep, RMSNorm 16384x8192: 128 per thread (2 warps)
+#: 150.8 us, 16 per thread (16 warps) 137.0 us (benchmarks/results/h200/stream_sweep_run2.json).
+MAX_ELEMS_PER_THREAD = 32
 
 
 class NormTemplate(Template):
@@ -59,6 +63,10 @@ class NormTemplate(Template):
             if r > 1 and (r * bn > _ROWS_ELEMS or r > C.next_pow2(rows)):
                 break
             for warps in warp_opts:
+                # the widest block stays in even past the cap, so a row too wide for the chip is
+                # still rejected by validate with the register reason
+                if r * bn > MAX_ELEMS_PER_THREAD * warps * lim.warp_size and warps != warp_opts[-1]:
+                    continue
                 yield KernelConfig(kernel=f"{op.kind}_single", template=self.name, path="standard",
                                    params={"BLOCK_N": bn, "ROWS_PER_PROGRAM": r, "num_warps": warps})
         for b in (256, 512, 1024, 2048, 4096, 8192, 16384):
@@ -130,8 +138,9 @@ class NormTemplate(Template):
         reread = rows * n * e
         from_l2 = live_rows * n * e <= l2_keep
         chunks = math.ceil(n / p["BLOCK_N"])
+        # only the first pass waits on DRAM latency; the second re-reads chunks just touched (L2)
         return predict_stream(gpu, op, programs=rows, threads=threads, smem_bytes=0, regs_per_thread=regs,
-                              iters=2 * chunks, bytes_per_iter=p["BLOCK_N"] * e,
+                              iters=chunks, bytes_per_iter=p["BLOCK_N"] * e,
                               dram_bytes=op.min_bytes + (0 if from_l2 else reread),
                               l2_bytes=reread if from_l2 else 0.0,
                               reason=f"looped: {chunks} chunk(s) x 2 passes, second read from "
@@ -175,7 +184,7 @@ class NormTemplate(Template):
                 r = p["ROWS_PER_PROGRAM"]
                 b = bound(math.ceil(rows / r), occ, 1, r * n * e, op.min_bytes)
             else:
-                b = bound(rows, occ, 2 * math.ceil(n / p["BLOCK_N"]), p["BLOCK_N"] * e, op.min_bytes)
+                b = bound(rows, occ, math.ceil(n / p["BLOCK_N"]), p["BLOCK_N"] * e, op.min_bytes)
             roots.append((b, cfg))
         return BoundedSpace(considered=considered, rejected=rejected, reasons=reasons, examples=examples,
                             roots=roots)
