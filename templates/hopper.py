@@ -31,7 +31,8 @@ __all__ = ["HopperTmaGemmTemplate"]
 KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 MIN_BM, MIN_BN, MIN_BK = 64, 64, 32
 BMS = BNS = (64, 128, 256)
-WARPS, STAGES, GROUPS = (4, 8), (2, 3, 4, 5, 6), (1, 8)
+#: GROUP_M 8 only: see templates/gemm.py GROUPS for the measurement behind it
+WARPS, STAGES, GROUPS = (4, 8), (2, 3, 4, 5, 6), (8,)
 
 
 class HopperTmaGemmTemplate(Template):

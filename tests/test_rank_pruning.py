@@ -97,7 +97,7 @@ def test_pruned_ranking_predicts_a_few_configs_of_thousands(monkeypatch):
     monkeypatch.setattr(ranking, "_candidate", lambda *a: calls.append(a) or real(*a))
     clear_cache()
     r = rank(GPUS["h100-sxm"], _QUICK[0])
-    assert r.considered == 2340 and len(calls) <= 40
+    assert r.considered == 1170 and len(calls) <= 40
 
 
 def test_asking_for_more_candidates_than_cached_recomputes_them():
