@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .cost import constants
 from .errors import ModelError, ProfileError
 from .memory import MemoryEstimate, estimate_memory, kv_cache_bytes, FRAGMENTATION
 from .model import ModelSpec
@@ -117,9 +118,14 @@ class Device:
         chain = {"fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16"), "fp32": ("fp32",)}.get(
             compute_dtype, ("bf16", "fp16"))
         for d in chain:
-            v = self.gpu.tflops(d)
+            measured = self.gpu.measured_tflops.get(d)
+            if measured:
+                return measured
+            v = self.gpu.tflops(d, measured=False)
             if v:
-                return v
+                # a datasheet peak is not sustained: scale it by the cost model's fitted share
+                # (0.80 of the bf16 peak for well-shaped GEMMs on the H200 grid)
+                return v * constants().tc_efficiency
         raise ProfileError(f"GPU {self.name} has no peak rate for {compute_dtype}", field="peak_tflops")
 
     def to_dict(self) -> dict[str, Any]:
@@ -134,8 +140,10 @@ def devices_of(profile: HardwareProfile, *, include_cpu: bool = False) -> tuple[
         if not g.memory_total_bytes or not g.bandwidth_gbs:
             log.warning("GPU %s lacks memory size or bandwidth; left out of the split", g.name)
             continue
+        # sustained bandwidth: measured when the profile has it, else spec times the copy-like share
+        bw = g.measured_bandwidth_gbs or g.bandwidth_gbs * constants().stream_dram_efficiency
         out.append(Device(index=g.index, name=g.name, kind="gpu", capacity_bytes=g.memory_total_bytes,
-                          bandwidth_gbs=g.bandwidth_gbs, gpu=g))
+                          bandwidth_gbs=bw, gpu=g))
     c = profile.cpu
     if include_cpu and c.mem_bandwidth_gbs and c.peak_gflops_fp32 and (c.ram_available_bytes or c.ram_total_bytes):
         out.append(Device(index=CPU, name=c.model, kind="cpu",
