@@ -179,8 +179,11 @@ def test_roofline_png_writes_an_image(tmp_path) -> None:
 
     res = Result(op=OpSpec(kind="gemm", shape=(256, 4096, 4096), dtype="bf16"), config=CFG, label="measured",
                  us=40.0, tflops=214.7, gbs=950.0, roofline_pct=30.0)
-    path = roofline_png([res], H100, tmp_path / "r.png")
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    unmeasured = Result(op=res.op, config=CFG, label="measured")  # no time: left out, not an error
+    path = roofline_png([res, unmeasured], H100, tmp_path / "r.png")
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    assert int.from_bytes(data[16:20], "big") == 1440 and int.from_bytes(data[20:24], "big") == 1080
 
 
 def test_gemm_tma_refuses_gpus_without_tma() -> None:
