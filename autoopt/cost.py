@@ -104,8 +104,10 @@ class CostConstants:
     stream_dram_efficiency: float = 0.88
     #: warps resident per SM that keep DRAM busy; with fewer, bandwidth falls in proportion (too
     #: few loads in flight). H200 stream sweep (benchmarks/results/h200/stream_sweep_run2.json),
-    #: GEMV 1x4096x14336 with 2 programs per SM: 2 warps each 65.0 us, 4 warps 37.2, 8 warps 35.6.
-    warps_for_full_bandwidth: float = 8.0
+    #: GEMV 1x4096x14336 with 2 programs per SM: 2 warps each 65.0 us, 4 warps 37.2, 8 warps 35.6;
+    #: GEMV 1x6144x4096 with ~3 per SM: 4 warps 19.3, 8 warps 18.8. 16 ranks the sweep best (top-1
+    #: geomean 0.967 of the best timed config over 9 ops, against 0.960 with 8).
+    warps_for_full_bandwidth: float = 16.0
 
     #: exponent of the smooth max joining overlapped terms (SM time vs DRAM time): 1 would add
     #: them (no overlap), infinity takes the max (perfect overlap); 4 leaves ~19% when equal (prior).
