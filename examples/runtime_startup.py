@@ -28,15 +28,9 @@ log = logging.getLogger("runtime_startup")
 
 def machine(profile: str | None):
     """The hardware profile: a named/saved one, else detection."""
-    if profile:
-        from autoopt.library import load_profile
+    import autoopt
 
-        return load_profile(profile)
-    try:
-        from autoopt.detection import detect
-    except ImportError:  # older layout
-        from autoopt.detect import detect  # type: ignore[no-redef]
-    return detect()
+    return autoopt.load_profile(profile) if profile else autoopt.detect()
 
 
 def gpu_present() -> bool:

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def autoopt(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOOPT_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    env.pop("TRITON_INTERPRET", None)  # conftest's interpreter switch is for in-process kernel tests
     return subprocess.run([sys.executable, "-m", "autoopt", *args], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=120)
 
@@ -106,3 +107,47 @@ def test_unwritable_save_path_is_one_line(tmp_path):
 def test_kernel_without_a_gpu_profile_on_a_cpu_machine_says_so():
     res = autoopt("kernel", "gemm", "--shape", "1,1,1")
     assert_one_line_usage_error(res, "--profile")
+
+
+def test_recommend_json_for_a_catalog_model_on_eight_h100():
+    res = autoopt("recommend", "--model", "llama-3-70b", "--profile", "h100-sxm-8x", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["label"] == "predicted" and data["fits"] is True
+
+
+def test_recommend_reads_a_hugging_face_config_json(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+                               "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
+                               "vocab_size": 32000, "torch_dtype": "bfloat16"}))
+    res = autoopt("recommend", "--model", str(cfg), "--profile", "l4", "--format", "json")
+    assert res.returncode == 0, res.stderr
+
+
+def test_recommend_with_a_bad_model_config_names_the_field(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
+                               "num_hidden_layers": 4, "num_attention_heads": 15, "vocab_size": 32000}))
+    assert_one_line_usage_error(autoopt("recommend", "--model", str(cfg), "--profile", "l4"), "num_attention_heads")
+
+
+def test_recommend_with_an_unknown_catalog_name_is_one_line():
+    assert_one_line_usage_error(autoopt("recommend", "--model", "llama-9-9000b", "--profile", "h100-sxm"), "llama-9-9000b")
+
+
+def test_bench_without_a_gpu_reports_predictions_labelled_as_such():
+    res = autoopt("bench", "--op", "rmsnorm", "--shape", "4096,4096", "--profile", "h100-sxm", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    (row,) = json.loads(res.stdout)["rows"]
+    assert row["label"] == "predicted" and row["torch_us"] is None and row["us"] > 0
+
+
+def test_bench_op_without_shape_is_one_line():
+    assert_one_line_usage_error(autoopt("bench", "--op", "gemm", "--profile", "h100-sxm"), "--shape")
+
+
+def test_plugins_json_lists_the_builtin_templates():
+    res = autoopt("plugins", "--format", "json")
+    builtin = next(p for p in json.loads(res.stdout)["plugins"] if p["name"] == "builtin")
+    assert {"gemm", "gemv", "elementwise", "norm", "hopper-tma-gemm"} <= set(builtin["templates"])

@@ -1,0 +1,19 @@
+"""The runnable examples run as shipped (CI runs them through this file)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+def test_runtime_startup_prints_a_plan_from_predictions_without_a_gpu():
+    res = _run("examples/runtime_startup.py", "--profile", "h100-sxm", "--model", "llama-3-8b")
+    assert res.returncode == 0, res.stderr
+    assert "llama-3-8b" in res.stdout and "predicted" in res.stdout.lower()
