@@ -7,7 +7,6 @@ catalog and a user's own config go through the same code.
 
 from __future__ import annotations
 
-import difflib
 import logging
 from functools import lru_cache
 from pathlib import Path
@@ -44,6 +43,8 @@ def get_model(name: str) -> ModelSpec:
     key = name.strip().lower()
     entries = _entries()
     if key not in entries:
+        import difflib  # only for an unknown name: not at import
+
         close = difflib.get_close_matches(key, list(entries), n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
         raise ModelError(f"unknown model {name!r}{hint} (known: {', '.join(sorted(entries))})", field="model")

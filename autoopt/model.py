@@ -13,7 +13,6 @@ a catalog name (``llama-3-8b``...; see :mod:`autoopt.catalog`).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Mapping
@@ -447,6 +446,8 @@ def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None =
         path = Path(config)
         if path.is_dir():
             path = path / "config.json"
+        import json  # a HF config file only: not at import
+
         try:
             config = json.loads(path.read_text())
         except FileNotFoundError:

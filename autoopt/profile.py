@@ -11,8 +11,6 @@ field could not be had.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -151,6 +149,8 @@ class GPUProfile:
     @property
     def fingerprint(self) -> str:
         """Stable key: name + CC + SM count + memory + driver (16 hex chars)."""
+        import hashlib  # here, not at import: loading OpenSSL costs ~3 ms of a cold start
+
         key = "|".join(str(v) for v in (self.name, self.cc_major, self.cc_minor, self.sm_count,
                                           self.memory_total_bytes, self.driver_version))
         return hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -204,6 +204,8 @@ class HardwareProfile:
 
     @property
     def fingerprint(self) -> str:
+        import hashlib
+
         parts = [g.fingerprint for g in self.gpus] or [f"cpu:{self.cpu.model}:{self.cpu.logical_cores}"]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
@@ -245,6 +247,8 @@ class HardwareProfile:
         return prof
 
     def to_json(self, **kwargs: Any) -> str:
+        import json
+
         return json.dumps(self.to_dict(), **kwargs)
 
     def to_yaml(self) -> str:
@@ -253,6 +257,8 @@ class HardwareProfile:
 
     @classmethod
     def from_json(cls, text: str, *, source: str | None = None) -> HardwareProfile:
+        import json
+
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

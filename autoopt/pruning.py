@@ -81,9 +81,19 @@ def clear_tables() -> None:
     _KEY_CACHE.clear()
 
 
+_DIGITS = re.compile(r"\d+")
+_RULES: dict[str, str] = {}
+
+
 def rule_of(reason: str) -> str:
-    """A rejection reason with its numbers masked, so one rule counts once (``smem # B > opt-in # B``)."""
-    return re.sub(r"\d+", "#", reason)
+    """A rejection reason with its numbers masked, so one rule counts once (``smem # B > opt-in # B``).
+    Memoized: the per-GPU tables ask for the same few hundred messages ~1000 times per cold start."""
+    rule = _RULES.get(reason)
+    if rule is None:
+        if len(_RULES) > 4096:
+            _RULES.clear()
+        rule = _RULES[reason] = _DIGITS.sub("#", reason)
+    return rule
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -205,9 +205,12 @@ def _fits_somewhere(devs: tuple[Device, ...], model: ModelSpec, fmt: QuantFormat
 
 
 def _rank(gpu: GPUProfile, op: Any, top: int) -> Any:
-    """rank(), cached per (GPU fingerprint and rates, op)."""
-    key = (gpu.fingerprint, gpu.bandwidth_gbs, tuple(sorted(gpu.measured_tflops.items())), op.kind, op.shape,
-           op.dtype, top)
+    """rank(), cached per (GPU content, op): ``gpu_key`` holds every field the templates and the cost
+    model read (rates included) and is kept per profile object, where ``fingerprint`` hashed a
+    string with sha256 on every call (48 calls per recommend) and left out the datasheet rates."""
+    from .pruning import gpu_key
+
+    key = (gpu_key(gpu), op.kind, op.shape, op.dtype, top)
     hit = _RANK_CACHE.get(key)
     if hit is None:
         from .ranking import rank

@@ -5,9 +5,9 @@ Targets: ``recommend(load_profile("h100-sxm-8x"), "llama-3-70b")`` cold <= 100 m
 ``python -c`` child that times, from just after ``import autoopt``:
 
 - ``imports_ms``: importing autoopt.library and autoopt.recommendation (and what they import);
-- ``load_ms``: ``load_profile(name)`` (reads and checks every known-hardware YAML file);
+- ``load_ms``: ``load_profile(name)`` (imports PyYAML, reads and checks that profile's YAML file);
 - ``recommend_ms``: the first ``recommend()`` (model catalog YAML, plugin discovery, the per-GPU
-  ranking tables, every distinct op ranked), of which ``rank_ms`` inside rank();
+  tile tables of the tiles the ops read, every distinct op ranked), of which ``rank_ms`` inside rank();
 - ``total_ms``: all three, the number the cold target names.
 
 Children run twice over: with compiled bytecode cached (``pyc``, how an installed package runs:

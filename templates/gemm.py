@@ -12,19 +12,20 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from autoopt import constraints as C
 from autoopt.config import KernelConfig
-from autoopt.cost import MatmulBound, constants, predict_matmul
+from autoopt.cost import MatmulBound, constants, peak_flops, predict_matmul
 from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
 from autoopt.pruning import BoundedSpace, cached, gpu_key, rule_of
 from autoopt.template import Prediction, Template
 
-__all__ = ["GemmTemplate", "TileTable", "blocks", "expand_tile", "matmul_path", "tile_table"]
+__all__ = ["GemmTemplate", "LazyTiles", "StageFacts", "TileTable", "blocks", "expand_tile", "matmul_path",
+           "mma_ceiling_rate", "mma_floor_us", "tile_table"]
 
 KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
 #: smallest block per dim: MMA M is 16 (mma.sync m16n8k16); N and K below 32 waste 16-byte vectors.
@@ -76,25 +77,81 @@ def missing_keys(config: KernelConfig, keys: tuple[str, ...]) -> list[str]:
 
 # -- branch and bound (see autoopt.pruning) ------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class TileTable:
     """What one (BLOCK_M, BLOCK_N, BLOCK_K) tile can run as on one GPU and dtype, for every shape:
-    the valid (num_warps, num_stages) pairs with their occupancy and MMA time, and why the others fail."""
+    the valid (num_warps, num_stages) pairs with their occupancy, why the others fail, and a floor
+    of their MMA time. The MMA times themselves are probed on the tile's first expansion
+    (:meth:`variants`): a ranking expands ~1 tile in 5 (llama-3-70b on h100-sxm-8x: 15 of 224), so
+    probing every tile up front cost ~5x the probes (~45 ms of a cold recommend on a 2-core box)."""
 
-    #: (num_warps, path, least t_comp, ((num_stages, CTAs per SM, t_comp us), ...), most CTAs, most stages)
-    variants: tuple[tuple[int, str, float, tuple[tuple[int, int, float], ...], int, int], ...]
-    t_comp_min: float
+    #: (num_warps, path, ((num_stages, CTAs per SM), ...), most CTAs, most stages) of the valid pairs
+    warps: tuple[tuple[int, str, tuple[tuple[int, int], ...], int, int], ...]
+    #: at most the MMA time of any valid pair (see :func:`mma_floor_us`); 0.0 when none is valid.
+    t_comp_floor: float
     max_ctas: int
     max_stages: int
     #: (num_warps, num_stages) pairs validate rejects, rule -> count, rule -> first message.
     invalid: int
     rules: tuple[tuple[str, int], ...]
     examples: tuple[tuple[str, str], ...]
+    #: probe(num_warps, path, num_stages): the pair's per-iteration MMA time (predict_matmul's t_comp).
+    probe: Callable[[int, str, int], float]
+    _probed: list[Any] = field(default_factory=list)
+
+    def variants(self) -> tuple[tuple[int, str, float, tuple[tuple[int, int, float], ...], int, int], ...]:
+        """(num_warps, path, least t_comp, ((num_stages, CTAs per SM, t_comp us), ...), most CTAs, most
+        stages) per valid num_warps, probing once per (num_warps, occupancy): t_comp depends on the
+        stages only through the occupancy. Probed on first call, then kept."""
+        if not self._probed:
+            out = []
+            for w, path, pairs, max_ctas, max_stages in self.warps:
+                t_comp_of: dict[int, float] = {}
+                for st, occ in pairs:
+                    if occ not in t_comp_of:
+                        t_comp_of[occ] = self.probe(w, path, st)
+                timed = tuple((st, occ, t_comp_of[occ]) for st, occ in pairs)
+                out.append((w, path, min(t_comp_of.values()), timed, max_ctas, max_stages))
+            self._probed.append(tuple(out))  # a race probes twice and keeps the first: same values
+        return self._probed[0]
+
+    @property
+    def t_comp_min(self) -> float:
+        """The least MMA time of the tile's valid pairs (probes them all; 0.0 when none is valid)."""
+        return min((v[2] for v in self.variants()), default=0.0)
+
+
+def mma_floor_us(gpu: GPUProfile, dtype: str, rows: int, bn: int, bk: int, *, tensor: bool = True) -> float:
+    """A floor of predict_matmul's per-iteration MMA time ``t_comp`` for any config of a tile:
+    its ``2 * rows * bn * bk`` FLOPs (``rows``: the padded BLOCK_M, or the real rows on the FMA
+    path) at :func:`mma_ceiling_rate`. ``tensor=False``: the FMA path (fp32 cores)."""
+    rate = mma_ceiling_rate(gpu, dtype, tensor=tensor)
+    return 2.0 * rows * bn * bk / rate * 1e6 if rate else 0.0
+
+
+def mma_ceiling_rate(gpu: GPUProfile, dtype: str, *, tensor: bool = True) -> float:
+    """FLOP/s of one SM that no config's MMA exceeds in predict_matmul (0.0: no peak for the dtype).
+
+    predict_matmul runs a tile's FLOPs at ``peak * tc_efficiency / SMs`` scaled by factors that are
+    fractions kept (MMA path, pointer-fed wgmma, single warpgroup, narrow wgmma; fit_constants caps
+    them at 1) and multiplies the time by a shared-memory penalty >= 1. Taking every fraction at
+    max(1, value) gives a ceiling for any installed constants; tests/test_rank_lazy_tables.py checks
+    the floor against the probed time of every valid pair."""
+    peak = peak_flops(gpu, dtype, tensor=tensor)
+    if not peak:
+        return 0.0
+    c = constants()
+    keep = c.tc_efficiency
+    if tensor:
+        for f in (c.mma_sync_fraction, c.pointer_wgmma_efficiency, c.single_warpgroup_efficiency,
+                  c.narrow_wgmma_efficiency):
+            keep *= max(1.0, f)
+    return peak * keep / C.limits(gpu).sm_count
 
 
 def tile_table(warps: list[tuple[int, str | None, str, float, str | None, int]],
                stages: list[tuple[int, str | None, int]], probe: Callable[[int, str, int], float], *,
-               persistent: bool = False) -> TileTable:
+               floor: float, persistent: bool = False) -> TileTable:
     """Combine a tile's per-num_warps and per-num_stages facts into a :class:`TileTable`.
 
     ``warps``: (num_warps, problem found before the resource checks, path, registers per thread,
@@ -104,15 +161,15 @@ def tile_table(warps: list[tuple[int, str | None, str, float, str | None, int]],
     smaller of the two partial ones: ``occupancy`` takes the min over smem, registers, threads and
     the block cap, and each partial call only adds terms no smaller than those it already has.
     ``probe(num_warps, path, num_stages)`` is the config's per-iteration MMA time (predict_matmul's
-    t_comp), which depends on the stages only through the occupancy: probed once per occupancy.
+    t_comp), called lazily (:meth:`TileTable.variants`); ``floor`` is at most every such time
+    (:func:`mma_floor_us`).
     """
-    variants = []
+    valid = []
     invalid = 0
     rules: Counter = Counter()
     examples: dict[str, str] = {}
     for w, early, path, _, reg_problem, occ_rt in warps:
         ok = []
-        t_comp_of: dict[int, float] = {}
         for st, smem_problem, occ_smem in stages:
             problem = early or smem_problem or reg_problem
             if problem is not None:
@@ -121,17 +178,13 @@ def tile_table(warps: list[tuple[int, str | None, str, float, str | None, int]],
                 rules[rule] += 1
                 examples.setdefault(rule, problem)
                 continue
-            occ = 1 if persistent else max(1, min(occ_smem, occ_rt))
-            if occ not in t_comp_of:
-                t_comp_of[occ] = probe(w, path, st)
-            ok.append((st, occ, t_comp_of[occ]))
+            ok.append((st, 1 if persistent else max(1, min(occ_smem, occ_rt))))
         if ok:
-            variants.append((w, path, min(t_comp_of.values()), tuple(ok), max(o for _, o, _ in ok),
-                             ok[-1][0]))
-    return TileTable(variants=tuple(variants), t_comp_min=min((v[2] for v in variants), default=0.0),
-                     max_ctas=max((v[4] for v in variants), default=1),
-                     max_stages=max((v[5] for v in variants), default=1), invalid=invalid,
-                     rules=tuple(rules.items()), examples=tuple(examples.items()))
+            valid.append((w, path, tuple(ok), max(o for _, o in ok), ok[-1][0]))
+    return TileTable(warps=tuple(valid), t_comp_floor=floor if valid else 0.0,
+                     max_ctas=max((v[3] for v in valid), default=1),
+                     max_stages=max((v[4] for v in valid), default=1), invalid=invalid,
+                     rules=tuple(rules.items()), examples=tuple(examples.items()), probe=probe)
 
 
 def probe_t_comp(template: Template, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> float:
@@ -158,6 +211,39 @@ def stage_facts(gpu: GPUProfile, st: int, smem: int) -> tuple[int, str | None, i
             C.occupancy(lim, smem_bytes=smem, regs_per_thread=0, threads=1))
 
 
+class StageFacts:
+    """:func:`stage_facts` memoized by shared-memory bytes (tiles of equal ``(BM + BN) * BK`` share them)."""
+
+    __slots__ = ("gpu", "_seen")
+
+    def __init__(self, gpu: GPUProfile) -> None:
+        self.gpu = gpu
+        self._seen: dict[int, tuple[str | None, int]] = {}
+
+    def __call__(self, st: int, smem: int) -> tuple[int, str | None, int]:
+        hit = self._seen.get(smem)
+        if hit is None:
+            _, problem, occ = stage_facts(self.gpu, st, smem)
+            hit = self._seen[smem] = (problem, occ)
+        return (st, *hit)
+
+
+class LazyTiles(dict):
+    """tile key -> :class:`TileTable`, each built by ``build(*key)`` on its first lookup: an op's
+    ranking reads only the tiles its shape allows (a decode GEMV's BLOCK_M=16 row of the GEMM
+    tiles), so the rest are never built."""
+
+    __slots__ = ("_build",)
+
+    def __init__(self, build: Callable[..., TileTable]) -> None:
+        super().__init__()
+        self._build = build
+
+    def __missing__(self, key: tuple[int, ...]) -> TileTable:
+        value = self[key] = self._build(*key)  # a race builds twice and keeps one: equal tables
+        return value
+
+
 def expand_tile(bound: MatmulBound, tt: TileTable, tile: tuple[int, int, int], split: int, t_l2: float,
                 leaves: Callable[[int, str, int], list[KernelConfig]], persistent: bool = False,
                 ) -> list[tuple[float, Any]]:
@@ -165,7 +251,7 @@ def expand_tile(bound: MatmulBound, tt: TileTable, tile: tuple[int, int, int], s
     bm, bn, bk = tile
     ovh = bound.c.iter_overhead_us
     out = []
-    for w, path, t_comp, stages, max_ctas, max_stages in tt.variants:
+    for w, path, t_comp, stages, max_ctas, max_stages in tt.variants():
         out.append((bound(bm, bn, bk, split, max(t_comp, t_l2) + ovh, t_l2, max_ctas, max_stages, persistent),
                     partial(_expand_warps, bound, tile, split, t_l2, w, path, stages, leaves, persistent)))
     return out
@@ -286,35 +372,41 @@ class GemmTemplate(Template):
         return predict_matmul(gpu, op, config, mma=mma_kind(config.path), smem_bytes=smem, regs_per_thread=regs)
 
     # -- branch and bound -----------------------------------------------------------
-    def tables(self, gpu: GPUProfile, dtype: str) -> dict[tuple[int, int, int], TileTable]:
-        """Every tile's :class:`TileTable` on this GPU and dtype (built once, shared by every shape).
+    def tables(self, gpu: GPUProfile, dtype: str) -> LazyTiles:
+        """Each tile's :class:`TileTable` on this GPU and dtype, built on its first lookup and shared by
+        every shape (cached per GPU content: the 8 GPUs of an 8-GPU profile share one).
 
         For a config of the space (blocks, split, group and path pass by construction) validate's
         first problem is: threads, else wgmma shape, else smem, else registers; see :func:`tile_table`."""
-        def build() -> dict[tuple[int, int, int], TileTable]:
+        def build() -> LazyTiles:
             lim = C.limits(gpu)
             e = DTYPE_BYTES[dtype]
-            out = {}
-            for bm in BMS:
-                for bn in BNS:
-                    regs = {}
-                    for w in WARPS:
-                        path = matmul_path(gpu, bm, w)
-                        regs[w] = (path, C.gemm_regs_per_thread(bm, bn, w, lim.warp_size,
-                                                                wgmma=path in ("wgmma", "tma_wgmma")))
-                    for bk in block_ks(dtype):
-                        warps = [warp_facts(gpu, w, C.check_threads(lim, w) + (
-                            C.wgmma_problems(bm, bn, bk, w, dtype) if path == "wgmma" else []), path, r)
-                                 for w, (path, r) in regs.items()]
-                        stages = [stage_facts(gpu, st, C.gemm_smem_bytes(bm, bn, bk, st, e)) for st in STAGES]
-                        one_tile = OpSpec(kind="gemm", shape=(bm, bn, bk), dtype=dtype)
-                        probe = partial(self._probe, gpu, one_tile, bm, bn, bk)
-                        out[(bm, bn, bk)] = tile_table(warps, stages, probe)
-            return out
+            smem_facts = StageFacts(gpu)
+            rate = mma_ceiling_rate(gpu, dtype)
+            #: (BLOCK_M, BLOCK_N) -> warp_facts without early problems: registers do not depend on BLOCK_K
+            by_warps: dict[tuple[int, int], list[tuple[int, str | None, str, float, str | None, int]]] = {}
+
+            def tile(bm: int, bn: int, bk: int) -> TileTable:
+                facts = by_warps.get((bm, bn))
+                if facts is None:
+                    facts = by_warps[(bm, bn)] = [
+                        warp_facts(gpu, w, C.check_threads(lim, w), path,
+                                   C.gemm_regs_per_thread(bm, bn, w, lim.warp_size, wgmma=path == "wgmma"))
+                        for w in WARPS for path in (matmul_path(gpu, bm, w),)]
+                warps = facts
+                if any(f[2] == "wgmma" for f in facts):
+                    warps = [f if f[1] is not None or f[2] != "wgmma" else
+                             (f[0], (C.wgmma_problems(bm, bn, bk, f[0], dtype) or [None])[0], *f[2:])
+                             for f in facts]
+                stages = [smem_facts(st, C.gemm_smem_bytes(bm, bn, bk, st, e)) for st in STAGES]
+                floor = 2.0 * max(bm, 16) * bn * bk / rate * 1e6 if rate else 0.0  # mma_floor_us
+                return tile_table(warps, stages, partial(self._probe, gpu, dtype, bm, bn, bk), floor=floor)
+            return LazyTiles(tile)
         return cached((self.name, "tiles", gpu_key(gpu), dtype, constants()), build)
 
-    def _probe(self, gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int, w: int, path: str,
+    def _probe(self, gpu: GPUProfile, dtype: str, bm: int, bn: int, bk: int, w: int, path: str,
                st: int) -> float:
+        op = OpSpec(kind="gemm", shape=(bm, bn, bk), dtype=dtype)
         return probe_t_comp(self, gpu, op, KernelConfig(
             kernel=self.kernel, template=self.name, path=path,
             params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "num_warps": w,
@@ -338,9 +430,9 @@ class GemmTemplate(Template):
             if tt.invalid:
                 rejected += tt.invalid * times
                 add_rejections(tt, times, rules, examples)
-            if tt.variants:
+            if tt.warps:
                 for s in splits:
-                    tiles.append((bm, bn, bk, s, tt.t_comp_min, tt.max_ctas, tt.max_stages))
+                    tiles.append((bm, bn, bk, s, tt.t_comp_floor, tt.max_ctas, tt.max_stages))
                     nodes.append(partial(self._expand, bound, tt, bm, bn, bk, s, groups))
         roots = list(zip(bound.tiles(tiles), nodes))
         return BoundedSpace(considered=considered, rejected=rejected,

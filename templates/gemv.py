@@ -22,8 +22,8 @@ from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
 from autoopt.pruning import BoundedSpace, cached, gpu_key
 from autoopt.template import Prediction, Template
-from autoopt.templates.gemm import (TileTable, add_rejections, blocks, expand_tile, missing_keys,
-                                    probe_t_comp, stage_facts, tile_table, warp_facts)
+from autoopt.templates.gemm import (LazyTiles, StageFacts, TileTable, add_rejections, blocks, expand_tile,
+                                    missing_keys, mma_ceiling_rate, probe_t_comp, tile_table, warp_facts)
 
 __all__ = ["GemvTemplate"]
 
@@ -139,29 +139,31 @@ class GemvTemplate(Template):
         return predict_matmul(gpu, op, as_tile, mma=mma, smem_bytes=smem, regs_per_thread=regs)
 
     # -- branch and bound (see autoopt.pruning) ------------------------------------
-    def tables(self, gpu: GPUProfile, dtype: str, bm: int) -> dict[tuple[int, int], TileTable]:
-        """Every (BLOCK_N, BLOCK_K) tile's :class:`~autoopt.templates.gemm.TileTable` for this BLOCK_M
-        (modelled at M = 1 on the FMA path, at the padded M = 16 on the dot path). For a config of
-        the space validate's first problem is threads, else smem, else registers."""
+    def tables(self, gpu: GPUProfile, dtype: str, bm: int) -> LazyTiles:
+        """Each (BLOCK_N, BLOCK_K) tile's :class:`~autoopt.templates.gemm.TileTable` for this BLOCK_M
+        (modelled at M = 1 on the FMA path, at the padded M = 16 on the dot path), built on its first
+        lookup. For a config of the space validate's first problem is threads, else smem, else registers."""
         path = self.path_for(gpu, bm)
 
-        def build() -> dict[tuple[int, int], TileTable]:
+        def build() -> LazyTiles:
             lim = C.limits(gpu)
             e = DTYPE_BYTES[dtype]
-            out = {}
-            for bn in BNS:
-                for bk in BKS:
-                    warps = [warp_facts(gpu, w, C.check_threads(lim, w), path,
-                                        self.regs_per_thread(bm, bn, bk, w, lim.warp_size, e)) for w in WARPS]
-                    stages = [stage_facts(gpu, st, self.smem_bytes(bm, bn, bk, st, e)) for st in STAGES]
-                    one_tile = OpSpec(kind="gemv", shape=(bm, bn, bk), dtype=dtype)
-                    probe = partial(self._probe, gpu, one_tile, bm, bn, bk)
-                    out[(bn, bk)] = tile_table(warps, stages, probe)
-            return out
+            smem_facts = StageFacts(gpu)
+            rate = mma_ceiling_rate(gpu, dtype, tensor=bm > 1)
+            rows = dot_m(bm) if bm > 1 else 1
+
+            def tile(bn: int, bk: int) -> TileTable:
+                warps = [warp_facts(gpu, w, C.check_threads(lim, w), path,
+                                    self.regs_per_thread(bm, bn, bk, w, lim.warp_size, e)) for w in WARPS]
+                stages = [smem_facts(st, self.smem_bytes(bm, bn, bk, st, e)) for st in STAGES]
+                floor = 2.0 * rows * bn * bk / rate * 1e6 if rate else 0.0  # mma_floor_us
+                return tile_table(warps, stages, partial(self._probe, gpu, dtype, bm, bn, bk), floor=floor)
+            return LazyTiles(tile)
         return cached((self.name, "tiles", gpu_key(gpu), dtype, bm, constants()), build)
 
-    def _probe(self, gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int, w: int, path: str,
+    def _probe(self, gpu: GPUProfile, dtype: str, bm: int, bn: int, bk: int, w: int, path: str,
                st: int) -> float:
+        op = OpSpec(kind="gemv", shape=(bm, bn, bk), dtype=dtype)
         return probe_t_comp(self, gpu, op, KernelConfig(
             kernel=self.kernel, template=self.name, path=path,
             params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "num_warps": w,
@@ -186,9 +188,9 @@ class GemvTemplate(Template):
             if tt.invalid:
                 rejected += tt.invalid * len(splits)
                 add_rejections(tt, len(splits), rules, examples)
-            if tt.variants:
+            if tt.warps:
                 for s in splits:
-                    tiles.append((tile_m, bn, bk, s, tt.t_comp_min, tt.max_ctas, tt.max_stages))
+                    tiles.append((tile_m, bn, bk, s, tt.t_comp_floor, tt.max_ctas, tt.max_stages))
                     nodes.append(partial(self._expand, bound, tt, bm, tile_m, bn, bk, s))
         roots = list(zip(bound.tiles(tiles), nodes))
         return BoundedSpace(considered=considered, rejected=rejected,

@@ -23,8 +23,9 @@ from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
 from autoopt.pruning import BoundedSpace, cached, gpu_key
 from autoopt.template import Prediction, Template
-from autoopt.templates.gemm import (TileTable, add_rejections, block_ks, blocks, expand_tile, missing_keys,
-                                    probe_t_comp, stage_facts, tile_table, warp_facts)
+from autoopt.templates.gemm import (LazyTiles, StageFacts, TileTable, add_rejections, block_ks, blocks,
+                                    expand_tile, missing_keys, mma_ceiling_rate, probe_t_comp, tile_table,
+                                    warp_facts)
 
 __all__ = ["HopperTmaGemmTemplate"]
 
@@ -126,33 +127,34 @@ class HopperTmaGemmTemplate(Template):
                           reason=pred.reason + extra, breakdown=pred.breakdown)
 
     # -- branch and bound (see autoopt.pruning) ------------------------------------
-    def tables(self, gpu: GPUProfile, dtype: str, out_dtype: str) -> dict[tuple[int, int, int], TileTable]:
-        """Every tile's :class:`~autoopt.templates.gemm.TileTable` on this GPU (built once per dtype pair).
+    def tables(self, gpu: GPUProfile, dtype: str, out_dtype: str) -> LazyTiles:
+        """Each tile's :class:`~autoopt.templates.gemm.TileTable` on this GPU and dtype pair, built on its
+        first lookup.
 
         On an op whose TMA descriptors are valid (the space's boxes always are: <= 256 per dim,
         rows >= 32 B) validate's first problem is threads, else wgmma, else smem, else registers."""
-        def build() -> dict[tuple[int, int, int], TileTable]:
+        def build() -> LazyTiles:
             lim = C.limits(gpu)
             e, oe = DTYPE_BYTES[dtype], DTYPE_BYTES[out_dtype]
-            out = {}
-            for bm in BMS:
-                for bn in BNS:
-                    for bk in block_ks(dtype):
-                        warps = [warp_facts(gpu, w, C.check_threads(lim, w)
-                                            + C.wgmma_problems(bm, bn, bk, w, dtype), "tma_wgmma",
-                                            C.gemm_regs_per_thread(bm, bn, w, lim.warp_size, wgmma=True))
-                                 for w in WARPS]
-                        stages = [stage_facts(gpu, st, C.gemm_smem_bytes(bm, bn, bk, st, e,
-                                                                         epilogue_bytes=int(bm * bn * oe)))
-                                  for st in STAGES]
-                        probe = partial(self._probe, gpu, OpSpec(kind="gemm", shape=(bm, bn, bk), dtype=dtype,
-                                                                 out_dtype=out_dtype), bm, bn, bk)
-                        out[(bm, bn, bk)] = tile_table(warps, stages, probe, persistent=True)
-            return out
+            smem_facts = StageFacts(gpu)
+            rate = mma_ceiling_rate(gpu, dtype)
+
+            def tile(bm: int, bn: int, bk: int) -> TileTable:
+                warps = [warp_facts(gpu, w, C.check_threads(lim, w) + C.wgmma_problems(bm, bn, bk, w, dtype),
+                                    "tma_wgmma", C.gemm_regs_per_thread(bm, bn, w, lim.warp_size, wgmma=True))
+                         for w in WARPS]
+                epilogue = int(bm * bn * oe)
+                stages = [smem_facts(st, C.gemm_smem_bytes(bm, bn, bk, st, e, epilogue_bytes=epilogue))
+                          for st in STAGES]
+                floor = 2.0 * bm * bn * bk / rate * 1e6 if rate else 0.0  # mma_floor_us
+                return tile_table(warps, stages, partial(self._probe, gpu, dtype, out_dtype, bm, bn, bk),
+                                  persistent=True, floor=floor)
+            return LazyTiles(tile)
         return cached((self.name, "tiles", gpu_key(gpu), dtype, out_dtype, constants()), build)
 
-    def _probe(self, gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int, w: int, path: str,
-               st: int) -> float:
+    def _probe(self, gpu: GPUProfile, dtype: str, out_dtype: str, bm: int, bn: int, bk: int, w: int,
+               path: str, st: int) -> float:
+        op = OpSpec(kind="gemm", shape=(bm, bn, bk), dtype=dtype, out_dtype=out_dtype)
         return probe_t_comp(self, gpu, op, KernelConfig(
             kernel=self.kernel, template=self.name, path=path,
             params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "num_warps": w,
@@ -182,8 +184,8 @@ class HopperTmaGemmTemplate(Template):
                     if tt.invalid:
                         rejected += tt.invalid * len(GROUPS)
                         add_rejections(tt, len(GROUPS), rules, examples)
-                    if tt.variants:
-                        tiles.append((bm, bn, bk, 1, tt.t_comp_min, 1, tt.max_stages))
+                    if tt.warps:
+                        tiles.append((bm, bn, bk, 1, tt.t_comp_floor, 1, tt.max_stages))
                         nodes.append(partial(self._expand, bound, tt, bm, bn, bk))
         roots = list(zip(bound.tiles(tiles, persistent=True), nodes))
         return BoundedSpace(considered=considered, rejected=rejected,
