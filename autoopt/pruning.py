@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .profile import GPUProfile
 
-__all__ = ["RELATIVE_SLACK", "BoundedSpace", "cached", "gpu_key", "rule_of"]
+__all__ = ["RELATIVE_SLACK", "BoundedSpace", "Tally", "cached", "count_rejection", "gpu_key", "rule_of"]
 
 #: a node is pruned only when its bound exceeds the k-th best by this relative margin: the
 #: bounds repeat the cost model's float expressions but may round differently in the last bits
@@ -96,6 +96,13 @@ def rule_of(reason: str) -> str:
     return rule
 
 
+def count_rejection(rules: Counter, examples: dict[str, str], problem: str, times: int = 1) -> None:
+    """Count ``problem``'s rule (:func:`rule_of`) ``times`` times, keeping the first message per rule."""
+    rule = rule_of(problem)
+    rules[rule] += times
+    examples.setdefault(rule, problem)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BoundedSpace:
     """One template's space for one op as bounded nodes, plus what ``space``/``validate`` would report."""
@@ -110,3 +117,36 @@ class BoundedSpace:
     examples: Mapping[str, str] = field(default_factory=dict)
     #: (lower bound in us, node): a valid KernelConfig or a callable returning more such pairs.
     roots: list[tuple[float, Any]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Tally:
+    """What a ``bounded_space`` counts while it walks its space, so its :class:`BoundedSpace` reports
+    what ``space``/``validate`` would: configs emitted, configs rejected, and why (mutable: one walk)."""
+
+    considered: int = 0
+    rejected: int = 0
+    #: kernel name -> Counter of rejection rules; a kernel appears only once it has a rejection.
+    reasons: dict[str, Counter] = field(default_factory=dict)
+    examples: dict[str, str] = field(default_factory=dict)
+
+    def reject(self, kernel: str, problem: str) -> None:
+        """One config of ``kernel`` rejected with ``problem`` (validate's first)."""
+        self.rejected += 1
+        count_rejection(self.reasons.setdefault(kernel, Counter()), self.examples, problem)
+
+    def reject_counted(self, kernel: str, rejected: int, rules: Iterable[tuple[str, int]],
+                       examples: Iterable[tuple[str, str]], times: int) -> None:
+        """``rejected`` configs of ``kernel`` whose rules a table already counted (``rules``: rule ->
+        count, ``examples``: rule -> first message), each count standing ``times`` times in the space."""
+        self.rejected += rejected
+        counter = self.reasons.setdefault(kernel, Counter())
+        for rule, n in rules:
+            counter[rule] += n * times
+        for rule, msg in examples:
+            self.examples.setdefault(rule, msg)
+
+    def space(self, roots: list[tuple[float, Any]]) -> BoundedSpace:
+        """The :class:`BoundedSpace` of these counts and ``roots``."""
+        return BoundedSpace(considered=self.considered, rejected=self.rejected, reasons=self.reasons,
+                            examples=self.examples, roots=roots)

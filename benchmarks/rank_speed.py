@@ -22,13 +22,14 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.host_timing import child_json, cpu_name  # noqa: E402
 
 _CHILD = r"""
 import json, sys, time
@@ -47,24 +48,12 @@ print(json.dumps(out))
 """
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def first_ranks(profile: str, suite_name: str, processes: int) -> list[list[float]]:
     """Per op (the first excepted), its first rank() time in each of ``processes`` fresh processes."""
     runs = []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for _ in range(processes):
-        out = subprocess.run([sys.executable, "-c", _CHILD, profile, suite_name], capture_output=True, text=True,
-                             env=env, check=True)
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        runs.append(child_json(_CHILD, [profile, suite_name], env))
     return [list(col) for col in zip(*runs)]
 
 

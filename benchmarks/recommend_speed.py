@@ -25,13 +25,15 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.host_timing import child_json, cpu_name  # noqa: E402
 
 _CHILD = r"""
 import json, sys, time
@@ -61,23 +63,8 @@ print(json.dumps({"imports_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3, "re
 """
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def cold_runs(profile: str, model: str, runs: int, env: dict[str, str]) -> list[dict]:
-    out = []
-    for _ in range(runs):
-        done = subprocess.run([sys.executable, "-c", _CHILD, profile, model], capture_output=True, text=True,
-                              env=env, check=True)
-        out.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    return out
+    return [child_json(_CHILD, [profile, model], env) for _ in range(runs)]
 
 
 def summary(runs: list[dict]) -> dict:
@@ -101,7 +88,6 @@ def main() -> int:
         pyc = cold_runs(args.profile, args.model, args.cold_runs, pyc_env)
     as_is = cold_runs(args.profile, args.model, args.cold_runs, base)
 
-    sys.path.insert(0, str(ROOT))
     from autoopt.library import load_profile
     from autoopt.recommendation import recommend
 

@@ -9,7 +9,6 @@ vectors when a thread owns at least ``16 / elem_bytes`` contiguous elements
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterator
 from functools import partial
 from typing import Any
@@ -19,7 +18,7 @@ from autoopt.config import KernelConfig
 from autoopt.cost import StreamBound, predict_stream
 from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
-from autoopt.pruning import BoundedSpace, cached, gpu_key, rule_of
+from autoopt.pruning import BoundedSpace, Tally, cached, gpu_key
 from autoopt.template import Prediction, Template
 from autoopt.templates.gemm import missing_keys
 
@@ -128,23 +127,17 @@ class ElementwiseTemplate(Template):
         table = self.table(gpu)
         bound = StreamBound(gpu, op)
         e = DTYPE_BYTES[op.dtype]
-        considered = rejected = 0
-        rules: Counter = Counter()
-        examples: dict[str, str] = {}
+        tally = Tally()
         roots: list[tuple[float, Any]] = []
         for bs, w in self.pairs(gpu, op):  # 40 configs at most: bound each, predict only the best
-            considered += 1
+            tally.considered += 1
             problem, _, _, occ = table[(bs, w)]
             if problem is not None:
-                rejected += 1
-                rule = rule_of(problem)
-                rules[rule] += 1
-                examples.setdefault(rule, problem)
+                tally.reject(op.kind, problem)
                 continue
             b = bound(math.ceil(op.numel / bs), occ, 1, _INPUTS * bs * e, op.min_bytes)
             roots.append((b, partial(_leaf, b, self._config, op, bs, w)))
-        return BoundedSpace(considered=considered, rejected=rejected,
-                            reasons={op.kind: rules} if rules else {}, examples=examples, roots=roots)
+        return tally.space(roots)
 
 
 def _leaf(b: float, make: Any, op: OpSpec, bs: int, w: int) -> list[tuple[float, Any]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -21,11 +21,11 @@ from autoopt.config import KernelConfig
 from autoopt.cost import MatmulBound, constants, peak_flops, predict_matmul
 from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
-from autoopt.pruning import BoundedSpace, cached, gpu_key, rule_of
+from autoopt.pruning import BoundedSpace, Tally, cached, count_rejection, gpu_key
 from autoopt.template import Prediction, Template
 
-__all__ = ["GemmTemplate", "LazyTiles", "StageFacts", "TileTable", "blocks", "expand_tile", "matmul_path",
-           "mma_ceiling_rate", "mma_floor_us", "tile_table"]
+__all__ = ["GemmTemplate", "LazyTiles", "StageFacts", "TileTable", "blocks", "expand_tile", "floor_at_rate",
+           "matmul_path", "matmul_space", "mma_ceiling_rate", "mma_floor_us", "tile_table"]
 
 KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
 #: smallest block per dim: MMA M is 16 (mma.sync m16n8k16); N and K below 32 waste 16-byte vectors.
@@ -72,6 +72,22 @@ def missing_keys(config: KernelConfig, keys: tuple[str, ...]) -> list[str]:
     out = [f"missing config keys {gone}"] if gone else []
     if extra:
         out.append(f"unknown config keys {extra} (expected {list(keys)})")
+    return out
+
+
+def config_problems(config: KernelConfig, keys: tuple[str, ...], kernel: str) -> list[str]:
+    """What every matmul validate checks first: missing/unknown keys, else a kernel not ``kernel``."""
+    out = missing_keys(config, keys)
+    if not out and config.kernel != kernel:
+        out = [f"kernel {config.kernel!r} is not this template's {kernel!r}"]
+    return out
+
+
+def block_problems(checks: tuple[tuple[str, int, int, int], ...]) -> list[str]:
+    """Per (name, block, dim, minimum): not a power of two, else too large or small for the dim."""
+    out: list[str] = []
+    for name, v, dim, lo in checks:
+        out += C.check_pow2(name, v) or C.check_block_vs_dim(name, v, dim, lo)
     return out
 
 
@@ -125,7 +141,11 @@ def mma_floor_us(gpu: GPUProfile, dtype: str, rows: int, bn: int, bk: int, *, te
     """A floor of predict_matmul's per-iteration MMA time ``t_comp`` for any config of a tile:
     its ``2 * rows * bn * bk`` FLOPs (``rows``: the padded BLOCK_M, or the real rows on the FMA
     path) at :func:`mma_ceiling_rate`. ``tensor=False``: the FMA path (fp32 cores)."""
-    rate = mma_ceiling_rate(gpu, dtype, tensor=tensor)
+    return floor_at_rate(mma_ceiling_rate(gpu, dtype, tensor=tensor), rows, bn, bk)
+
+
+def floor_at_rate(rate: float, rows: int, bn: int, bk: int) -> float:
+    """:func:`mma_floor_us` given its :func:`mma_ceiling_rate` (computed once per tile table)."""
     return 2.0 * rows * bn * bk / rate * 1e6 if rate else 0.0
 
 
@@ -174,9 +194,7 @@ def tile_table(warps: list[tuple[int, str | None, str, float, str | None, int]],
             problem = early or smem_problem or reg_problem
             if problem is not None:
                 invalid += 1
-                rule = rule_of(problem)
-                rules[rule] += 1
-                examples.setdefault(rule, problem)
+                count_rejection(rules, examples, problem)
                 continue
             ok.append((st, 1 if persistent else max(1, min(occ_smem, occ_rt))))
         if ok:
@@ -276,12 +294,37 @@ def _bounded_leaves(b: float, leaves: Callable[[int, str, int], list[KernelConfi
     return [(b, cfg) for cfg in leaves(w, path, st)]
 
 
-def add_rejections(tt: TileTable, times: int, rules: Counter, examples: dict[str, str]) -> None:
-    """Count a tile's rejected (num_warps, num_stages) pairs ``times`` times (once per GROUP_M/SPLIT_K)."""
-    for rule, n in tt.rules:
-        rules[rule] += n * times
-    for rule, msg in tt.examples:
-        examples.setdefault(rule, msg)
+#: leaves(SPLIT_K, num_warps, path, num_stages): the configs of one (tile, split, num_warps, num_stages) node.
+Leaves = Callable[[int, int, str, int], list[KernelConfig]]
+
+
+def matmul_space(kernel: str, bound: MatmulBound, per_table: int,
+                 walk: Iterable[tuple[TileTable, int, tuple[int, int, int], Sequence[int], Leaves]], *,
+                 persistent: bool = False) -> BoundedSpace:
+    """A matmul template's :class:`BoundedSpace` from its tiles in space order (shared by the GEMM,
+    GEMV and Hopper TMA templates). ``walk`` yields per tile: its table; ``times``, how often each of
+    the table's ``per_table`` (num_warps, num_stages) pairs stands in the space (its GROUP_M x SPLIT_K
+    values); the tile as the bound sees it (GEMV: BLOCK_M padded); its SPLIT_K values; its leaves.
+    ``persistent``: one CTA per SM (the bound's occupancy is 1)."""
+    tally = Tally()
+    tiles, nodes = [], []
+    for tt, times, tile, splits, leaves in walk:
+        tally.considered += per_table * times
+        if tt.invalid:
+            tally.reject_counted(kernel, tt.invalid * times, tt.rules, tt.examples, times)
+        if tt.warps:
+            bm, bn, bk = tile
+            for s in splits:
+                ctas = 1 if persistent else tt.max_ctas
+                tiles.append((bm, bn, bk, s, tt.t_comp_floor, ctas, tt.max_stages))
+                nodes.append(partial(_expand_split, bound, tt, tile, s, leaves, persistent))
+    return tally.space(list(zip(bound.tiles(tiles, persistent=persistent), nodes)))
+
+
+def _expand_split(bound: MatmulBound, tt: TileTable, tile: tuple[int, int, int], split: int, leaves: Leaves,
+                  persistent: bool) -> list[tuple[float, Any]]:
+    """Children of a (tile, SPLIT_K) root: :func:`expand_tile` with the tile's L2 time."""
+    return expand_tile(bound, tt, tile, split, bound.l2_us(*tile), partial(leaves, split), persistent)
 
 
 class GemmTemplate(Template):
@@ -337,18 +380,16 @@ class GemmTemplate(Template):
         return smem, regs, config.num_warps * lim.warp_size
 
     def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
-        out = missing_keys(config, KEYS)
+        out = config_problems(config, KEYS, self.kernel)
         if out:
             return out
-        if config.kernel != self.kernel:
-            return [f"kernel {config.kernel!r} is not this template's {self.kernel!r}"]
         p = config.params
         m, n, k = op.shape
         lim = C.limits(gpu)
         bm, bn, bk, warps = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], config.num_warps
         out += C.check_dtype(gpu, op.dtype)
-        for name, v, dim, lo in (("BLOCK_M", bm, m, MIN_BM), ("BLOCK_N", bn, n, MIN_BN), ("BLOCK_K", bk, k, MIN_BK)):
-            out += C.check_pow2(name, v) or C.check_block_vs_dim(name, v, dim, lo)
+        out += block_problems((("BLOCK_M", bm, m, MIN_BM), ("BLOCK_N", bn, n, MIN_BN),
+                               ("BLOCK_K", bk, k, MIN_BK)))
         if out:
             return out
         out += C.check_threads(lim, warps)
@@ -399,8 +440,8 @@ class GemmTemplate(Template):
                              (f[0], (C.wgmma_problems(bm, bn, bk, f[0], dtype) or [None])[0], *f[2:])
                              for f in facts]
                 stages = [smem_facts(st, C.gemm_smem_bytes(bm, bn, bk, st, e)) for st in STAGES]
-                floor = 2.0 * max(bm, 16) * bn * bk / rate * 1e6 if rate else 0.0  # mma_floor_us
-                return tile_table(warps, stages, partial(self._probe, gpu, dtype, bm, bn, bk), floor=floor)
+                return tile_table(warps, stages, partial(self._probe, gpu, dtype, bm, bn, bk),
+                                  floor=floor_at_rate(rate, max(bm, 16), bn, bk))
             return LazyTiles(tile)
         return cached((self.name, "tiles", gpu_key(gpu), dtype, constants()), build)
 
@@ -417,33 +458,12 @@ class GemmTemplate(Template):
         if C.check_dtype(gpu, op.dtype) or C.check_threads(C.limits(gpu), max(WARPS)):
             return None  # the exhaustive path words (and reports) these
         tables = self.tables(gpu, op.dtype)
-        bound = MatmulBound(gpu, op)
-        considered = rejected = 0
-        rules: Counter = Counter()
-        examples: dict[str, str] = {}
-        per_tile = len(WARPS) * len(STAGES)
-        tiles, nodes = [], []
-        for bm, bn, bk, groups, splits in self.axes(gpu, op):
-            tt = tables[(bm, bn, bk)]
-            times = len(groups) * len(splits)
-            considered += per_tile * times
-            if tt.invalid:
-                rejected += tt.invalid * times
-                add_rejections(tt, times, rules, examples)
-            if tt.warps:
-                for s in splits:
-                    tiles.append((bm, bn, bk, s, tt.t_comp_floor, tt.max_ctas, tt.max_stages))
-                    nodes.append(partial(self._expand, bound, tt, bm, bn, bk, s, groups))
-        roots = list(zip(bound.tiles(tiles), nodes))
-        return BoundedSpace(considered=considered, rejected=rejected,
-                            reasons={self.kernel: rules} if rules else {}, examples=examples, roots=roots)
+        walk = ((tables[(bm, bn, bk)], len(groups) * len(splits), (bm, bn, bk), splits,
+                 partial(self._leaves, bm, bn, bk, groups))
+                for bm, bn, bk, groups, splits in self.axes(gpu, op))
+        return matmul_space(self.kernel, MatmulBound(gpu, op), len(WARPS) * len(STAGES), walk)
 
-    def _expand(self, bound: MatmulBound, tt: TileTable, bm: int, bn: int, bk: int, s: int,
-                groups: list[int]) -> list[tuple[float, Any]]:
-        return expand_tile(bound, tt, (bm, bn, bk), s, bound.l2_us(bm, bn, bk),
-                           partial(self._leaves, bm, bn, bk, s, groups))
-
-    def _leaves(self, bm: int, bn: int, bk: int, s: int, groups: list[int], w: int, path: str,
+    def _leaves(self, bm: int, bn: int, bk: int, groups: list[int], s: int, w: int, path: str,
                 st: int) -> list[KernelConfig]:
         return [KernelConfig(kernel=self.kernel, template=self.name, path=path,
                              params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "SPLIT_K": s,

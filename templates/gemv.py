@@ -10,10 +10,8 @@ runs FMAs into a ``[BLOCK_N, BLOCK_K]`` fp32 accumulator; ``BLOCK_M > 1`` runs
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
 
 from autoopt import constraints as C
 from autoopt.config import KernelConfig
@@ -22,8 +20,9 @@ from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
 from autoopt.pruning import BoundedSpace, cached, gpu_key
 from autoopt.template import Prediction, Template
-from autoopt.templates.gemm import (LazyTiles, StageFacts, TileTable, add_rejections, blocks, expand_tile,
-                                    missing_keys, mma_ceiling_rate, probe_t_comp, tile_table, warp_facts)
+from autoopt.templates.gemm import (LazyTiles, StageFacts, TileTable, block_problems, blocks, config_problems,
+                                    floor_at_rate, matmul_space, mma_ceiling_rate, probe_t_comp, tile_table,
+                                    warp_facts)
 
 __all__ = ["GemvTemplate"]
 
@@ -102,11 +101,9 @@ class GemvTemplate(Template):
         return C.gemm_smem_bytes(dot_m(bm), bn, bk, max(stages, 1), e)
 
     def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
-        out = missing_keys(config, KEYS)
+        out = config_problems(config, KEYS, self.kernel)
         if out:
             return out
-        if config.kernel != self.kernel:
-            return [f"kernel {config.kernel!r} is not this template's {self.kernel!r}"]
         m, n, k = op.shape
         p = config.params
         lim = C.limits(gpu)
@@ -114,8 +111,7 @@ class GemvTemplate(Template):
         out += C.check_dtype(gpu, op.dtype)
         if not C.is_pow2(bm) or bm < m or bm > C.next_pow2(m):
             out.append(f"BLOCK_M={bm} must be next_pow2(M)={C.next_pow2(m)} (one program covers all M={m} rows)")
-        for name, v, dim, lo in (("BLOCK_N", bn, n, MIN_BN), ("BLOCK_K", bk, k, MIN_BK)):
-            out += C.check_pow2(name, v) or C.check_block_vs_dim(name, v, dim, lo)
+        out += block_problems((("BLOCK_N", bn, n, MIN_BN), ("BLOCK_K", bk, k, MIN_BK)))
         if out:
             return out
         out += C.check_threads(lim, config.num_warps)
@@ -156,8 +152,8 @@ class GemvTemplate(Template):
                 warps = [warp_facts(gpu, w, C.check_threads(lim, w), path,
                                     self.regs_per_thread(bm, bn, bk, w, lim.warp_size, e)) for w in WARPS]
                 stages = [smem_facts(st, self.smem_bytes(bm, bn, bk, st, e)) for st in STAGES]
-                floor = 2.0 * rows * bn * bk / rate * 1e6 if rate else 0.0  # mma_floor_us
-                return tile_table(warps, stages, partial(self._probe, gpu, dtype, bm, bn, bk), floor=floor)
+                return tile_table(warps, stages, partial(self._probe, gpu, dtype, bm, bn, bk),
+                                  floor=floor_at_rate(rate, rows, bn, bk))
             return LazyTiles(tile)
         return cached((self.name, "tiles", gpu_key(gpu), dtype, bm, constants()), build)
 
@@ -176,30 +172,9 @@ class GemvTemplate(Template):
         bm = C.next_pow2(op.shape[0])
         tile_m = dot_m(bm) if bm > 1 else 1
         tables = self.tables(gpu, op.dtype, bm)
-        bound = MatmulBound(gpu, op)
-        considered = rejected = 0
-        rules: Counter = Counter()
-        examples: dict[str, str] = {}
-        per_tile = len(WARPS) * len(STAGES)
-        tiles, nodes = [], []
-        for bn, bk, splits in self.axes(gpu, op):
-            tt = tables[(bn, bk)]
-            considered += per_tile * len(splits)
-            if tt.invalid:
-                rejected += tt.invalid * len(splits)
-                add_rejections(tt, len(splits), rules, examples)
-            if tt.warps:
-                for s in splits:
-                    tiles.append((tile_m, bn, bk, s, tt.t_comp_floor, tt.max_ctas, tt.max_stages))
-                    nodes.append(partial(self._expand, bound, tt, bm, tile_m, bn, bk, s))
-        roots = list(zip(bound.tiles(tiles), nodes))
-        return BoundedSpace(considered=considered, rejected=rejected,
-                            reasons={self.kernel: rules} if rules else {}, examples=examples, roots=roots)
-
-    def _expand(self, bound: MatmulBound, tt: TileTable, bm: int, tile_m: int, bn: int, bk: int,
-                s: int) -> list[tuple[float, Any]]:
-        return expand_tile(bound, tt, (tile_m, bn, bk), s, bound.l2_us(tile_m, bn, bk),
-                           partial(self._leaves, bm, bn, bk, s))
+        walk = ((tables[(bn, bk)], len(splits), (tile_m, bn, bk), splits, partial(self._leaves, bm, bn, bk))
+                for bn, bk, splits in self.axes(gpu, op))
+        return matmul_space(self.kernel, MatmulBound(gpu, op), len(WARPS) * len(STAGES), walk)
 
     def _leaves(self, bm: int, bn: int, bk: int, s: int, w: int, path: str, st: int) -> list[KernelConfig]:
         return [KernelConfig(kernel=self.kernel, template=self.name, path=path,

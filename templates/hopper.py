@@ -11,10 +11,8 @@ is staged in its own shared-memory buffer for the TMA store.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
 
 from autoopt import constraints as C
 from autoopt.config import KernelConfig
@@ -23,9 +21,9 @@ from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
 from autoopt.pruning import BoundedSpace, cached, gpu_key
 from autoopt.template import Prediction, Template
-from autoopt.templates.gemm import (LazyTiles, StageFacts, TileTable, add_rejections, block_ks, blocks,
-                                    expand_tile, missing_keys, mma_ceiling_rate, probe_t_comp, tile_table,
-                                    warp_facts)
+from autoopt.templates.gemm import (LazyTiles, StageFacts, TileTable, block_ks, block_problems, blocks,
+                                    config_problems, floor_at_rate, matmul_space, mma_ceiling_rate,
+                                    probe_t_comp, tile_table, warp_facts)
 
 __all__ = ["HopperTmaGemmTemplate"]
 
@@ -34,6 +32,7 @@ MIN_BM, MIN_BN, MIN_BK = 64, 64, 32
 BMS = BNS = (64, 128, 256)
 #: GROUP_M 8 only: see templates/gemm.py GROUPS for the measurement behind it
 WARPS, STAGES, GROUPS = (4, 8), (2, 3, 4, 5, 6), (8,)
+_NO_SPLIT = (1,)  # no SPLIT_K key: one K-slice (the bound's split)
 
 
 class HopperTmaGemmTemplate(Template):
@@ -85,11 +84,9 @@ class HopperTmaGemmTemplate(Template):
         return out
 
     def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
-        out = missing_keys(config, KEYS)
+        out = config_problems(config, KEYS, self.kernel)
         if out:
             return out
-        if config.kernel != self.kernel:
-            return [f"kernel {config.kernel!r} is not this template's {self.kernel!r}"]
         if not (gpu.features.tma and gpu.features.wgmma):
             return [f"TMA + WGMMA need sm_90a; {gpu.arch or gpu.name} has "
                     f"{'no TMA' if not gpu.features.tma else 'no wgmma'}"]
@@ -100,8 +97,8 @@ class HopperTmaGemmTemplate(Template):
         lim = C.limits(gpu)
         bm, bn, bk, warps = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], config.num_warps
         out += C.check_dtype(gpu, op.dtype)
-        for name, v, dim, lo in (("BLOCK_M", bm, m, MIN_BM), ("BLOCK_N", bn, n, MIN_BN), ("BLOCK_K", bk, k, MIN_BK)):
-            out += C.check_pow2(name, v) or C.check_block_vs_dim(name, v, dim, lo)
+        out += block_problems((("BLOCK_M", bm, m, MIN_BM), ("BLOCK_N", bn, n, MIN_BN),
+                               ("BLOCK_K", bk, k, MIN_BK)))
         if out:
             return out
         out += C.check_threads(lim, warps)
@@ -146,9 +143,8 @@ class HopperTmaGemmTemplate(Template):
                 epilogue = int(bm * bn * oe)
                 stages = [smem_facts(st, C.gemm_smem_bytes(bm, bn, bk, st, e, epilogue_bytes=epilogue))
                           for st in STAGES]
-                floor = 2.0 * bm * bn * bk / rate * 1e6 if rate else 0.0  # mma_floor_us
                 return tile_table(warps, stages, partial(self._probe, gpu, dtype, out_dtype, bm, bn, bk),
-                                  persistent=True, floor=floor)
+                                  persistent=True, floor=floor_at_rate(rate, bm, bn, bk))
             return LazyTiles(tile)
         return cached((self.name, "tiles", gpu_key(gpu), dtype, out_dtype, constants()), build)
 
@@ -169,34 +165,15 @@ class HopperTmaGemmTemplate(Template):
             return None  # every config is rejected for the op itself: the exhaustive path words it
         out_dtype = op.out_dtype or op.dtype
         tables = self.tables(gpu, op.dtype, out_dtype)
-        bound = MatmulBound(gpu, op)
-        considered = rejected = 0
-        rules: Counter = Counter()
-        examples: dict[str, str] = {}
-        per_tile = len(WARPS) * len(STAGES) * len(GROUPS)
-        tiles, nodes = [], []
         bns, bks = blocks(BNS, n, MIN_BN), blocks(block_ks(op.dtype), k, MIN_BK)
-        for bm in blocks(BMS, m, MIN_BM):
-            for bn in bns:
-                for bk in bks:
-                    tt = tables[(bm, bn, bk)]
-                    considered += per_tile
-                    if tt.invalid:
-                        rejected += tt.invalid * len(GROUPS)
-                        add_rejections(tt, len(GROUPS), rules, examples)
-                    if tt.warps:
-                        tiles.append((bm, bn, bk, 1, tt.t_comp_floor, 1, tt.max_stages))
-                        nodes.append(partial(self._expand, bound, tt, bm, bn, bk))
-        roots = list(zip(bound.tiles(tiles, persistent=True), nodes))
-        return BoundedSpace(considered=considered, rejected=rejected,
-                            reasons={self.kernel: rules} if rules else {}, examples=examples, roots=roots)
+        walk = ((tables[(bm, bn, bk)], len(GROUPS), (bm, bn, bk), _NO_SPLIT,
+                 partial(self._leaves, bm, bn, bk))
+                for bm in blocks(BMS, m, MIN_BM) for bn in bns for bk in bks)
+        return matmul_space(self.kernel, MatmulBound(gpu, op), len(WARPS) * len(STAGES), walk,
+                            persistent=True)
 
-    def _expand(self, bound: MatmulBound, tt: TileTable, bm: int, bn: int,
-                bk: int) -> list[tuple[float, Any]]:
-        return expand_tile(bound, tt, (bm, bn, bk), 1, bound.l2_us(bm, bn, bk),
-                           partial(self._leaves, bm, bn, bk), True)
-
-    def _leaves(self, bm: int, bn: int, bk: int, w: int, path: str, st: int) -> list[KernelConfig]:
+    def _leaves(self, bm: int, bn: int, bk: int, _split: int, w: int, path: str,
+                st: int) -> list[KernelConfig]:
         return [KernelConfig(kernel=self.kernel, template=self.name, path=path,
                              params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "num_warps": w,
                                      "num_stages": st}) for g in GROUPS]

@@ -19,7 +19,6 @@ forces either variant.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +27,7 @@ from autoopt.config import KernelConfig
 from autoopt.cost import StreamBound, constants, predict_stream
 from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
-from autoopt.pruning import BoundedSpace, cached, gpu_key, rule_of
+from autoopt.pruning import BoundedSpace, Tally, cached, gpu_key
 from autoopt.template import Prediction, Template
 from autoopt.templates.gemm import missing_keys
 
@@ -157,13 +156,10 @@ class NormTemplate(Template):
         bound = StreamBound(gpu, op)
         rows, n = op.shape
         e = DTYPE_BYTES[op.dtype]
-        considered = rejected = 0
-        rules: Counter = Counter()
-        examples: dict[str, str] = {}
-        reasons: dict[str, Counter] = {}
+        tally = Tally()
         roots: list[tuple[float, Any]] = []
         for cfg in self.space(gpu, op):  # <= 48 configs: bound each, predict only the best
-            considered += 1
+            tally.considered += 1
             p = cfg.params
             key = (cfg.kernel, tuple(p.values()))
             hit = memo.get(key)
@@ -175,10 +171,7 @@ class NormTemplate(Template):
                 hit = memo[key] = (problems[0] if problems else None, occ)
             problem, occ = hit
             if problem is not None:
-                rejected += 1
-                rule = rule_of(problem)
-                reasons.setdefault(cfg.kernel, Counter())[rule] += 1
-                examples.setdefault(rule, problem)
+                tally.reject(cfg.kernel, problem)
                 continue
             if "ROWS_PER_PROGRAM" in p:
                 r = p["ROWS_PER_PROGRAM"]
@@ -186,5 +179,4 @@ class NormTemplate(Template):
             else:
                 b = bound(rows, occ, math.ceil(n / p["BLOCK_N"]), p["BLOCK_N"] * e, op.min_bytes)
             roots.append((b, cfg))
-        return BoundedSpace(considered=considered, rejected=rejected, reasons=reasons, examples=examples,
-                            roots=roots)
+        return tally.space(roots)

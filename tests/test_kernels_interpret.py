@@ -162,3 +162,16 @@ def test_single_pass_norm_with_short_block_is_rejected() -> None:
     res = evaluate(OpSpec(kind="rmsnorm", shape=(5, 100), dtype="fp32"), cfg)
     assert res.label == "rejected"
     assert "BLOCK_N=64 < N=100" in res.reason and "BLOCK_N=128" in res.reason
+
+
+def test_split_k_gemv_refuses_a_strided_output_before_launch():
+    import torch
+
+    from autoopt.backend.kernels.gemv import gemv_prepare
+
+    x = torch.randn(2, 64, dtype=torch.float16)
+    w = torch.randn(32, 64, dtype=torch.float16)
+    out = torch.empty(32, 2, dtype=torch.float16).t()  # [2, 32] view with strides (1, 2)
+    params = {"BLOCK_M": 2, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 2, "num_warps": 1, "num_stages": 1}
+    with pytest.raises(ValueError, match="contiguous output"):
+        gemv_prepare(x, w, out, params)

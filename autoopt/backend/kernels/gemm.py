@@ -26,7 +26,7 @@ import triton.language as tl
 
 log = logging.getLogger(__name__)
 
-__all__ = ["gemm_prepare", "splitk_reduce_prepare"]
+__all__ = ["gemm_prepare", "k_split", "split_k_launcher", "splitk_reduce_prepare", "weight_dims"]
 
 
 @triton.jit
@@ -107,6 +107,45 @@ def splitk_reduce_prepare(ws: Any, out: Any, split_k: int) -> Callable[[], None]
     return run
 
 
+def weight_dims(w: Any, layout: str) -> tuple[int, int, int]:
+    """(N, stride along N, stride along K) of a weight ``[N, K]`` (layout ``nk``) or ``[K, N]`` (``kn``)."""
+    if layout == "nk":
+        return w.shape[0], w.stride(0), w.stride(1)
+    return w.shape[1], w.stride(1), w.stride(0)
+
+
+def k_split(k: int, bk: int, split_k: int) -> tuple[int, bool]:
+    """(BLOCK_K tiles per K-slice, EVEN_K). Masks on K are compiled out (EVEN_K) when every split's
+    K range is whole BLOCK_K tiles inside K."""
+    k_tiles = triton.cdiv(k, bk)
+    return triton.cdiv(k_tiles, split_k), k % bk == 0 and k_tiles % split_k == 0
+
+
+def split_k_launcher(kernel: Any, grid: tuple[int, ...], a: Any, w: Any, out: Any, dims: tuple[int, int, int],
+                     in_strides: tuple[int, int, int, int], tiles_per_split: int, split_k: int,
+                     meta: dict[str, Any]) -> Callable[[], None]:
+    """A launcher of ``kernel[grid](a, w, C, M, N, K, *in_strides, stride_cs, stride_cm, stride_cn,
+    tiles_per_split, **meta)``: C is ``out`` when ``split_k == 1``, else an fp32 ``[split_k, M, N]``
+    workspace (allocated once here) that :func:`splitk_reduce_prepare` then sums into contiguous ``out``."""
+    if split_k == 1:
+        def run() -> None:
+            kernel[grid](a, w, out, *dims, *in_strides, 0, out.stride(0), out.stride(1), tiles_per_split,
+                         **meta)
+        return run
+
+    import torch
+
+    m, n, _ = dims
+    ws = torch.empty((split_k, m, n), device=a.device, dtype=torch.float32)
+    reduce = splitk_reduce_prepare(ws, out, split_k)
+
+    def run_split() -> None:
+        kernel[grid](a, w, ws, *dims, *in_strides, ws.stride(0), ws.stride(1), ws.stride(2), tiles_per_split,
+                     **meta)
+        reduce()
+    return run_split
+
+
 def _needs_fp16_dot(a: Any) -> bool:
     """fp8 dots need sm_89+; the interpreter (CPU tensors) and older GPUs go through fp16."""
     import torch
@@ -123,39 +162,17 @@ def gemm_prepare(a: Any, w: Any, out: Any, params: dict[str, int], *, layout: st
 
     ``a`` is ``[M, K]``, ``w`` is ``[N, K]`` (``nk``) or ``[K, N]`` (``kn``), ``out`` is ``[M, N]``.
     """
-    import torch
-
     M, K = a.shape
-    if layout == "nk":
-        N = w.shape[0]
-        stride_bk, stride_bn = w.stride(1), w.stride(0)
-    else:
-        N = w.shape[1]
-        stride_bk, stride_bn = w.stride(0), w.stride(1)
+    N, stride_bn, stride_bk = weight_dims(w, layout)
     bm, bn, bk = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"]
     group_m = params.get("GROUP_M", 8)
     split_k = params.get("SPLIT_K", 1)
-    k_tiles = triton.cdiv(K, bk)
-    tiles_per_split = triton.cdiv(k_tiles, split_k)
-    # Masks on K are compiled out when every split's K range is whole BLOCK_K tiles inside K.
-    even_k = K % bk == 0 and k_tiles % split_k == 0
+    tiles_per_split, even_k = k_split(K, bk, split_k)
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split_k)
-    launch = {"num_warps": params.get("num_warps", 4), "num_stages": params.get("num_stages", 3)}
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group_m, SPLIT_K=split_k,
-                EVEN_K=even_k, DOT_FP16=_needs_fp16_dot(a))
-    if split_k == 1:
-        def run() -> None:
-            _gemm_kernel[grid](a, w, out, M, N, K, a.stride(0), a.stride(1), stride_bk, stride_bn,
-                               0, out.stride(0), out.stride(1), tiles_per_split, **meta, **launch)
-        return run
-
-    ws = torch.empty((split_k, M, N), device=a.device, dtype=torch.float32)
-    if not out.is_contiguous():
+                EVEN_K=even_k, DOT_FP16=_needs_fp16_dot(a),
+                num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 3))
+    if split_k > 1 and not out.is_contiguous():
         raise ValueError("split-K GEMM writes a contiguous output; got a strided one")
-    reduce = splitk_reduce_prepare(ws, out, split_k)
-
-    def run_split() -> None:
-        _gemm_kernel[grid](a, w, ws, M, N, K, a.stride(0), a.stride(1), stride_bk, stride_bn,
-                           ws.stride(0), ws.stride(1), ws.stride(2), tiles_per_split, **meta, **launch)
-        reduce()
-    return run_split
+    return split_k_launcher(_gemm_kernel, grid, a, w, out, (M, N, K),
+                            (a.stride(0), a.stride(1), stride_bk, stride_bn), tiles_per_split, split_k, meta)

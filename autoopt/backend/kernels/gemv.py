@@ -23,7 +23,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from .gemm import _needs_fp16_dot, splitk_reduce_prepare
+from .gemm import _needs_fp16_dot, k_split, split_k_launcher, weight_dims
 
 log = logging.getLogger(__name__)
 
@@ -89,36 +89,18 @@ def _gemv_kernel(x_ptr, w_ptr, c_ptr, M, N, K,
 
 def gemv_prepare(x: Any, w: Any, out: Any, params: dict[str, int], *, layout: str = "nk") -> Callable[[], None]:
     """Bind a config to tensors; returns a no-argument launcher (split-K workspace allocated here)."""
-    import torch
-
     M, K = x.shape
-    if layout == "nk":
-        N = w.shape[0]
-        stride_wn, stride_wk = w.stride(0), w.stride(1)
-    else:
-        N = w.shape[1]
-        stride_wn, stride_wk = w.stride(1), w.stride(0)
+    N, stride_wn, stride_wk = weight_dims(w, layout)
     bm, bn, bk = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"]
     if bm < M:
         raise ValueError(f"gemv BLOCK_M={bm} must be >= M={M} (one program covers every row of X)")
     split_k = params.get("SPLIT_K", 1)
-    k_tiles = triton.cdiv(K, bk)
-    tiles_per_split = triton.cdiv(k_tiles, split_k)
-    even_k = K % bk == 0 and k_tiles % split_k == 0
+    if split_k > 1 and not out.is_contiguous():  # the reduce writes out as contiguous [M, N]
+        raise ValueError("split-K GEMV writes a contiguous output; got a strided one")
+    tiles_per_split, even_k = k_split(K, bk, split_k)
     grid = (triton.cdiv(N, bn), split_k)
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_M=max(16, bm), EVEN_K=even_k,
-                DOT_FP16=_needs_fp16_dot(x))
-    launch = {"num_warps": params.get("num_warps", 4), "num_stages": params.get("num_stages", 3)}
-    if split_k == 1:
-        def run() -> None:
-            _gemv_kernel[grid](x, w, out, M, N, K, x.stride(0), x.stride(1), stride_wn, stride_wk,
-                               0, out.stride(0), out.stride(1), tiles_per_split, **meta, **launch)
-        return run
-    ws = torch.empty((split_k, M, N), device=x.device, dtype=torch.float32)
-    reduce = splitk_reduce_prepare(ws, out, split_k)
-
-    def run_split() -> None:
-        _gemv_kernel[grid](x, w, ws, M, N, K, x.stride(0), x.stride(1), stride_wn, stride_wk,
-                           ws.stride(0), ws.stride(1), ws.stride(2), tiles_per_split, **meta, **launch)
-        reduce()
-    return run_split
+                DOT_FP16=_needs_fp16_dot(x),
+                num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 3))
+    return split_k_launcher(_gemv_kernel, grid, x, w, out, (M, N, K),
+                            (x.stride(0), x.stride(1), stride_wn, stride_wk), tiles_per_split, split_k, meta)
