@@ -25,6 +25,8 @@ for s in "$@"; do
     bench)    TAIL=40 stage bench python3 -m autoopt bench --suite llm --out "$R/bench.json" --plot "$R/roofline.png" ;;
     norm)     stage norm python3 benchmarks/norm_choice.py --out "$R/norm.json" ;;
     stream)   stage stream python3 benchmarks/stream_sweep.py --out "$R/stream.json" ;;
+    m256)     stage m256 python3 benchmarks/ranking_quality.py --grid benchmarks/results/h200_gemm_grid.json --m 256 --top 40 --out "$R/ranking_m256_top40.json" ;;
+    gemv16)   stage gemv16 python3 benchmarks/stream_sweep.py --only "gemv[16x" --best 25 --spread 15 --out "$R/stream_gemv16.json" ;;
     models)   stage models python3 benchmarks/model_checks.py --check all --out "$R/model_checks.json" ;;
     *) echo "unknown stage $s" ;;
   esac

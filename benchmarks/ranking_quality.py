@@ -46,6 +46,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--m", default="16,256,4096", help="comma-separated M values to rank")
     args = ap.parse_args()
     grid = json.loads(Path(args.grid).read_text())
     prof = detect()
@@ -55,7 +56,7 @@ def main() -> int:
         return 2
     report: dict = {"gpu": gpu.to_dict(), "grid": args.grid, "grid_meta": grid.get("meta"), "shapes": {}}
     t_start = time.time()
-    for m in (16, 256, 4096):
+    for m in (int(v) for v in args.m.split(",")):
         for name, (n, k) in LLAMA3_8B_PROJECTIONS.items():
             op = OpSpec(kind="gemm", shape=(m, n, k), dtype=args.dtype)
             key = f"{m}x{n}x{k}"

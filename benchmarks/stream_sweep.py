@@ -26,7 +26,8 @@ from autoopt.ranking import rank, validate_config  # noqa: E402
 OPS = [
     OpSpec(kind="gemv", shape=(1, 6144, 4096)), OpSpec(kind="gemv", shape=(1, 28672, 4096)),
     OpSpec(kind="gemv", shape=(1, 4096, 14336)), OpSpec(kind="gemv", shape=(16, 28672, 4096)),
-    OpSpec(kind="gemv", shape=(16, 4096, 14336)),
+    OpSpec(kind="gemv", shape=(16, 4096, 14336)), OpSpec(kind="gemv", shape=(16, 6144, 4096)),
+    OpSpec(kind="gemv", shape=(16, 4096, 4096)),
     OpSpec(kind="silu_mul", shape=(4096, 16384)), OpSpec(kind="add", shape=(4096, 16384)),
     OpSpec(kind="rmsnorm", shape=(4096, 4096)), OpSpec(kind="rmsnorm", shape=(16384, 8192)),
 ]
@@ -37,6 +38,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--best", type=int, default=20)
     ap.add_argument("--spread", type=int, default=20)
+    ap.add_argument("--only", default="", help="only ops whose label contains this text")
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop starting new ops after this")
     args = ap.parse_args()
     gpu = detect().gpu
@@ -46,6 +48,8 @@ def main() -> int:
     t0 = time.time()
     report: dict = {"gpu": gpu.name, "versions": runner._versions(), "ops": []}
     for op in OPS:
+        if args.only not in op.label():
+            continue
         if time.time() - t0 > args.budget_s:
             break
         cands = rank(gpu, op, top=100000).candidates
