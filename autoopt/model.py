@@ -22,7 +22,7 @@ from typing import Any
 
 from ._serde import from_plain, to_plain
 from .errors import ModelError, OpError
-from .ops import OP_KINDS, GEMV_MAX_M, OpSpec
+from .ops import GEMV_MAX_M, OP_KINDS, OpSpec
 
 __all__ = ["FAMILIES", "LayerOp", "ModelSpec", "from_hf_config", "from_module", "parse_model"]
 

@@ -21,18 +21,18 @@ Kernel launch overheads are not modelled.
 
 from __future__ import annotations
 
-import logging
 import bisect
 import itertools
+import logging
 import math
-from functools import lru_cache
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from .cost import constants
 from .errors import ModelError, ProfileError
-from .memory import MemoryEstimate, estimate_memory, kv_cache_bytes, FRAGMENTATION
+from .memory import FRAGMENTATION, MemoryEstimate, estimate_memory, kv_cache_bytes
 from .model import ModelSpec
 from .profile import GPUProfile, HardwareProfile
 from .quant import QuantFormat, weight_bytes

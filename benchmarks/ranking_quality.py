@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autoopt.backend import bench, runner  # noqa: E402
 from autoopt.detection import detect  # noqa: E402
 from autoopt.ops import OpSpec  # noqa: E402
-from autoopt.ranking import predict_config, rank, validate_config  # noqa: E402
+from autoopt.ranking import rank, validate_config  # noqa: E402
 from autoopt.suite import LLAMA3_8B_PROJECTIONS  # noqa: E402
 
 

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
+from autoopt.templates.gemm import missing_keys
+
 from autoopt import constraints as C
 from autoopt.config import KernelConfig
 from autoopt.cost import StreamBound, predict_stream
@@ -20,7 +22,6 @@ from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
 from autoopt.pruning import BoundedSpace, Tally, cached, gpu_key
 from autoopt.template import Prediction, Template
-from autoopt.templates.gemm import missing_keys
 
 __all__ = ["ElementwiseTemplate"]
 

@@ -13,6 +13,21 @@ import math
 from collections.abc import Iterator
 from functools import partial
 
+from autoopt.templates.gemm import (
+    LazyTiles,
+    StageFacts,
+    TileTable,
+    block_problems,
+    blocks,
+    config_problems,
+    floor_at_rate,
+    matmul_space,
+    mma_ceiling_rate,
+    probe_t_comp,
+    tile_table,
+    warp_facts,
+)
+
 from autoopt import constraints as C
 from autoopt.config import KernelConfig
 from autoopt.cost import MatmulBound, constants, predict_matmul
@@ -20,9 +35,6 @@ from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
 from autoopt.pruning import BoundedSpace, cached, gpu_key
 from autoopt.template import Prediction, Template
-from autoopt.templates.gemm import (LazyTiles, StageFacts, TileTable, block_problems, blocks, config_problems,
-                                    floor_at_rate, matmul_space, mma_ceiling_rate, probe_t_comp, tile_table,
-                                    warp_facts)
 
 __all__ = ["GemvTemplate"]
 

@@ -22,6 +22,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from autoopt.templates.gemm import missing_keys
+
 from autoopt import constraints as C
 from autoopt.config import KernelConfig
 from autoopt.cost import StreamBound, constants, predict_stream
@@ -29,7 +31,6 @@ from autoopt.ops import DTYPE_BYTES, OpSpec
 from autoopt.profile import GPUProfile
 from autoopt.pruning import BoundedSpace, Tally, cached, gpu_key
 from autoopt.template import Prediction, Template
-from autoopt.templates.gemm import missing_keys
 
 __all__ = ["NormTemplate"]
 

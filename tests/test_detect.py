@@ -17,8 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from autoopt.detection import (build_profile, capture, detect, match_torch_devices, measure_profile,
-                            nvlink_version_from_nvml, pcie_bandwidth_gbs)
+from autoopt.detection import (
+    build_profile,
+    capture,
+    detect,
+    match_torch_devices,
+    measure_profile,
+    nvlink_version_from_nvml,
+    pcie_bandwidth_gbs,
+)
 from autoopt.nvml_probe import capture_nvml
 from autoopt.profile import HardwareProfile
 

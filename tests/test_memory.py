@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import pytest
-
 from _recommend_hw import H100, RTX3070
+
 from autoopt.catalog import get_model
-from autoopt.memory import (CUDA_CONTEXT_BYTES, DRIVER_RESERVED_BYTES, activation_bytes, estimate_memory,
-                            kv_bytes_per_token, kv_cache_bytes)
+from autoopt.memory import (
+    CUDA_CONTEXT_BYTES,
+    DRIVER_RESERVED_BYTES,
+    activation_bytes,
+    estimate_memory,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+)
 from autoopt.quant import get_format
 
 

@@ -19,7 +19,13 @@ from autoopt.config import KernelConfig
 from autoopt.errors import PluginError
 from autoopt.library import load_profile
 from autoopt.ops import OpSpec
-from autoopt.plugins import AUTOLOAD_ENV, PluginManager, get_plugin_manager, list_plugins, reset_plugin_manager
+from autoopt.plugins import (
+    AUTOLOAD_ENV,
+    PluginManager,
+    get_plugin_manager,
+    list_plugins,
+    reset_plugin_manager,
+)
 from autoopt.ranking import rank
 from autoopt.template import Prediction, Template
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from _recommend_hw import H100, RTX3070
+
 from autoopt.catalog import get_model
 from autoopt.errors import ModelError
 from autoopt.quant import FORMATS, available_formats, choose_format, get_format, weight_bytes

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from _recommend_hw import H100, RTX3070, one
+
 from autoopt.catalog import get_model
 from autoopt.errors import ModelError
 from autoopt.library import known_names, load_profile

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from _recommend_hw import H100, H200, HOST, RTX3070, nvlink_box, one
+
 from autoopt.catalog import get_model
 from autoopt.profile import HardwareProfile
 from autoopt.quant import get_format
-from autoopt.split import Workload, allreduce_us, candidate_splits, link_gbs, devices_of, pcie_gbs, plan_split
+from autoopt.split import Workload, allreduce_us, candidate_splits, devices_of, link_gbs, pcie_gbs, plan_split
 
 WL = Workload(batch=1, prompt_len=512, gen_len=128)
 
