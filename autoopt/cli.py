@@ -71,10 +71,19 @@ def cmd_profile(args: argparse.Namespace) -> int:
             raise UsageError(f"cannot write --save file {str(path)!r}: {exc.strerror or exc}") from None
         print(f"saved profile to {path}", file=sys.stderr)
     kernels = _suite_rankings(prof, "quick") if not args.no_recommend else []
-    rec = _default_recommendation(prof, args.model) if not args.no_recommend else None
+    rec, rec_error = None, None
+    if not args.no_recommend:
+        try:
+            rec = _default_recommendation(prof, args.model)
+        except AutooptError as exc:
+            if args.model:  # the model was asked for: its error is the answer
+                raise
+            rec_error = str(exc)  # a partly known machine still gets its profile shown
     data: dict[str, Any] = {"profile": prof.to_dict(), "kernels": kernels}
     if rec is not None:
         data["recommendation"] = rec.to_dict()
+    if rec_error:
+        data["recommendation_error"] = rec_error
     text = None
     if args.format == "table":
         text = report.profile_text(prof)
@@ -82,6 +91,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             text += "\n\n" + _kernels_text(kernels)
         if rec is not None:
             text += "\n\n" + rec.explain()
+        if rec_error:
+            text += f"\n\nModel plan: not available: {rec_error}"
     _emit(data, args.format, text)
     return 0
 

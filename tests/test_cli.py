@@ -151,3 +151,16 @@ def test_plugins_json_lists_the_builtin_templates():
     res = autoopt("plugins", "--format", "json")
     builtin = next(p for p in json.loads(res.stdout)["plugins"] if p["name"] == "builtin")
     assert {"gemm", "gemv", "elementwise", "norm", "hopper-tma-gemm"} <= set(builtin["templates"])
+
+
+def test_profile_of_a_partly_known_gpu_still_shows_the_profile(tmp_path):
+    # no bandwidth or peak rates: nothing can be ranked or planned, but the profile itself is data
+    path = tmp_path / "mystery.json"
+    path.write_text(json.dumps({"name": "mystery", "gpus": [{"name": "Mystery GPU", "cc_major": 9, "cc_minor": 0,
+                                                             "sm_count": 100, "memory_total_bytes": 8 * 10**10}]}))
+    res = autoopt("profile", "--profile", str(path), "--format", "json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["profile"]["gpus"][0]["sm_count"] == 100
+    assert "bandwidth" in data["recommendation_error"]
+    assert all("error" in k for k in data["kernels"])
