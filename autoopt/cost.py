@@ -109,6 +109,12 @@ class CostConstants:
     #: geomean 0.967 of the best timed config over 9 ops, against 0.960 with 8).
     warps_for_full_bandwidth: float = 16.0
 
+    #: issue cost of one 16-byte global->shared copy per thread (us): a K-iteration cannot finish
+    #: before each thread has issued its share of the A and W tiles. H200 GEMV sweep at M = 16
+    #: (benchmarks/results/h200/stream_gemv16.json), 16x6144x4096: a 16x64x256 tile on 1 warp
+    #: (80 copies per thread per iteration) 25.8 us, on 2 warps (40) 22.2 us.
+    load_issue_us: float = 0.01
+
     #: exponent of the smooth max joining overlapped terms (SM time vs DRAM time): 1 would add
     #: them (no overlap), infinity takes the max (perfect overlap); 4 leaves ~19% when equal (prior).
     #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 4.0
@@ -311,7 +317,8 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     bw = _bw(gpu)
     it_bytes = (min(bm, m) / multicast[1] + min(bn, n) / multicast[0]) * bk * e
     t_l2 = it_bytes / (bw * c.l2_bw_ratio / sms) * 1e6
-    t_it = max(t_comp, t_l2) + c.iter_overhead_us
+    t_issue = it_bytes / (threads * 16) * c.load_issue_us if mma != "fma" else 0.0
+    t_it = max(t_comp, t_l2, t_issue) + c.iter_overhead_us
     # a stage lands latency + its transfer time after issue; depth stages cover that many iterations
     depth = max(stages - 1, 0.5)
     t_it_eff = max(t_it, (c.dram_latency_us + t_l2) / (depth * conc))
