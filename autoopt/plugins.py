@@ -32,6 +32,7 @@ from .errors import PluginError
 from .template import Template
 
 log = logging.getLogger(__name__)
+_FAILED = object()  # marks a hook implementation that raised
 
 __all__ = ["AUTOLOAD_ENV", "BUILTIN", "PluginManager", "PluginProblem", "get_plugin_manager",
            "list_plugins", "reset_plugin_manager"]
@@ -128,16 +129,23 @@ class PluginManager:
         # pluggy calls later-registered / tryfirst implementations first: reverse of get_hookimpls().
         return list(reversed(getattr(self.pm.hook, hook).get_hookimpls()))
 
+    def _safe_call(self, impl: Any, hook: str, kwargs: dict[str, Any], strict: bool) -> Any:
+        """One implementation's answer, or ``_FAILED`` after reporting the exception it raised
+        (pluggy would re-raise it at the call site and abort every other plugin)."""
+        try:
+            return impl.function(**{k: kwargs[k] for k in impl.argnames})
+        except Exception as exc:
+            self.report(impl.plugin_name, hook, f"raised {type(exc).__name__}: {exc}", strict=strict)
+            return _FAILED
+
     def call_each(self, hook: str, check: Callable[[Any], str | None], *, strict: bool = False,
                   **kwargs: Any) -> list[tuple[str, Any]]:
         """Call each implementation of ``hook``; keep (plugin, result) pairs whose ``check`` passes
         (``check`` returns a reason for garbage, or None)."""
         out = []
         for impl in self._impls(hook):
-            try:
-                result = impl.function(**{k: kwargs[k] for k in impl.argnames})
-            except Exception as exc:
-                self.report(impl.plugin_name, hook, f"raised {type(exc).__name__}: {exc}", strict=strict)
+            result = self._safe_call(impl, hook, kwargs, strict)
+            if result is _FAILED:
                 continue
             why = check(result)
             if why:
@@ -149,12 +157,8 @@ class PluginManager:
     def call_first(self, hook: str, kind: type[T], *, strict: bool = False, **kwargs: Any) -> T | None:
         """First non-None answer of a firstresult hook that is a ``kind`` instance; others reported."""
         for impl in self._impls(hook):
-            try:
-                result = impl.function(**{k: kwargs[k] for k in impl.argnames})
-            except Exception as exc:
-                self.report(impl.plugin_name, hook, f"raised {type(exc).__name__}: {exc}", strict=strict)
-                continue
-            if result is None:
+            result = self._safe_call(impl, hook, kwargs, strict)
+            if result is _FAILED or result is None:
                 continue
             if not isinstance(result, kind):
                 self.report(impl.plugin_name, hook,
