@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import sysconfig
 import types
 from importlib.metadata import EntryPoint
 from pathlib import Path
@@ -215,16 +216,33 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-def test_installed_plugin_is_found_by_entry_point_and_used_only_on_its_architecture(tmp_path):
+def _venv_with_plugin(tmp_path: Path) -> Path:
+    """A fresh venv holding the example plugin as an installed distribution; returns its python.
+
+    The wheel is built by the interpreter running the tests (it has the project's build
+    requirements), then installed with --no-deps --no-index, so nothing depends on what the
+    machine's base Python holds (a stock 3.11 base has setuptools 65.5 and no ``wheel``). The venv
+    sees this interpreter's packages (pluggy, pyyaml, ...) through a .pth file, not through
+    --system-site-packages, which would be the base Python's.
+    """
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                    "-q", "-w", str(dist), str(PLUGIN_DIR)], check=True, capture_output=True, cwd=tmp_path)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
-    # The venv's bundled setuptools (65.x on Python 3.11) would shadow the system one and cannot
-    # build a wheel without the `wheel` package; drop it so the system setuptools (>= 70.1) builds.
-    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "-q", "setuptools"], check=False, capture_output=True)
-    # offline: no index, no build isolation (setuptools comes from the system site-packages)
-    subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                    str(PLUGIN_DIR)], check=True, capture_output=True, cwd=tmp_path)
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    outer = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    Path(purelib, "_outer_site.pth").write_text("\n".join(sorted(outer)) + "\n")
+    wheel, = dist.glob("autoopt_blackwell-*.whl")
+    subprocess.run([str(py), "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
+                   check=True, capture_output=True, cwd=tmp_path)
+    return py
+
+
+def test_installed_plugin_is_found_by_entry_point_and_used_only_on_its_architecture(tmp_path):
+    py = _venv_with_plugin(tmp_path)
     env = {k: v for k, v in os.environ.items() if k != AUTOLOAD_ENV}
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run([str(py), "-c", _RANK_SCRIPT], capture_output=True, text=True, env=env, cwd=tmp_path,
