@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from autoopt._moved import install as _install_moved_paths
+from autoopt.errors import (
     AutooptError,
     BackendError,
     ConfigError,
@@ -25,23 +26,25 @@ from .errors import (
     UnknownProfileError,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+_install_moved_paths()  # 0.1 module paths (autoopt.ops, autoopt.ranking, ...) still import, with a warning
 
 _LAZY = {
-    "detect": ("autoopt.detection", "detect"),
+    "detect": ("autoopt.hardware.detection", "detect"),
     "load_profile": ("autoopt.api", "load_profile"),
     "known_profiles": ("autoopt.api", "known_profiles"),
-    "rank": ("autoopt.ranking", "rank"),
-    "recommend": ("autoopt.recommendation", "recommend"),
-    "HardwareProfile": ("autoopt.profile", "HardwareProfile"),
-    "GPUProfile": ("autoopt.profile", "GPUProfile"),
-    "CPUProfile": ("autoopt.profile", "CPUProfile"),
-    "OpSpec": ("autoopt.ops", "OpSpec"),
-    "KernelConfig": ("autoopt.config", "KernelConfig"),
-    "Candidate": ("autoopt.config", "Candidate"),
-    "Template": ("autoopt.template", "Template"),
-    "Recommendation": ("autoopt.recommendation", "Recommendation"),
-    "ModelSpec": ("autoopt.model", "ModelSpec"),
+    "rank": ("autoopt.search.ranking", "rank"),
+    "recommend": ("autoopt.planning.recommendation", "recommend"),
+    "HardwareProfile": ("autoopt.hardware.profile", "HardwareProfile"),
+    "GPUProfile": ("autoopt.hardware.profile", "GPUProfile"),
+    "CPUProfile": ("autoopt.hardware.profile", "CPUProfile"),
+    "OpSpec": ("autoopt.kernels.ops", "OpSpec"),
+    "KernelConfig": ("autoopt.kernels.config", "KernelConfig"),
+    "Candidate": ("autoopt.kernels.config", "Candidate"),
+    "Template": ("autoopt.kernels.template", "Template"),
+    "Recommendation": ("autoopt.planning.recommendation", "Recommendation"),
+    "ModelSpec": ("autoopt.planning.model", "ModelSpec"),
 }
 
 __all__ = [
@@ -50,13 +53,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .config import Candidate, KernelConfig
-    from .detection import detect
-    from .ops import OpSpec
-    from .profile import CPUProfile, GPUProfile, HardwareProfile
-    from .ranking import rank
-    from .recommendation import Recommendation, recommend
-    from .template import Template
+    from autoopt.hardware.detection import detect
+    from autoopt.hardware.profile import CPUProfile, GPUProfile, HardwareProfile
+    from autoopt.kernels.config import Candidate, KernelConfig
+    from autoopt.kernels.ops import OpSpec
+    from autoopt.kernels.template import Template
+    from autoopt.planning.recommendation import Recommendation, recommend
+    from autoopt.search.ranking import rank
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .errors import AutooptError
+from autoopt.errors import AutooptError
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,10 @@ def _emit(data: Any, fmt: str, text: str | None = None) -> None:
 def _profile(arg: str | None, *, measure: bool = False):
     """The profile named by --profile (name or file), else the detected machine."""
     if arg:
-        from .api import load_profile
+        from autoopt.api import load_profile
 
         return load_profile(arg)
-    from .detection import detect
+    from autoopt.hardware.detection import detect
 
     return detect(measure=measure)
 
@@ -59,7 +59,7 @@ def _profile(arg: str | None, *, measure: bool = False):
 # -- commands ----------------------------------------------------------------------------
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from . import report
+    from autoopt import report
 
     prof = _profile(args.profile, measure=args.measure)
     if args.save:
@@ -102,8 +102,8 @@ def _suite_rankings(prof: Any, suite_name: str) -> list[dict[str, Any]]:
     gpu = prof.gpu
     if gpu is None:
         return []
-    from .ranking import rank
-    from .suite import suite
+    from autoopt.kernels.suite import suite
+    from autoopt.search.ranking import rank
 
     out = []
     for label, op in suite(suite_name):
@@ -118,7 +118,7 @@ def _suite_rankings(prof: Any, suite_name: str) -> list[dict[str, Any]]:
 
 
 def _kernels_text(kernels: list[dict[str, Any]]) -> str:
-    from .report import format_table
+    from autoopt.report import format_table
 
     rows = []
     for k in kernels:
@@ -136,14 +136,14 @@ def _kernels_text(kernels: list[dict[str, Any]]) -> str:
 def _default_recommendation(prof: Any, model: str | None):
     if prof.gpu is None and not model:
         return None
-    from .recommendation import recommend
+    from autoopt.planning.recommendation import recommend
 
     return recommend(prof, model or "llama-3-8b")
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    from .api import known_profiles
-    from .report import format_bytes, format_table
+    from autoopt.api import known_profiles
+    from autoopt.report import format_bytes, format_table
 
     devices = known_profiles()
     data = [{"name": d.name, "description": d.description, "count": d.count,
@@ -157,9 +157,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_kernel(args: argparse.Namespace) -> int:
-    from .ops import OpSpec, parse_shape
-    from .ranking import rank
-    from .report import format_table
+    from autoopt.kernels.ops import OpSpec, parse_shape
+    from autoopt.report import format_table
+    from autoopt.search.ranking import rank
 
     prof = _profile(args.profile)
     if prof.gpu is None:
@@ -177,8 +177,8 @@ def cmd_kernel(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from .plugins import list_plugins
-    from .report import format_table
+    from autoopt.plugins.manager import list_plugins
+    from autoopt.report import format_table
 
     plugins = list_plugins()
     rows = [(p["name"], p.get("version") or "-", ", ".join(p.get("templates", [])) or "-",
@@ -189,10 +189,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .backend import bench
-    from .ops import OpSpec, parse_shape
-    from .ranking import predict_config, validate_config
-    from .suite import suite
+    from autoopt.backend import bench
+    from autoopt.kernels.ops import OpSpec, parse_shape
+    from autoopt.kernels.suite import suite
+    from autoopt.search.ranking import predict_config, validate_config
 
     prof = _profile(args.profile)
     gpu = prof.gpu
@@ -219,7 +219,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if not any(r.label == "measured" for r in rows):
             print("autoopt: no measured rows (no GPU here): --plot skipped", file=sys.stderr)
         else:
-            from .backend.plot import roofline_png
+            from autoopt.backend.plot import roofline_png
 
             roofline_png(rows, gpu, args.plot)
             print(f"wrote {args.plot}", file=sys.stderr)
@@ -228,7 +228,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
-    from .recommendation import recommend
+    from autoopt.planning.recommendation import recommend
 
     prof = _profile(args.profile)
     kwargs: dict[str, Any] = {"batch": args.batch, "phase": args.phase, "preference": args.preference}

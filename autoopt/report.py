@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .profile import GPUProfile, HardwareProfile
+from autoopt.hardware.profile import GPUProfile, HardwareProfile
 
 __all__ = ["format_bytes", "format_table", "profile_text"]
 

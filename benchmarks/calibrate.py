@@ -32,11 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoopt import cost  # noqa: E402
 from autoopt.api import load_profile  # noqa: E402
-from autoopt.config import KernelConfig  # noqa: E402
-from autoopt.ops import OpSpec  # noqa: E402
-from autoopt.ranking import predict_config, validate_config  # noqa: E402
+from autoopt.kernels import cost  # noqa: E402
+from autoopt.kernels.config import KernelConfig  # noqa: E402
+from autoopt.kernels.ops import OpSpec  # noqa: E402
+from autoopt.search.calibration import fit_constants  # noqa: E402
+from autoopt.search.ranking import predict_config, validate_config  # noqa: E402
 
 KERNEL_TEMPLATE = {"gemm": ("gemm", "gemm"), "gemm_tma": ("gemm_tma", "hopper-tma-gemm")}
 
@@ -125,7 +126,7 @@ def main() -> int:
     before = score(by_shape)
     t0 = time.perf_counter()
     names = args.names.split(",") if args.names else None
-    fitted = cost.fit_constants(train, start=cost.DEFAULT_CONSTANTS, names=names)
+    fitted = fit_constants(train, start=cost.DEFAULT_CONSTANTS, names=names)
     fit_s = time.perf_counter() - t0
     with cost.using(fitted):
         after_all = score(by_shape)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoopt.detection import build_profile, capture, match_torch_devices  # noqa: E402
+from autoopt.hardware.detection import build_profile, capture, match_torch_devices  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     meta["build_profile_s"] = round(time.perf_counter() - t0, 4)
 
     if args.measure:
-        from autoopt.detection import measure_profile
-        from autoopt.probes import measure_gpu
+        from autoopt.hardware.detection import measure_profile
+        from autoopt.hardware.probes import measure_gpu
 
         results: dict[int, dict] = {}
         for nvml_index, torch_index in sorted(match_torch_devices(raw).items()):

@@ -67,8 +67,8 @@ def _precompile(kernel: str, configs: list[dict[str, int]]) -> int:
     import torch
 
     from autoopt.backend import registry
-    from autoopt.config import KernelConfig
-    from autoopt.ops import OpSpec
+    from autoopt.kernels.config import KernelConfig
+    from autoopt.kernels.ops import OpSpec
 
     done = 0
     for params in configs:
@@ -121,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     import triton.testing
 
     from autoopt.backend import registry, runner
-    from autoopt.config import KernelConfig
-    from autoopt.ops import OpSpec
+    from autoopt.kernels.config import KernelConfig
+    from autoopt.kernels.ops import OpSpec
 
     if not torch.cuda.is_available():
         print("gemm_grid needs a CUDA GPU", file=sys.stderr)

@@ -58,12 +58,12 @@ except ImportError as _exc:  # pragma: no cover - the GPU host has torch
     sys.stdout.write(f"model_checks: needs torch ({_exc}); nothing measured\n")
     raise SystemExit(2) from None
 
-from autoopt.catalog import get_model  # noqa: E402
-from autoopt.memory import PREFILL_CHUNK, estimate_memory  # noqa: E402
-from autoopt.model import ModelSpec  # noqa: E402
-from autoopt.profile import GPUProfile, HardwareProfile  # noqa: E402
-from autoopt.quant import get_format  # noqa: E402
-from autoopt.split import SplitPlan, Workload, candidate_splits  # noqa: E402
+from autoopt.hardware.profile import GPUProfile, HardwareProfile  # noqa: E402
+from autoopt.planning.catalog import get_model  # noqa: E402
+from autoopt.planning.memory import PREFILL_CHUNK, estimate_memory  # noqa: E402
+from autoopt.planning.model import ModelSpec  # noqa: E402
+from autoopt.planning.quant import get_format  # noqa: E402
+from autoopt.planning.split import SplitPlan, Workload, candidate_splits  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -820,7 +820,7 @@ def pipeline_analysis(rows: Sequence[Mapping[str, Any]], layouts: Mapping[str, M
 def _recommend_single(profile: HardwareProfile, spec: ModelSpec, *, phase: str, batch: int,
                       prompt_len: int) -> float | None:
     """autoopt.recommend's per-op cost-model step time on one GPU (kernel templates + calibrated constants)."""
-    from autoopt.recommendation import recommend
+    from autoopt.planning.recommendation import recommend
 
     r = recommend(profile, spec, batch=batch, prompt_len=prompt_len, gen_len=1, phase=phase, weight_dtype="bf16",
                   kv_dtype="bf16", max_devices=1, compare_wfc=False)
@@ -954,7 +954,7 @@ def load_profiles(name: str | None) -> tuple[dict[str, HardwareProfile], Any]:
         from autoopt.api import load_profile
 
         return {f"profile:{name}": load_profile(name)}, None
-    from autoopt.detection import build_profile, capture
+    from autoopt.hardware.detection import build_profile, capture
 
     raw = capture(use_torch=True)
     return {"detected": build_profile(raw)}, raw
@@ -962,7 +962,7 @@ def load_profiles(name: str | None) -> tuple[dict[str, HardwareProfile], Any]:
 
 def add_measured_profile(profiles: dict[str, HardwareProfile], raw: Any) -> None:
     """Add the detected profile with measured copy bandwidth and bf16 matmul rate (autoopt prefers them)."""
-    from autoopt.detection import measure_profile
+    from autoopt.hardware.detection import measure_profile
 
     if raw is None or "detected" not in profiles:
         return

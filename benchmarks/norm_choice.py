@@ -18,10 +18,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoopt.backend import runner  # noqa: E402
-from autoopt.detection import detect  # noqa: E402
 from autoopt.errors import AutooptError  # noqa: E402
-from autoopt.ops import OpSpec  # noqa: E402
-from autoopt.ranking import rank, validate_config  # noqa: E402
+from autoopt.hardware.detection import detect  # noqa: E402
+from autoopt.kernels.ops import OpSpec  # noqa: E402
+from autoopt.search.ranking import rank, validate_config  # noqa: E402
 
 
 def main() -> int:

@@ -66,9 +66,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rank_speed.json"))
     args = ap.parse_args()
 
-    from autoopt.library import load_profile
-    from autoopt.ranking import _CACHE, rank
-    from autoopt.suite import suite
+    from autoopt.hardware.library import load_profile
+    from autoopt.kernels.suite import suite
+    from autoopt.search.ranking import _CACHE, rank
 
     gpu = load_profile(args.profile).gpu
     ops = suite(args.suite)

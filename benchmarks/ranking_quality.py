@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoopt.backend import bench, runner  # noqa: E402
-from autoopt.detection import detect  # noqa: E402
-from autoopt.ops import OpSpec  # noqa: E402
-from autoopt.ranking import rank, validate_config  # noqa: E402
-from autoopt.suite import LLAMA3_8B_PROJECTIONS  # noqa: E402
+from autoopt.hardware.detection import detect  # noqa: E402
+from autoopt.kernels.ops import OpSpec  # noqa: E402
+from autoopt.kernels.suite import LLAMA3_8B_PROJECTIONS  # noqa: E402
+from autoopt.search.ranking import rank, validate_config  # noqa: E402
 
 
 def grid_best(grid: dict, shape: str) -> dict[str, float | None]:

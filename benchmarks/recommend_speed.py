@@ -88,8 +88,8 @@ def main() -> int:
         pyc = cold_runs(args.profile, args.model, args.cold_runs, pyc_env)
     as_is = cold_runs(args.profile, args.model, args.cold_runs, base)
 
-    from autoopt.library import load_profile
-    from autoopt.recommendation import recommend
+    from autoopt.hardware.library import load_profile
+    from autoopt.planning.recommendation import recommend
 
     hw = load_profile(args.profile)
     recommend(hw, args.model)

@@ -26,7 +26,7 @@ from autoopt.api import load_profile  # noqa: E402
 from autoopt.backend.plot import roofline_png  # noqa: E402
 from autoopt.backend.runner import Result  # noqa: E402
 from autoopt.errors import AutooptError  # noqa: E402
-from autoopt.profile import GPUProfile  # noqa: E402
+from autoopt.hardware.profile import GPUProfile  # noqa: E402
 
 
 def _measured_in(data: dict[str, Any]) -> dict[str, Any]:

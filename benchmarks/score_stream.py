@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from calibrate import spearman  # noqa: E402
 
 from autoopt.api import load_profile  # noqa: E402
-from autoopt.config import KernelConfig  # noqa: E402
-from autoopt.ops import OpSpec  # noqa: E402
-from autoopt.ranking import predict_config, rank  # noqa: E402
+from autoopt.kernels.config import KernelConfig  # noqa: E402
+from autoopt.kernels.ops import OpSpec  # noqa: E402
+from autoopt.search.ranking import predict_config, rank  # noqa: E402
 
 
 def score(path: str, profile: str = "h200") -> dict:

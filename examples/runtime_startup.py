@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from autoopt.errors import AutooptError  # noqa: E402
-from autoopt.recommendation import recommend  # noqa: E402
+from autoopt.planning.recommendation import recommend  # noqa: E402
 
 log = logging.getLogger("runtime_startup")
 
@@ -45,8 +45,8 @@ def gpu_present() -> bool:
 def launch(rec, gpu) -> list[dict]:
     """Run each distinct op of the plan that has a ranked config through the backend runner."""
     from autoopt.backend.runner import evaluate
-    from autoopt.config import KernelConfig
-    from autoopt.ops import OpSpec
+    from autoopt.kernels.config import KernelConfig
+    from autoopt.kernels.ops import OpSpec
 
     results = []
     for o in rec.ops:

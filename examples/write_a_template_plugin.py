@@ -30,10 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "plugins" / "autoopt-blackwell")]
 
-from autoopt.library import load_profile  # noqa: E402
-from autoopt.ops import OpSpec  # noqa: E402
-from autoopt.plugins import PluginManager, reset_plugin_manager  # noqa: E402
-from autoopt.ranking import rank  # noqa: E402
+from autoopt.hardware.library import load_profile  # noqa: E402
+from autoopt.kernels.ops import OpSpec  # noqa: E402
+from autoopt.plugins.manager import PluginManager, reset_plugin_manager  # noqa: E402
+from autoopt.search.ranking import rank  # noqa: E402
 
 
 def main() -> int:

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from autoopt import constraints as C
-from autoopt.config import KernelConfig
-from autoopt.cost import MatmulBound, constants, peak_flops, predict_matmul
-from autoopt.ops import DTYPE_BYTES, OpSpec
-from autoopt.profile import GPUProfile
-from autoopt.pruning import BoundedSpace, Tally, cached, count_rejection, gpu_key
-from autoopt.template import Prediction, Template
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels import constraints as C
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.cost import MatmulBound, constants, peak_flops, predict_matmul
+from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
+from autoopt.kernels.pruning import BoundedSpace, Tally, cached, count_rejection, gpu_key
+from autoopt.kernels.template import Prediction, Template
 
 __all__ = ["GemmTemplate", "LazyTiles", "StageFacts", "TileTable", "blocks", "expand_tile", "floor_at_rate",
            "matmul_path", "matmul_space", "mma_ceiling_rate", "mma_floor_us", "tile_table"]

@@ -13,6 +13,13 @@ import math
 from collections.abc import Iterator
 from functools import partial
 
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels import constraints as C
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.cost import MatmulBound, constants, predict_matmul
+from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
+from autoopt.kernels.pruning import BoundedSpace, cached, gpu_key
+from autoopt.kernels.template import Prediction, Template
 from autoopt.templates.gemm import (
     LazyTiles,
     StageFacts,
@@ -27,14 +34,6 @@ from autoopt.templates.gemm import (
     tile_table,
     warp_facts,
 )
-
-from autoopt import constraints as C
-from autoopt.config import KernelConfig
-from autoopt.cost import MatmulBound, constants, predict_matmul
-from autoopt.ops import DTYPE_BYTES, OpSpec
-from autoopt.profile import GPUProfile
-from autoopt.pruning import BoundedSpace, cached, gpu_key
-from autoopt.template import Prediction, Template
 
 __all__ = ["GemvTemplate"]
 

@@ -22,15 +22,14 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels import constraints as C
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.cost import StreamBound, constants, predict_stream
+from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
+from autoopt.kernels.pruning import BoundedSpace, Tally, cached, gpu_key
+from autoopt.kernels.template import Prediction, Template
 from autoopt.templates.gemm import missing_keys
-
-from autoopt import constraints as C
-from autoopt.config import KernelConfig
-from autoopt.cost import StreamBound, constants, predict_stream
-from autoopt.ops import DTYPE_BYTES, OpSpec
-from autoopt.profile import GPUProfile
-from autoopt.pruning import BoundedSpace, Tally, cached, gpu_key
-from autoopt.template import Prediction, Template
 
 __all__ = ["NormTemplate"]
 

@@ -4,17 +4,16 @@
 
 from __future__ import annotations
 
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.choices import ImplChoice, PathChoice, default_impl, default_path
+from autoopt.kernels.ops import OpSpec
+from autoopt.kernels.template import Template
+from autoopt.plugins.hookspecs import hookimpl
 from autoopt.templates.elementwise import ElementwiseTemplate
 from autoopt.templates.gemm import GemmTemplate
 from autoopt.templates.gemv import GemvTemplate
 from autoopt.templates.hopper import HopperTmaGemmTemplate
 from autoopt.templates.norm import NormTemplate
-
-from autoopt.choices import ImplChoice, PathChoice, default_impl, default_path
-from autoopt.hookspecs import hookimpl
-from autoopt.ops import OpSpec
-from autoopt.profile import GPUProfile
-from autoopt.template import Template
 
 
 @hookimpl

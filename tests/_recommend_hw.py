@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autoopt.profile import CPUProfile, GPUProfile, HardwareProfile, Link
+from autoopt.hardware.profile import CPUProfile, GPUProfile, HardwareProfile, Link
 
 # NVIDIA H100 SXM5 80GB: 132 SMs, NVML total 85520809984 B (hardware capture h100/probe.txt),
 # 3350 GB/s HBM3, 989.4 dense bf16 / 1978.9 dense fp8 TFLOP/s (datasheet, sparse figures halved),

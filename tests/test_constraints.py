@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from autoopt import constraints as C
 from autoopt._paths import builtin_templates
-from autoopt.config import KernelConfig
 from autoopt.errors import ConfigError
-from autoopt.library import load_profile
-from autoopt.ops import OpSpec
-from autoopt.ranking import generic_problems, rank, validate_config
+from autoopt.hardware.library import load_profile
+from autoopt.kernels import constraints as C
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
+from autoopt.search.ranking import generic_problems, rank, validate_config
 
 builtin_templates()
 from autoopt.templates.gemm import GemmTemplate  # noqa: E402

@@ -6,14 +6,15 @@ import math
 
 import pytest
 
-from autoopt import cost
 from autoopt._paths import builtin_templates
-from autoopt.config import KernelConfig
-from autoopt.cost import CostConstants, fit_constants, predict_matmul, using
 from autoopt.errors import AutooptError
-from autoopt.library import load_profile
-from autoopt.ops import OpSpec
-from autoopt.ranking import predict_config, rank
+from autoopt.hardware.library import load_profile
+from autoopt.kernels import cost
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.cost import CostConstants, predict_matmul, using
+from autoopt.kernels.ops import OpSpec
+from autoopt.search.calibration import fit_constants
+from autoopt.search.ranking import predict_config, rank
 
 builtin_templates()
 from autoopt.templates.gemm import GemmTemplate  # noqa: E402

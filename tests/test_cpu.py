@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autoopt import cpu as cpu_mod
-from autoopt.cpu import capture_cpu, cpu_from_raw, detect_cpu, normalise_simd
+from autoopt.hardware import cpu as cpu_mod
+from autoopt.hardware.cpu import capture_cpu, cpu_from_raw, detect_cpu, normalise_simd
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PROC = Path("/proc/cpuinfo")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autoopt.detection import (
+from autoopt.hardware.detection import (
     build_profile,
     capture,
     detect,
@@ -26,11 +26,11 @@ from autoopt.detection import (
     nvlink_version_from_nvml,
     pcie_bandwidth_gbs,
 )
-from autoopt.nvml_probe import capture_nvml
-from autoopt.profile import HardwareProfile
+from autoopt.hardware.nvml import capture_nvml
+from autoopt.hardware.profile import HardwareProfile
 
 # the detection module itself (autoopt.detect is the function it exports)
-detect_mod = importlib.import_module("autoopt.detection")
+detect_mod = importlib.import_module("autoopt.hardware.detection")
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -78,8 +78,8 @@ def test_detected_profile_is_named_detected_and_round_trips():
 
 
 def test_import_autoopt_detect_imports_no_torch_pynvml_or_triton():
-    code = ("import sys, autoopt, autoopt.detection, autoopt.cpu, autoopt.probes, autoopt.nvml_probe, "
-            "autoopt.torch_probe; "
+    code = ("import sys, autoopt, autoopt.hardware.detection, autoopt.hardware.cpu, autoopt.hardware.probes, "
+            "autoopt.hardware.nvml, autoopt.hardware.torch_cuda; "
             "print(sorted(m for m in ('torch', 'pynvml', 'triton', 'cpuinfo', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -348,7 +348,7 @@ def test_measure_gpu_without_cuda_raises_backend_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
     from autoopt.errors import BackendError
-    from autoopt.probes import measure_gpu
+    from autoopt.hardware.probes import measure_gpu
 
     with pytest.raises(BackendError, match="needs a CUDA GPU"):
         measure_gpu(0)
@@ -359,7 +359,7 @@ def test_measure_gpu_on_a_real_gpu():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from autoopt.probes import measure_gpu
+    from autoopt.hardware.probes import measure_gpu
 
     got = measure_gpu(0, copy_bytes=256 << 20, matmul_n=4096)
     assert got["copy_gbs"] > 100 and got["bf16_tflops"] > 10

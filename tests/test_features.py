@@ -2,7 +2,7 @@
 
 import pytest
 
-from autoopt.features import arch_variant, features_for, generation_for, parse_arch
+from autoopt.hardware.features import arch_variant, features_for, generation_for, parse_arch
 
 #: arch -> (generation, flags that must be on, flags that must be off)
 TABLE = {

@@ -43,7 +43,7 @@ def test_importtime_lists_neither_torch_nor_triton():
 
 def test_lazy_public_api_resolves_on_first_use():
     out = _run("import autoopt; print(autoopt.OpSpec.__module__, autoopt.HardwareProfile.__name__)")
-    assert out.stdout.split() == ["autoopt.ops", "HardwareProfile"]
+    assert out.stdout.split() == ["autoopt.kernels.ops", "HardwareProfile"]
 
 
 def test_public_functions_stay_callable_after_every_submodule_is_imported():

@@ -12,9 +12,9 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs a CUDA GPU and compiled Triton")]
 
 from autoopt.backend.runner import evaluate  # noqa: E402
-from autoopt.config import KernelConfig  # noqa: E402
-from autoopt.ops import OpSpec  # noqa: E402
-from autoopt.profile import GPUProfile  # noqa: E402
+from autoopt.hardware.profile import GPUProfile  # noqa: E402
+from autoopt.kernels.config import KernelConfig  # noqa: E402
+from autoopt.kernels.ops import OpSpec  # noqa: E402
 
 # H100 SXM datasheet: 3.35 TB/s HBM3, 989 dense bf16 TFLOP/s (H200: 4.8 TB/s, same compute)
 GPU = GPUProfile(name="test", cc_major=9, cc_minor=0, mem_bandwidth_gbs=4800.0,

@@ -23,8 +23,8 @@ if not torch.cuda.is_available():
 
 from autoopt.backend import registry  # noqa: E402
 from autoopt.backend.runner import evaluate  # noqa: E402
-from autoopt.config import KernelConfig  # noqa: E402
-from autoopt.ops import OpSpec  # noqa: E402
+from autoopt.kernels.config import KernelConfig  # noqa: E402
+from autoopt.kernels.ops import OpSpec  # noqa: E402
 
 OK = ("checked", "measured")
 

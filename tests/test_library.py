@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoopt import library
 from autoopt._paths import profiles_dir
 from autoopt.errors import ProfileError, UnknownProfileError
-from autoopt.library import (
+from autoopt.hardware import library
+from autoopt.hardware.library import (
     KnownDevice,
     get_known,
     known_devices,
@@ -21,7 +21,7 @@ from autoopt.library import (
     match_gpu,
     parse_known,
 )
-from autoopt.profile import DTYPES, HardwareProfile
+from autoopt.hardware.profile import DTYPES, HardwareProfile
 
 SHIPPED = sorted(p.stem for p in profiles_dir().glob("*.yaml"))
 REQUIRED = ("a100-sxm-40gb", "a100-sxm-80gb", "a10", "l4", "l40s", "rtx-3060", "rtx-3090", "rtx-4090",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from _recommend_hw import H100, RTX3070
 
-from autoopt.catalog import get_model
-from autoopt.memory import (
+from autoopt.planning.catalog import get_model
+from autoopt.planning.memory import (
     CUDA_CONTEXT_BYTES,
     DRIVER_RESERVED_BYTES,
     activation_bytes,
@@ -14,7 +14,7 @@ from autoopt.memory import (
     kv_bytes_per_token,
     kv_cache_bytes,
 )
-from autoopt.quant import get_format
+from autoopt.planning.quant import get_format
 
 
 def test_llama3_8b_kv_cache_at_batch_8_context_8192():

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from autoopt.catalog import get_model, model_names
 from autoopt.errors import ModelError
-from autoopt.model import ModelSpec, from_hf_config, parse_model
+from autoopt.planning.catalog import get_model, model_names, parse_model
+from autoopt.planning.model import ModelSpec, from_hf_config
 
 LLAMA3_8B_HF = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,

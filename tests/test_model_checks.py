@@ -17,10 +17,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from autoopt.detection import build_profile  # noqa: E402
-from autoopt.memory import kv_cache_bytes  # noqa: E402
-from autoopt.model import ModelSpec, from_module  # noqa: E402
-from autoopt.quant import get_format, weight_bytes  # noqa: E402
+from autoopt.hardware.detection import build_profile  # noqa: E402
+from autoopt.planning.memory import kv_cache_bytes  # noqa: E402
+from autoopt.planning.model import ModelSpec, from_module  # noqa: E402
+from autoopt.planning.quant import get_format, weight_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("model_checks", ROOT / "benchmarks" / "model_checks.py")

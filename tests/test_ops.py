@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoopt.errors import OpError
-from autoopt.ops import OpSpec, parse_shape
+from autoopt.kernels.ops import OpSpec, parse_shape
 
 
 def test_gemm_flops_and_floor_bytes():

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from autoopt.errors import AutooptError
-from autoopt.plan import ChainProblem, solve_dp, solve_wfc
+from autoopt.planning.chain import ChainProblem, solve_dp, solve_wfc
 
 INF = math.inf
 

@@ -12,10 +12,10 @@ import pytest
 
 from autoopt.backend.bench import BenchRow
 from autoopt.backend.runner import Result
-from autoopt.config import KernelConfig
 from autoopt.errors import BackendError
-from autoopt.ops import OpSpec
-from autoopt.profile import GPUProfile
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 # H200 datasheet: 4.8 TB/s HBM3e, 989.4 dense bf16 TFLOP/s, 67 fp32; measured on the lent H200

@@ -15,20 +15,21 @@ from pathlib import Path
 import pluggy
 import pytest
 
-from autoopt.choices import PathChoice, choose_path
-from autoopt.config import KernelConfig
 from autoopt.errors import PluginError
-from autoopt.library import load_profile
-from autoopt.ops import OpSpec
-from autoopt.plugins import (
+from autoopt.hardware.library import load_profile
+from autoopt.kernels.choices import PathChoice
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
+from autoopt.kernels.template import Prediction, Template
+from autoopt.plugins.choices import choose_path
+from autoopt.plugins.manager import (
     AUTOLOAD_ENV,
     PluginManager,
     get_plugin_manager,
     list_plugins,
     reset_plugin_manager,
 )
-from autoopt.ranking import rank
-from autoopt.template import Prediction, Template
+from autoopt.search.ranking import rank
 
 ROOT = Path(__file__).resolve().parent.parent
 PLUGIN_DIR = ROOT / "plugins" / "autoopt-blackwell"
@@ -84,7 +85,7 @@ def test_plugin_raising_in_a_hook_is_reported_with_plugin_hook_and_reason_and_sk
     def autoopt_templates():
         raise RuntimeError("no GPU database")
     pm.register(plugin_module("broken", autoopt_templates=autoopt_templates), name="broken")
-    with caplog.at_level(logging.WARNING, logger="autoopt.plugins"):
+    with caplog.at_level(logging.WARNING, logger="autoopt.plugins.manager"):
         names = [t.name for t in pm.templates()]
     assert "gemm" in names
     assert [p.to_dict() for p in pm.problems] == [
@@ -181,7 +182,7 @@ def test_env_var_disables_entry_point_autoload(monkeypatch):
 
 
 def test_manager_is_not_created_at_import():
-    code = "import autoopt, autoopt.plugins as p; print(p._MANAGER is None)"
+    code = "import autoopt, autoopt.plugins.manager as p; print(p._MANAGER is None)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "True", out.stderr

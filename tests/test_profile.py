@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from autoopt.errors import ProfileError
-from autoopt.profile import CPUProfile, GPUProfile, HardwareProfile, Link
+from autoopt.hardware.profile import CPUProfile, GPUProfile, HardwareProfile, Link
 
 H100 = GPUProfile(name="NVIDIA H100 80GB HBM3", cc_major=9, cc_minor=0, sm_count=132,
                   smem_per_block_optin_bytes=232448, memory_total_bytes=85520809984,

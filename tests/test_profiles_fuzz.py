@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoopt.errors import ProfileError
-from autoopt.library import KnownDevice, get_known, parse_known
+from autoopt.hardware.library import KnownDevice, get_known, parse_known
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

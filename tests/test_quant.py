@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from _recommend_hw import H100, RTX3070
 
-from autoopt.catalog import get_model
 from autoopt.errors import ModelError
-from autoopt.quant import FORMATS, available_formats, choose_format, get_format, weight_bytes
+from autoopt.planning.catalog import get_model
+from autoopt.planning.quant import FORMATS, available_formats, choose_format, get_format, weight_bytes
 
 
 @pytest.mark.parametrize("name,bits", [("bf16", 16), ("fp16", 16), ("q8_0", 8.5), ("q6_k", 6.5625),

@@ -6,10 +6,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoopt.errors import AutooptError
-from autoopt.library import load_profile
-from autoopt.ops import OP_KINDS
-from autoopt.plugins import get_plugin_manager
-from autoopt.ranking import Ranking, rank, validate_config
+from autoopt.hardware.library import load_profile
+from autoopt.kernels.ops import OP_KINDS
+from autoopt.plugins.manager import get_plugin_manager
+from autoopt.search.ranking import Ranking, rank, validate_config
 
 GPUS = {name: load_profile(name).gpu for name in ("h100-sxm", "a100-sxm-80gb", "stress-12kb", "mi300x", "b200")}
 DIMS = st.one_of(st.sampled_from([1, 2, 7, 16, 17, 127, 4096, 4097, 131072, 2**31 - 1, 2**31, 2**40, 0, -1]),

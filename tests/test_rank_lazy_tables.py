@@ -17,16 +17,16 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from autoopt.hardware.library import clear_cache, get_known, known_names, load_profile
+from autoopt.kernels.ops import OpSpec
+from autoopt.plugins import manager as plugins
+from autoopt.plugins.manager import AUTOLOAD_ENV, PluginManager
+from autoopt.search.ranking import clear_cache as clear_rankings
+from autoopt.search.ranking import rank
 from autoopt.templates.gemm import GemmTemplate, block_ks
 from autoopt.templates.gemv import GemvTemplate
 from autoopt.templates.hopper import HopperTmaGemmTemplate
-
-from autoopt import plugins
-from autoopt.library import clear_cache, get_known, known_names, load_profile
-from autoopt.ops import OpSpec
-from autoopt.plugins import AUTOLOAD_ENV, PluginManager
-from autoopt.ranking import clear_cache as clear_rankings
-from autoopt.ranking import rank
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ("h100-sxm", "a100-sxm-80gb", "rtx-4090", "l4", "b200", "mi300x", "stress-12kb")

@@ -14,15 +14,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoopt import cost
-from autoopt.config import KernelConfig
-from autoopt.cost import CostConstants, StreamBound, matmul_lower_bound, predict_matmul, using
-from autoopt.library import load_profile
-from autoopt.ops import OpSpec
-from autoopt.plugins import get_plugin_manager
-from autoopt.pruning import BoundedSpace
-from autoopt.ranking import clear_cache, rank
-from autoopt.suite import suite
+from autoopt.hardware.library import load_profile
+from autoopt.kernels import cost
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.cost import CostConstants, StreamBound, matmul_lower_bound, predict_matmul, using
+from autoopt.kernels.ops import OpSpec
+from autoopt.kernels.pruning import BoundedSpace
+from autoopt.kernels.suite import suite
+from autoopt.plugins.manager import get_plugin_manager
+from autoopt.search.ranking import clear_cache, rank
 
 PROFILES = ("h100-sxm", "h200", "a100-sxm-80gb", "rtx-4090", "rtx-3060", "l4", "b200", "mi300x",
             "stress-12kb", "toy-64kb")
@@ -90,7 +90,7 @@ def test_every_builtin_template_answers_with_bounds():
 
 
 def test_pruned_ranking_predicts_a_few_configs_of_thousands(monkeypatch):
-    import autoopt.ranking as ranking
+    import autoopt.search.ranking as ranking
 
     calls = []
     real = ranking._candidate

@@ -7,11 +7,11 @@ import json
 import pytest
 from _recommend_hw import H100, RTX3070, one
 
-from autoopt.catalog import get_model
 from autoopt.errors import ModelError
-from autoopt.library import known_names, load_profile
-from autoopt.quant import choose_format
-from autoopt.recommendation import recommend
+from autoopt.hardware.library import known_names, load_profile
+from autoopt.planning.catalog import get_model
+from autoopt.planning.quant import choose_format
+from autoopt.planning.recommendation import recommend
 
 
 @pytest.fixture(scope="module")

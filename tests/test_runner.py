@@ -20,10 +20,10 @@ if not torch.cuda.is_available():
 
 from autoopt.backend import bench, registry, runner  # noqa: E402
 from autoopt.backend.runner import Result, evaluate, floor_us  # noqa: E402
-from autoopt.config import KernelConfig  # noqa: E402
 from autoopt.errors import BackendError  # noqa: E402
-from autoopt.ops import OpSpec  # noqa: E402
-from autoopt.profile import GPUProfile  # noqa: E402
+from autoopt.hardware.profile import GPUProfile  # noqa: E402
+from autoopt.kernels.config import KernelConfig  # noqa: E402
+from autoopt.kernels.ops import OpSpec  # noqa: E402
 
 OP = OpSpec(kind="add", shape=(4, 64), dtype="fp32")
 CFG = KernelConfig(kernel="add", params=dict(BLOCK_SIZE=128, num_warps=4))

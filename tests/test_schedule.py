@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from _recommend_hw import H100, nvlink_box
 
-from autoopt.schedule import Job, Schedule, Slot, auto_migrate, schedule, slots_of
+from autoopt.planning.schedule import Job, Schedule, Slot, auto_migrate, schedule, slots_of
 
 GB = 10**9
 

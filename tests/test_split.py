@@ -7,10 +7,18 @@ import dataclasses
 import pytest
 from _recommend_hw import H100, H200, HOST, RTX3070, nvlink_box, one
 
-from autoopt.catalog import get_model
-from autoopt.profile import HardwareProfile
-from autoopt.quant import get_format
-from autoopt.split import Workload, allreduce_us, candidate_splits, devices_of, link_gbs, pcie_gbs, plan_split
+from autoopt.hardware.profile import HardwareProfile
+from autoopt.planning.catalog import get_model
+from autoopt.planning.quant import get_format
+from autoopt.planning.split import (
+    Workload,
+    allreduce_us,
+    candidate_splits,
+    devices_of,
+    link_gbs,
+    pcie_gbs,
+    plan_split,
+)
 
 WL = Workload(batch=1, prompt_len=512, gen_len=128)
 

@@ -5,7 +5,7 @@ import pytest
 from autoopt.api import load_profile
 from autoopt.backend.bench import recommended_cases
 from autoopt.errors import OpError
-from autoopt.suite import suite
+from autoopt.kernels.suite import suite
 
 
 def test_llm_suite_has_the_llama3_8b_prefill_and_decode_shapes():

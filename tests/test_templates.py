@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from autoopt import constraints as C
 from autoopt._paths import builtin_templates
-from autoopt.choices import choose_impl, default_impl, default_path
-from autoopt.config import KernelConfig
 from autoopt.errors import AutooptError, ConfigError
-from autoopt.library import load_profile
-from autoopt.ops import OpSpec
-from autoopt.ranking import rank, validate_config
+from autoopt.hardware.library import load_profile
+from autoopt.kernels import constraints as C
+from autoopt.kernels.choices import default_impl, default_path
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
+from autoopt.plugins.choices import choose_impl
+from autoopt.search.ranking import rank, validate_config
 
 builtin_templates()
 from autoopt.templates.elementwise import ElementwiseTemplate  # noqa: E402
@@ -179,7 +180,7 @@ def test_attention_implementation_by_generation(profile, impl):
 
 
 def test_every_kernel_class_has_an_implementation_on_every_generation():
-    from autoopt.choices import KERNEL_CLASSES
+    from autoopt.kernels.choices import KERNEL_CLASSES
     for name in ("h100-sxm", "a100-sxm-80gb", "l40s", "b200", "rtx-5090", "mi300x", "stress-12kb"):
         for kc in KERNEL_CLASSES:
             assert default_impl(load_profile(name).gpu, kc).impl

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import KernelConfig
-from ..ops import OpSpec
-from ..profile import GPUProfile
-from . import registry, runner
+from autoopt.backend import registry, runner
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class BenchRow:
 def recommended_cases(gpu: GPUProfile, ops: Iterable[OpSpec], *, top: int = 1
                       ) -> list[tuple[OpSpec, KernelConfig]]:
     """The ranking's top ``top`` configs for each op (predicted, zero timing), in op order."""
-    from ..ranking import rank
+    from autoopt.search.ranking import rank
 
     cases: list[tuple[OpSpec, KernelConfig]] = []
     for op in ops:

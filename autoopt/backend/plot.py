@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendError
-from ..ops import OpSpec
-from ..profile import GPUProfile
-from .runner import Result, floor_us
+from autoopt.backend.runner import Result, floor_us
+from autoopt.errors import BackendError
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.ops import OpSpec
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import KernelConfig
-from ..errors import BackendError, ConfigError
-from ..ops import OpSpec
+from autoopt.errors import BackendError, ConfigError
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
 
 log = logging.getLogger(__name__)
 
@@ -140,20 +140,20 @@ def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
     if name in ("gemm", "gemm_tma", "gemv"):
         w, layout = _weight(inputs)
         if name == "gemm":
-            from .kernels.gemm import gemm_prepare
+            from autoopt.backend.kernels.gemm import gemm_prepare
             return gemm_prepare(inputs["a"], w, out, params, layout=layout)
         if name == "gemm_tma":
-            from .kernels.gemm_tma import gemm_tma_prepare
+            from autoopt.backend.kernels.gemm_tma import gemm_tma_prepare
             return gemm_tma_prepare(inputs["a"], w, out, params, layout=layout)
-        from .kernels.gemv import gemv_prepare
+        from autoopt.backend.kernels.gemv import gemv_prepare
         return gemv_prepare(inputs["a"], w, out, params, layout=layout)
     if name == "silu_mul":
-        from .kernels.elementwise import silu_mul_prepare
+        from autoopt.backend.kernels.elementwise import silu_mul_prepare
         return silu_mul_prepare(inputs["x"], inputs["y"], out, params)
     if name == "add":
-        from .kernels.elementwise import add_prepare
+        from autoopt.backend.kernels.elementwise import add_prepare
         return add_prepare(inputs["x"], inputs["y"], out, params)
-    from .kernels.norm import norm_prepare
+    from autoopt.backend.kernels.norm import norm_prepare
     return norm_prepare(name, inputs["x"], inputs.get("weight"), inputs.get("bias"), out, params,
                         eps=EPS.get(name.rsplit("_", 1)[0], 0.0))
 

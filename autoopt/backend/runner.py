@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import KernelConfig
-from ..errors import AutooptError, ConfigError
-from ..ops import OpSpec
-from ..profile import GPUProfile
-from . import registry
+from autoopt.backend import registry
+from autoopt.errors import AutooptError, ConfigError
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from ...errors import BackendError
+from autoopt.errors import BackendError
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from .gemm import _needs_fp16_dot, k_split, split_k_launcher, weight_dims
+from autoopt.backend.kernels.gemm import _needs_fp16_dot, k_split, split_k_launcher, weight_dims
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pluggy
 
-from autoopt.choices import PathChoice
-from autoopt.ops import OpSpec
-from autoopt.profile import GPUProfile
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.choices import PathChoice
+from autoopt.kernels.ops import OpSpec
 
 from .template import BlackwellClusterGemm
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from autoopt import constraints as C
-from autoopt.config import KernelConfig
-from autoopt.cost import predict_matmul
-from autoopt.ops import DTYPE_BYTES, OpSpec
-from autoopt.profile import GPUProfile
-from autoopt.template import Prediction, Template
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels import constraints as C
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.cost import predict_matmul
+from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
+from autoopt.kernels.template import Prediction, Template
 
 KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "CLUSTER_M", "CLUSTER_N", "num_warps", "num_stages")
 #: TMEM columns per SM (32-bit each, 128 lanes).

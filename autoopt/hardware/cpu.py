@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .profile import CPUProfile
+from autoopt.hardware.profile import CPUProfile
 
 __all__ = ["SIMD_NAMES", "capture_cpu", "cpu_from_raw", "detect_cpu", "normalise_simd"]
 

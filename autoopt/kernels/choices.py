@@ -1,9 +1,9 @@
 """Which execution path an op takes and which implementation serves each kernel class.
 
 :func:`default_path`/:func:`default_impl` are the built-in answers, derived
-from the GPU's feature flags (see :mod:`autoopt.features` for the sources);
-:func:`choose_path`/:func:`choose_impl` ask plugins first (pluggy
-``firstresult`` hooks) and fall back to the built-ins.
+from the GPU's feature flags (see :mod:`autoopt.hardware.features` for the sources);
+:mod:`autoopt.plugins.choices` asks plugins first (pluggy ``firstresult`` hooks) and
+falls back to these.
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import PATHS
-from .errors import AutooptError
-from .ops import DTYPE_BYTES, GEMV_MAX_M, OpSpec
-from .profile import GPUProfile
+from autoopt.errors import AutooptError
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.config import PATHS
+from autoopt.kernels.ops import DTYPE_BYTES, GEMV_MAX_M, OpSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KERNEL_CLASSES", "ImplChoice", "PathChoice", "choose_impl", "choose_path",
-           "default_impl", "default_path"]
+__all__ = ["KERNEL_CLASSES", "ImplChoice", "PathChoice", "default_impl", "default_path"]
 
 #: kernel classes :func:`choose_impl` answers for.
 KERNEL_CLASSES = ("gemm", "gemv", "attention", "rmsnorm", "softmax", "rope", "silu_mul", "swiglu",
@@ -165,22 +164,3 @@ def default_impl(gpu: GPUProfile, kernel_class: str) -> ImplChoice:
     fam = _family(gpu)
     impl, reason = _IMPLS.get((kernel_class, fam)) or _ANY[kernel_class]
     return ImplChoice(kernel_class=kernel_class, impl=impl, reason=f"{gpu.arch or gpu.name}: {reason}")
-
-
-def choose_path(gpu: GPUProfile, op: OpSpec, *, strict: bool = False) -> PathChoice:
-    """Path for ``op`` on ``gpu``: the first plugin answer, else :func:`default_path`."""
-    from .plugins import get_plugin_manager
-
-    got = get_plugin_manager().call_first("autoopt_choose_path", PathChoice, strict=strict, gpu=gpu, op=op)
-    return got if got is not None else default_path(gpu, op)
-
-
-def choose_impl(gpu: GPUProfile, kernel_class: str, *, strict: bool = False) -> ImplChoice:
-    """Implementation for ``kernel_class`` on ``gpu``: the first plugin answer, else :func:`default_impl`."""
-    if kernel_class not in KERNEL_CLASSES:
-        raise AutooptError(f"unknown kernel class {kernel_class!r}; expected one of {', '.join(KERNEL_CLASSES)}")
-    from .plugins import get_plugin_manager
-
-    got = get_plugin_manager().call_first("autoopt_choose_impl", ImplChoice, strict=strict,
-                                          gpu=gpu, kernel_class=kernel_class)
-    return got if got is not None else default_impl(gpu, kernel_class)

@@ -10,7 +10,7 @@ L2 reuse (group-M ordering, L2 size). Split-K adds fp32 partial traffic and a
 reduce launch. Streaming kernels (elementwise, norms) use the same per-SM
 latency/bandwidth view (:func:`predict_stream`).
 
-Every tunable number lives in :class:`CostConstants`; :func:`fit_constants`
+Every tunable number lives in :class:`CostConstants`; :func:`autoopt.search.calibration.fit_constants`
 refits them from measured timings in one call and :func:`using` installs a set.
 """
 
@@ -23,17 +23,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from ._serde import from_plain, to_plain
-from .config import KernelConfig
-from .constraints import Limits, limits, occupancy, warp_grid
-from .errors import AutooptError
-from .ops import DTYPE_BYTES, OpSpec
-from .profile import GPUProfile
-from .template import Prediction
+from autoopt._serde import from_plain, to_plain
+from autoopt.errors import AutooptError
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.constraints import Limits, limits, occupancy, warp_grid
+from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
+from autoopt.kernels.template import Prediction
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CostConstants", "DEFAULT_CONSTANTS", "MatmulBound", "StreamBound", "constants", "fit_constants",
+__all__ = ["CostConstants", "DEFAULT_CONSTANTS", "MatmulBound", "StreamBound", "constants",
            "floor_us", "matmul_lower_bound", "peak_flops", "predict_matmul", "predict_stream", "using"]
 
 
@@ -44,7 +44,7 @@ class CostConstants:
     Defaults marked "fitted" come from ``benchmarks/calibrate.py`` on 5,000+ correctness-checked
     timings of plain and TMA GEMM configs on an H200 (torch 2.11, triton 3.6); the rest are the
     cited priors. H100 and H200 share the SM, so the fractions carry over; rates come from the
-    profile. Refit with :func:`fit_constants` for another GPU family.
+    profile. Refit with :func:`autoopt.search.calibration.fit_constants` for another GPU family.
     """
 
     #: fraction of the datasheet dense tensor peak a well-shaped GEMM sustains: H100 SXM cuBLAS
@@ -559,61 +559,3 @@ class StreamBound:
         l2_us = l2_bytes / self.l2_total_rate * 1e6
         p = c.overlap_exponent
         return _softmax(_softmax(sm_us, dram_us + l2_us, p), self.compute_us, p) + c.launch_us
-
-
-# -- calibration ----------------------------------------------------------------------
-
-Sample = tuple[GPUProfile, OpSpec, KernelConfig, float]
-
-
-def _loss(samples: Sequence[Sample], consts: CostConstants) -> float:
-    from .ranking import predict_config  # lazy: rank imports this module
-
-    total = 0.0
-    with using(consts):
-        for gpu, op, config, measured in samples:
-            pred = predict_config(gpu, op, config)
-            total += (math.log(pred.us) - math.log(measured)) ** 2
-    return total / len(samples)
-
-
-def fit_constants(samples: Sequence[Sample], *, start: CostConstants | None = None,
-                  names: Sequence[str] | None = None, rounds: int = 8) -> CostConstants:
-    """Fit constants to measured timings: coordinate search on mean squared log-error.
-
-    ``samples``: (gpu, op, config, measured_us). Each round tries multiplying
-    every named constant by 1.5, 1.2, 1.05 and 1.01 (and their inverses),
-    keeping any improvement, until a round improves nothing; fractions stay in
-    (0, 1]. Returns the best constants found.
-    """
-    if not samples:
-        raise AutooptError("fit_constants needs at least one (gpu, op, config, measured_us) sample")
-    for i, s in enumerate(samples):
-        if len(s) != 4 or not (isinstance(s[3], (int, float)) and s[3] > 0):
-            raise AutooptError(f"sample {i}: expected (gpu, op, config, measured_us > 0), got {s!r}")
-    best = start or constants()
-    keys = list(names or [f.name for f in fields(CostConstants)])
-    unknown = set(keys) - {f.name for f in fields(CostConstants)}
-    if unknown:
-        raise AutooptError(f"fit_constants: unknown constants {sorted(unknown)}")
-    fractions = {"tc_efficiency", "mma_sync_fraction", "dram_efficiency", "l2_usable_fraction",
-                 "persistent_fill_fraction", "pointer_wgmma_efficiency", "single_warpgroup_efficiency",
-                 "stream_dram_efficiency",
-                 "narrow_wgmma_efficiency"}
-    best_loss = _loss(samples, best)
-    for _ in range(rounds):
-        improved = False
-        for key in keys:
-            for step in (1.5, 1.2, 1.05, 1.01):  # coarse to fine, both directions
-                for factor in (step, 1 / step):
-                    value = getattr(best, key) * factor
-                    if key in fractions:
-                        value = min(value, 1.0)
-                    trial = replace(best, **{key: value})
-                    loss = _loss(samples, trial)
-                    if loss < best_loss - 1e-12:
-                        best, best_loss, improved = trial, loss, True
-        if not improved:
-            break
-    log.info("fit_constants: mean squared log-error %.4f over %d samples", best_loss, len(samples))
-    return best

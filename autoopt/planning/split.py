@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from .cost import constants
-from .errors import ModelError, ProfileError
-from .memory import FRAGMENTATION, MemoryEstimate, estimate_memory, kv_cache_bytes
-from .model import ModelSpec
-from .profile import GPUProfile, HardwareProfile
-from .quant import QuantFormat, weight_bytes
+from autoopt.errors import ModelError, ProfileError
+from autoopt.hardware.profile import GPUProfile, HardwareProfile
+from autoopt.kernels.cost import constants
+from autoopt.planning.memory import FRAGMENTATION, MemoryEstimate, estimate_memory, kv_cache_bytes
+from autoopt.planning.model import ModelSpec
+from autoopt.planning.quant import QuantFormat, weight_bytes
 
 __all__ = ["Device", "SplitPlan", "Stage", "Workload", "candidate_splits", "devices_of", "layer_time_us",
            "link_gbs", "pcie_gbs", "plan_split"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .ops import DTYPE_BYTES
-from .profile import GPUProfile
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.ops import DTYPE_BYTES
 
 __all__ = [
     "Limits", "REG_OVERHEAD", "check_block_vs_dim", "check_dtype", "check_pow2", "check_regs",

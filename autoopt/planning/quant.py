@@ -28,10 +28,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._serde import to_plain
-from .errors import ModelError
-from .model import ModelSpec
-from .profile import GPUProfile
+from autoopt._serde import to_plain
+from autoopt.errors import ModelError
+from autoopt.hardware.profile import GPUProfile
+from autoopt.planning.model import ModelSpec
 
 __all__ = ["FORMATS", "PREFERENCES", "QuantChoice", "QuantFormat", "available_formats", "choose_format",
            "get_format", "weight_bytes"]

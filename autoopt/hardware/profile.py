@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ._serde import from_plain, to_plain
-from .errors import ProfileError
-from .features import Features, arch_variant, features_for, generation_for
+from autoopt._serde import from_plain, to_plain
+from autoopt.errors import ProfileError
+from autoopt.hardware.features import Features, arch_variant, features_for, generation_for
 
 __all__ = ["CPUProfile", "GPUProfile", "HardwareProfile", "Link", "SCHEMA_VERSION", "DTYPES"]
 

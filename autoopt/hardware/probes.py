@@ -17,7 +17,7 @@ import logging
 import statistics
 from typing import Any
 
-from .errors import BackendError
+from autoopt.errors import BackendError
 
 __all__ = ["measure_gpu"]
 

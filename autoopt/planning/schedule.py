@@ -24,8 +24,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import AutooptError
-from .profile import HardwareProfile
+from autoopt.errors import AutooptError
+from autoopt.hardware.profile import HardwareProfile
 
 __all__ = ["Assignment", "Job", "Migration", "Schedule", "Slot", "auto_migrate", "schedule", "slots_of",
            "STRATEGIES"]

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import AutooptError, ModelError
-from .memory import MemoryEstimate, estimate_memory
-from .model import LayerOp, ModelSpec, parse_model
-from .plan import ChainProblem, ChainSolution, solve_dp, solve_wfc
-from .profile import GPUProfile, HardwareProfile
-from .quant import QuantChoice, QuantFormat, choose_format
-from .split import Device, SplitPlan, Workload, candidate_splits, devices_of
+from autoopt.errors import AutooptError, ModelError
+from autoopt.hardware.profile import GPUProfile, HardwareProfile
+from autoopt.planning.catalog import parse_model
+from autoopt.planning.chain import ChainProblem, ChainSolution, solve_dp, solve_wfc
+from autoopt.planning.memory import MemoryEstimate, estimate_memory
+from autoopt.planning.model import LayerOp, ModelSpec
+from autoopt.planning.quant import QuantChoice, QuantFormat, choose_format
+from autoopt.planning.split import Device, SplitPlan, Workload, candidate_splits, devices_of
 
 __all__ = ["OpChoice", "Recommendation", "recommend"]
 
@@ -173,7 +174,7 @@ def _profile(profile: HardwareProfile | str | Path) -> HardwareProfile:
     if isinstance(profile, HardwareProfile):
         return profile
     if isinstance(profile, (str, Path)):
-        from .library import load_profile
+        from autoopt.hardware.library import load_profile
 
         return load_profile(profile)
     raise AutooptError(f"profile must be a HardwareProfile, a profile name or a file path, "
@@ -208,12 +209,12 @@ def _rank(gpu: GPUProfile, op: Any, top: int) -> Any:
     """rank(), cached per (GPU content, op): ``gpu_key`` holds every field the templates and the cost
     model read (rates included) and is kept per profile object, where ``fingerprint`` hashed a
     string with sha256 on every call (48 calls per recommend) and left out the datasheet rates."""
-    from .pruning import gpu_key
+    from autoopt.kernels.pruning import gpu_key
 
     key = (gpu_key(gpu), op.kind, op.shape, op.dtype, top)
     hit = _RANK_CACHE.get(key)
     if hit is None:
-        from .ranking import rank
+        from autoopt.search.ranking import rank
 
         try:
             hit = rank(gpu, op, top=top)
@@ -231,7 +232,7 @@ def _shard(op: LayerOp, tp: int) -> LayerOp:
             return LayerOp(name=op.name, kind=op.kind, shape=op.shape, count=op.count, flops=op.flops / tp,
                            bytes=op.bytes / tp, op=None, kernel_class=op.kernel_class)
         return op
-    from .ops import OpSpec
+    from autoopt.kernels.ops import OpSpec
 
     if op.op.is_matmul and (op.name in _COLUMN_PARALLEL or op.name in _ROW_PARALLEL):
         m, n, k = op.shape
@@ -278,7 +279,7 @@ def _weight_only_us(gpu: GPUProfile, spec: Any, mode: _Mode, us: float, bound: s
     time is the larger of the fp8 ranking (memory) and the bf16 one when that is
     compute bound. Otherwise a memory-bound prediction is scaled by the bytes moved.
     """
-    from .ops import OpSpec
+    from autoopt.kernels.ops import OpSpec
 
     if abs(mode.weight_ratio - 0.5) < 1e-9 and gpu.features.fp8 and spec.dtype != "fp8":
         r8 = _rank(gpu, OpSpec(kind=spec.kind, shape=spec.shape, dtype="fp8"), top)
@@ -300,7 +301,7 @@ def _op_time(dev: Device, op: LayerOp, mode: _Mode, top: int) -> tuple[float, st
     if op.op is not None and dev.gpu is not None:
         spec = op.op
         if spec.is_matmul and spec.dtype != mode.gemm_dtype:
-            from .ops import OpSpec
+            from autoopt.kernels.ops import OpSpec
 
             spec = OpSpec(kind=spec.kind, shape=spec.shape, dtype=mode.gemm_dtype)
         r = _rank(dev.gpu, spec, top)
@@ -479,7 +480,8 @@ def _op_choice(phase: str, dev: str, op: LayerOp, mode: _Mode, occ: int, us: flo
 
 
 def _impls(stage_of: list[Device], fmt: QuantFormat, ops: Any) -> tuple[Mapping[str, str], ...]:
-    from .choices import KERNEL_CLASSES, choose_impl
+    from autoopt.kernels.choices import KERNEL_CLASSES
+    from autoopt.plugins.choices import choose_impl
 
     classes: list[str] = []
     for o in ops:

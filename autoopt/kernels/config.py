@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigError
+from autoopt.errors import ConfigError
 
 __all__ = ["BOUNDS", "PATHS", "Candidate", "KernelConfig"]
 

@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 
 import pluggy
 
-from . import hookspecs
-from .errors import PluginError
-from .template import Template
+from autoopt.errors import PluginError
+from autoopt.kernels.template import Template
+from autoopt.plugins import hookspecs
 
 log = logging.getLogger(__name__)
 _FAILED = object()  # marks a hook implementation that raised
@@ -71,7 +71,7 @@ class PluginManager:
         self._template_owner: dict[str, str] = {}
         self._lock = threading.RLock()
         if builtins:
-            from ._paths import builtin_templates
+            from autoopt._paths import builtin_templates
 
             builtin_templates()
             self.register(importlib.import_module("autoopt.templates.plugin"), name=BUILTIN)
@@ -315,6 +315,16 @@ def _check_path_list(result: Any) -> str | None:
 
 _MANAGER: PluginManager | None = None
 _MANAGER_LOCK = threading.Lock()
+#: called after the manager is replaced; later stages that cache what plugins contributed (the
+#: rankings) register here, so this stage never imports them.
+_ON_RESET: list[Callable[[], None]] = []
+
+
+def on_reset(callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` whenever :func:`reset_plugin_manager` replaces the manager (decorator-friendly)."""
+    if callback not in _ON_RESET:
+        _ON_RESET.append(callback)
+    return callback
 
 
 def get_plugin_manager(*, strict: bool = False) -> PluginManager:
@@ -334,9 +344,8 @@ def reset_plugin_manager(manager: PluginManager | None = None) -> None:
     global _MANAGER
     with _MANAGER_LOCK:
         _MANAGER = manager
-    from . import ranking
-
-    ranking.clear_cache()
+    for callback in tuple(_ON_RESET):
+        callback()
 
 
 def list_plugins() -> list[dict[str, Any]]:

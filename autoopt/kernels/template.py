@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .config import KernelConfig
-from .ops import OpSpec
-from .profile import GPUProfile
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
 
 __all__ = ["Prediction", "Template"]
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import OpError
+from autoopt.errors import OpError
 
 __all__ = ["DTYPE_BYTES", "OP_KINDS", "OpSpec", "parse_shape"]
 

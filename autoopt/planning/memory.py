@@ -27,10 +27,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ._serde import to_plain
-from .model import ModelSpec
-from .profile import GPUProfile
-from .quant import QuantFormat, weight_bytes
+from autoopt._serde import to_plain
+from autoopt.hardware.profile import GPUProfile
+from autoopt.planning.model import ModelSpec
+from autoopt.planning.quant import QuantFormat, weight_bytes
 
 __all__ = ["CUDA_CONTEXT_BYTES", "DRIVER_RESERVED_BYTES", "FRAGMENTATION", "KV_BYTES", "MemoryEstimate",
            "activation_bytes", "estimate_memory", "kv_bytes_per_token", "kv_cache_bytes", "workspace_bytes"]
@@ -47,7 +47,7 @@ _MIB = 1 << 20
 
 
 def _kv_dtype_bytes(kv_dtype: str) -> int:
-    from .errors import ModelError
+    from autoopt.errors import ModelError
 
     if kv_dtype not in KV_BYTES:
         raise ModelError(f"unknown KV-cache dtype {kv_dtype!r}; expected one of {', '.join(KV_BYTES)}",

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:  # annotations only: no import cycle at runtime
-    from .choices import ImplChoice, PathChoice
-    from .ops import OpSpec
-    from .profile import GPUProfile
-    from .template import Template
+    from autoopt.hardware.profile import GPUProfile
+    from autoopt.kernels.choices import ImplChoice, PathChoice
+    from autoopt.kernels.ops import OpSpec
+    from autoopt.kernels.template import Template
 
 __all__ = ["PROJECT", "hookimpl", "hookspec"]
 

@@ -8,8 +8,8 @@ and 8 KV heads of 128 -> qkv N = 6144, MLP intermediate 14336 -> gate_up N =
 
 from __future__ import annotations
 
-from .errors import OpError
-from .ops import OpSpec
+from autoopt.errors import OpError
+from autoopt.kernels.ops import OpSpec
 
 __all__ = ["LLAMA3_8B_PROJECTIONS", "SUITES", "suite"]
 

@@ -22,11 +22,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from ._paths import profiles_dir
-from ._serde import from_plain, to_plain
-from .errors import ProfileError, UnknownProfileError
-from .features import generation_for, parse_arch
-from .profile import DTYPES, CPUProfile, GPUProfile, HardwareProfile, Link
+from autoopt._paths import profiles_dir
+from autoopt._serde import from_plain, to_plain
+from autoopt.errors import ProfileError, UnknownProfileError
+from autoopt.hardware.features import generation_for, parse_arch
+from autoopt.hardware.profile import DTYPES, CPUProfile, GPUProfile, HardwareProfile, Link
 
 __all__ = [
     "Interconnect",

@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .cpu import capture_cpu, cpu_from_raw
-from .nvml_probe import error_of
-from .profile import CPUProfile, GPUProfile, HardwareProfile, Link
+from autoopt.hardware.cpu import capture_cpu, cpu_from_raw
+from autoopt.hardware.nvml import error_of
+from autoopt.hardware.profile import CPUProfile, GPUProfile, HardwareProfile, Link
 
 __all__ = [
     "NVLINK_GBS_PER_LINK",
@@ -87,8 +87,8 @@ def capture(*, use_torch: bool = True) -> dict[str, Any]:
     """Read this machine into a JSON-able dict of raw facts (the input of :func:`build_profile`)."""
     import importlib.util
 
-    from .nvml_probe import capture_nvml
-    from .torch_probe import capture_torch, package_version
+    from autoopt.hardware.nvml import capture_nvml
+    from autoopt.hardware.torch_cuda import capture_torch, package_version
 
     raw: dict[str, Any] = {"raw_schema": RAW_SCHEMA, "host": _host_facts(), "cpu": capture_cpu(),
                            "nvml": capture_nvml()}
@@ -354,7 +354,7 @@ def _take_library(m: _Merge, index: int, dev: Mapping[str, Any] | None, extra_di
         else None
     known = None
     try:
-        from .library import match_gpu
+        from autoopt.hardware.library import match_gpu
 
         pid_raw = dev.get("pci_device_id") if dev is not None else None
         known = match_gpu(name=m.values.get("name"), pci_device_id=_int(pid_raw), cc=cc,
@@ -581,7 +581,7 @@ def measure_profile(profile: HardwareProfile, raw: Mapping[str, Any],
     ``results`` (NVML index -> :func:`autoopt.probes.measure_gpu` output) uses numbers
     already taken instead of measuring again. Failures become notes.
     """
-    from .probes import measure_gpu
+    from autoopt.hardware.probes import measure_gpu
 
     mapping = match_torch_devices(raw)
     if not (raw.get("nvml") or {}).get("available"):  # GPUs came from torch: same indices

@@ -26,16 +26,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import constraints as C
-from .choices import PathChoice, choose_path
-from .config import Candidate, KernelConfig
-from .cost import constants
-from .errors import AutooptError, ConfigError, OpError, ProfileError
-from .ops import OpSpec
-from .plugins import BUILTIN, PluginManager, get_plugin_manager
-from .profile import GPUProfile, HardwareProfile
-from .pruning import RELATIVE_SLACK, BoundedSpace, clear_tables, gpu_key, rule_of
-from .template import Prediction, Template
+from autoopt.errors import AutooptError, ConfigError, OpError, ProfileError
+from autoopt.hardware.profile import GPUProfile, HardwareProfile
+from autoopt.kernels import constraints as C
+from autoopt.kernels.choices import PathChoice
+from autoopt.kernels.config import Candidate, KernelConfig
+from autoopt.kernels.cost import constants
+from autoopt.kernels.ops import OpSpec
+from autoopt.kernels.pruning import RELATIVE_SLACK, BoundedSpace, clear_tables, gpu_key, rule_of
+from autoopt.kernels.template import Prediction, Template
+from autoopt.plugins.choices import choose_path
+from autoopt.plugins.manager import BUILTIN, PluginManager, get_plugin_manager, on_reset
 
 __all__ = ["FORCE", "Ranking", "clear_cache", "predict_config", "rank", "validate_config"]
 
@@ -86,8 +87,9 @@ class _Entry:
     k: int | None = None
 
 
+@on_reset
 def clear_cache() -> None:
-    """Forget cached rankings and the per-GPU tables of the templates."""
+    """Forget cached rankings and the per-GPU tables of the templates (also on a plugin-manager reset)."""
     _CACHE.clear()
     clear_tables()
 

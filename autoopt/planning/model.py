@@ -6,9 +6,9 @@ the parameter count (total and active per token) and, for a given number of
 tokens, the op list of each layer: the projections as GEMM shapes, attention,
 norms, activations and the MoE router/experts.
 
-:func:`parse_model` accepts a ModelSpec, a Hugging Face ``config.json`` (dict or
-path), a ``torch.nn.Module`` (walked, never run; torch is imported only then) or
-a catalog name (``llama-3-8b``...; see :mod:`autoopt.catalog`).
+:func:`from_hf_config` reads a Hugging Face ``config.json`` (dict or path) and
+:func:`from_module` walks a ``torch.nn.Module`` (never run; torch is imported only
+then); :func:`autoopt.planning.catalog.parse_model` takes any of these or a catalog name.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ._serde import from_plain, to_plain
-from .errors import ModelError, OpError
-from .ops import GEMV_MAX_M, OP_KINDS, OpSpec
+from autoopt._serde import from_plain, to_plain
+from autoopt.errors import ModelError, OpError
+from autoopt.kernels.ops import GEMV_MAX_M, OP_KINDS, OpSpec
 
-__all__ = ["FAMILIES", "LayerOp", "ModelSpec", "from_hf_config", "from_module", "parse_model"]
+__all__ = ["FAMILIES", "LayerOp", "ModelSpec", "from_hf_config", "from_module"]
 
 log = logging.getLogger(__name__)
 
@@ -637,34 +637,3 @@ def _replace(spec: ModelSpec, overrides: Mapping[str, Any]) -> ModelSpec:
     if bad:
         raise ModelError(f"unknown ModelSpec fields {sorted(bad)}", field=sorted(bad)[0])
     return ModelSpec(**{**{f.name: getattr(spec, f.name) for f in fields(ModelSpec)}, **overrides})
-
-
-def _is_torch_module(obj: Any) -> bool:
-    for klass in type(obj).__mro__:
-        if klass.__module__.startswith("torch.nn") and klass.__name__ == "Module":
-            return True
-    return False
-
-
-def parse_model(model: Any) -> ModelSpec:
-    """ModelSpec from a ModelSpec, an HF config (mapping or path), a torch Module or a catalog name."""
-    if isinstance(model, ModelSpec):
-        return model
-    if isinstance(model, Mapping):
-        if "architecture" in model and "num_layers" in model:
-            return ModelSpec.from_dict(model)
-        return from_hf_config(model)
-    if isinstance(model, Path) or (isinstance(model, str) and (model.endswith(".json") or "/" in model
-                                                               or Path(model).is_dir())):
-        if Path(model).exists():
-            return from_hf_config(model)
-        if str(model).endswith(".json"):
-            raise ModelError(f"no config file at {model}")
-    if isinstance(model, str):
-        from .catalog import get_model
-
-        return get_model(model)
-    if _is_torch_module(model):
-        return from_module(model)
-    raise ModelError(f"cannot read a model from a {type(model).__name__}; pass a ModelSpec, a config.json "
-                     "(dict or path), a torch.nn.Module or a catalog name")

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import AutooptError
+from autoopt.errors import AutooptError
 
 __all__ = ["ChainProblem", "ChainSolution", "solve_dp", "solve_wfc"]
 

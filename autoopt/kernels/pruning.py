@@ -31,7 +31,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .profile import GPUProfile
+from autoopt.hardware.profile import GPUProfile
 
 __all__ = ["RELATIVE_SLACK", "BoundedSpace", "Tally", "cached", "count_rejection", "gpu_key", "rule_of"]
 
