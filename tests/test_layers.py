@@ -23,6 +23,7 @@ LAYERS: tuple[str, ...] = (
     "autoopt.cli",
     "autoopt",                                         # the package root: the lazy public API
     "autoopt.api | autoopt.report",
+    "autoopt.tuning",
     "autoopt.planning | autoopt.backend",
     "autoopt.search",
     "autoopt.templates",                               # the built-in plugin, loaded by name by plugins
