@@ -6,6 +6,7 @@ stays fast and never imports torch, triton, rich or pynvml)::
     profile = autoopt.detect()                      # or autoopt.load_profile("h100-sxm")
     ranking = autoopt.rank(profile, {"kind": "gemm", "shape": (256, 6144, 4096), "dtype": "bf16"})
     plan    = autoopt.recommend(profile, "llama-3-8b", batch=8, context=8192)
+    @autoopt.autotune(configs=[...], key=["M", "N", "K"])  # triton.autotune's drop-in: times the top 4
 
 Errors all derive from :class:`AutooptError` (tree in :mod:`autoopt.errors`).
 """
@@ -45,6 +46,7 @@ _LAZY = {
     "Template": ("autoopt.kernels.template", "Template"),
     "Recommendation": ("autoopt.planning.recommendation", "Recommendation"),
     "ModelSpec": ("autoopt.planning.model", "ModelSpec"),
+    "autotune": ("autoopt.tuning.autotune", "autotune"),
 }
 
 __all__ = [
@@ -53,13 +55,22 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from autoopt.hardware.detection import detect
-    from autoopt.hardware.profile import CPUProfile, GPUProfile, HardwareProfile
-    from autoopt.kernels.config import Candidate, KernelConfig
-    from autoopt.kernels.ops import OpSpec
-    from autoopt.kernels.template import Template
-    from autoopt.planning.recommendation import Recommendation, recommend
-    from autoopt.search.ranking import rank
+    # every _LAZY name, typed; `name as name` marks each as re-exported (it is in __all__ through _LAZY)
+    from autoopt.api import known_profiles as known_profiles
+    from autoopt.api import load_profile as load_profile
+    from autoopt.hardware.detection import detect as detect
+    from autoopt.hardware.profile import CPUProfile as CPUProfile
+    from autoopt.hardware.profile import GPUProfile as GPUProfile
+    from autoopt.hardware.profile import HardwareProfile as HardwareProfile
+    from autoopt.kernels.config import Candidate as Candidate
+    from autoopt.kernels.config import KernelConfig as KernelConfig
+    from autoopt.kernels.ops import OpSpec as OpSpec
+    from autoopt.kernels.template import Template as Template
+    from autoopt.planning.model import ModelSpec as ModelSpec
+    from autoopt.planning.recommendation import Recommendation as Recommendation
+    from autoopt.planning.recommendation import recommend as recommend
+    from autoopt.search.ranking import rank as rank
+    from autoopt.tuning.autotune import autotune as autotune
 
 
 def __getattr__(name: str) -> Any:

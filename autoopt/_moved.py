@@ -58,7 +58,8 @@ MOVED_NAMES: dict[str, str] = {
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds an old module name and loads it as the new module object, warning once per name."""
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(self, fullname: str, path: object = None,
+                  target: object = None) -> importlib.machinery.ModuleSpec | None:
         if fullname not in MOVED:
             return None
         return importlib.machinery.ModuleSpec(fullname, self)

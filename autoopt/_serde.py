@@ -14,10 +14,13 @@ import math
 import types
 import typing
 from collections.abc import Callable, Mapping
-from functools import lru_cache
-from typing import Any, TypeVar
+from functools import cache
+from typing import TYPE_CHECKING, Any, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 ErrorFactory = Callable[[str, str], Exception]  # (message, field path) -> exception
 
 __all__ = ["from_plain", "to_plain"]
@@ -34,7 +37,7 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-@lru_cache(maxsize=None)
+@cache
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -62,7 +65,7 @@ def _convert(value: Any, tp: Any, where: str, err: ErrorFactory, signed: bool) -
         raise last if last else err(f"expected {_describe(tp)}, got {type(value).__name__}", where)
     if value is None:
         raise err(f"must not be null (expected {_describe(tp)})", where)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, Mapping):
             raise err(f"expected a mapping, got {type(value).__name__}", where)
         return from_plain(tp, value, err, prefix=where)
@@ -117,7 +120,7 @@ def from_plain(cls: type[T], data: Mapping[str, Any], err: ErrorFactory, *, pref
     if not isinstance(data, Mapping):
         raise err(f"expected a mapping, got {type(data).__name__}", prefix or "<root>")
     hints = _hints(cls)
-    flds = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    flds = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         where = f"{prefix}.{key}" if prefix else str(key)

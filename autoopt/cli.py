@@ -14,9 +14,13 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from autoopt.errors import AutooptError
+
+if TYPE_CHECKING:
+    from autoopt.hardware.profile import HardwareProfile
+    from autoopt.planning.recommendation import Recommendation
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +49,7 @@ def _emit(data: Any, fmt: str, text: str | None = None) -> None:
         sys.stdout.write((text if text is not None else json.dumps(data, indent=2)) + "\n")
 
 
-def _profile(arg: str | None, *, measure: bool = False):
+def _profile(arg: str | None, *, measure: bool = False) -> HardwareProfile:
     """The profile named by --profile (name or file), else the detected machine."""
     if arg:
         from autoopt.api import load_profile
@@ -64,9 +68,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     prof = _profile(args.profile, measure=args.measure)
     if args.save:
         path = Path(args.save)
-        text = prof.to_yaml() if path.suffix in (".yaml", ".yml") else prof.to_json(indent=2) + "\n"
+        saved = prof.to_yaml() if path.suffix in (".yaml", ".yml") else prof.to_json(indent=2) + "\n"
         try:
-            path.write_text(text)
+            path.write_text(saved)
         except OSError as exc:
             raise UsageError(f"cannot write --save file {str(path)!r}: {exc.strerror or exc}") from None
         print(f"saved profile to {path}", file=sys.stderr)
@@ -105,7 +109,7 @@ def _suite_rankings(prof: Any, suite_name: str) -> list[dict[str, Any]]:
     from autoopt.kernels.suite import suite
     from autoopt.search.ranking import rank
 
-    out = []
+    out: list[dict[str, Any]] = []
     for label, op in suite(suite_name):
         try:
             r = rank(gpu, op, top=1)
@@ -133,7 +137,7 @@ def _kernels_text(kernels: list[dict[str, Any]]) -> str:
                         title="Recommended kernel configs (cost model, predicted, no timing)")
 
 
-def _default_recommendation(prof: Any, model: str | None):
+def _default_recommendation(prof: Any, model: str | None) -> Recommendation | None:
     if prof.gpu is None and not model:
         return None
     from autoopt.planning.recommendation import recommend
@@ -240,6 +244,187 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """``autoopt tune``: measure a few configs per op on this GPU and keep the winners in the store."""
+    from autoopt.kernels.ops import OpSpec, parse_shape
+    from autoopt.tuning import campaign
+
+    if args.trials < 1 or args.trials > 10_000:
+        raise UsageError(f"tune: --trials must be in 1..10000, got {args.trials}")
+    if args.seconds is not None and not 0 < args.seconds <= 86_400:
+        raise UsageError(f"tune: --seconds must be in (0, 86400], got {args.seconds}")
+    chosen = [bool(args.op), bool(args.suite), bool(args.model)]
+    if sum(chosen) != 1:
+        raise UsageError("tune: name exactly one of OP (with --shape), --suite NAME or --model NAME")
+    prof = _profile(args.profile)
+    if args.op:
+        if not args.shape:
+            raise UsageError("tune: OP needs --shape, e.g. --shape 256,6144,4096")
+        ops = [(args.op, OpSpec(kind=args.op.lower(), shape=parse_shape(args.shape), dtype=args.dtype))]
+    elif args.suite:
+        ops = campaign.suite_ops(args.suite, args.dtype)
+    else:
+        ops = campaign.model_ops(prof, args.model, batch=args.batch, context=args.context)
+    progress = _TuneProgress(len(ops) * args.trials, fmt=args.format)
+    try:
+        done = campaign.tune_ops(prof, ops, budget_trials=args.trials, budget_s=args.seconds,
+                                 use_store=not args.no_store, on_trial=progress.trial)
+    finally:
+        progress.close()
+    data = {"profile": prof.name, "gpu": prof.gpu.name if prof.gpu else None, "ops": [t.to_dict() for t in done]}
+    if args.format == "jsonl":
+        return 0
+    _emit(data, args.format, _tune_table(done))
+    return 0
+
+
+class _TuneProgress:
+    """One JSON line per evaluation (``--format jsonl``), else a progress bar on a terminal's stderr."""
+
+    def __init__(self, total: int, *, fmt: str) -> None:
+        self.fmt, self._bar, self._task = fmt, None, None
+        if fmt == "table" and sys.stderr.isatty():
+            try:
+                from rich.progress import Progress
+            except ImportError:
+                return
+            self._bar = Progress(transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task("tuning", total=total)
+
+    def trial(self, name: str, trial: Any) -> None:
+        if self.fmt == "jsonl":
+            sys.stdout.write(json.dumps({"op": name, **trial.to_dict()}) + "\n")
+            sys.stdout.flush()
+        elif self._bar is not None and self._task is not None:
+            us = f"{trial.us:.1f} µs" if trial.us is not None else trial.label
+            self._bar.update(self._task, advance=1, description=f"{name}: {us}"[:60])
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def _tune_table(done: Sequence[Any]) -> str:
+    from autoopt.report import format_table
+
+    rows = []
+    for t in done:
+        r, best, zs = t.result, t.result.best, t.result.zero_shot
+        rows.append((t.name, "x".join(map(str, r.op.shape)), len(r.trials), r.stopped,
+                     f"{zs.predicted_us:.1f}" if zs else "-",
+                     f"{zs.us:.1f}" if zs is not None and zs.us is not None else "-",
+                     f"{best.us:.1f}" if best is not None and best.us is not None else "-",
+                     f"{r.gain:.3f}x" if r.gain else "-",
+                     f"{best.config.kernel} {best.config.describe()}" if best else "no config matched the reference"))
+    return format_table(("op", "shape", "trials", "stopped", "zero-shot predicted µs", "zero-shot measured µs",
+                         "tuned measured µs", "gain", "winner"), rows,
+                        title="Tuning (measured = output matched the float64 reference, then do_bench median)")
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    """``autoopt store list|show|export|import|prune``: the results store (see autoopt.results.store)."""
+    import time
+
+    from autoopt.report import format_table
+    from autoopt.results import keys, transfer
+    from autoopt.results import store as rstore
+
+    action = args.store_command
+    path = rstore.default_path()
+    if path is None:
+        if action in ("list", "show"):
+            _emit({"path": None, "enabled": False, "groups": [], "rows": []}, args.format,
+                  f"results store: off ({rstore.CACHE_ENV}=off)")
+            return 0
+        raise UsageError(f"store {action}: the results store is off ({rstore.CACHE_ENV}=off); unset it or set it "
+                         f"to a folder")
+    # reading never creates the file; import does
+    st = rstore.ResultStore(path, create=True) if action == "import" or path.exists() else None
+
+    def when(t: float) -> str:
+        return time.strftime("%Y-%m-%d %H:%M", time.gmtime(t))
+
+    if action == "list":
+        groups = st.summary() if st else []
+        rows = [(g["gpu"] or "-", g["device"], g["triton"] or "-", g["torch"] or "-", g["op_label"], g["rows"],
+                 g["measured"], g["failed"], g["stale"], "-" if g["best_us"] is None else f"{g['best_us']:.2f}",
+                 when(g["newest"])) for g in groups]
+        _emit({"path": str(path), "enabled": True, "groups": groups}, args.format, format_table(
+            ("gpu", "device", "triton", "torch", "op", "rows", "measured", "failed", "stale", "best µs", "newest"),
+            rows, title=f"results store {path}: {sum(g['rows'] for g in groups)} rows"))
+    elif action == "show":
+        from autoopt.kernels.ops import OpSpec, parse_shape
+
+        op = OpSpec(kind=args.op.lower(), shape=parse_shape(args.shape), dtype=args.dtype, layout=args.layout)
+        found = [rstore.ResultStore.view(r) for r in (st.rows(op=op) if st else [])]
+        found.sort(key=lambda r: (r["stale"], r["label"] != "measured", r["us"] or 0.0))
+        lines = [(r["id"], r["env"]["gpu"] or r["env"]["device"], r["env"]["triton"] or "-", r["label"],
+                 "-" if r["us"] is None else f"{r['us']:.2f}",
+                 "-" if r["max_error"] is None else f"{r['max_error']:.2g}", r["config"]["kernel"],
+                 " ".join(f"{k}={v}" for k, v in r["config"]["config"].items()), r["config"]["path"],
+                 "stale" if r["stale"] else "", when(r["measured_at"]), r["reason"].splitlines()[0][:60]
+                 if r["reason"] else "") for r in found]
+        _emit({"path": str(path), "op": op.to_dict(), "rows": found}, args.format, format_table(
+            ("id", "gpu", "triton", "label", "µs", "max err", "kernel", "config", "path", "stale", "measured",
+             "reason"), lines, title=f"{op.label()} in {path}: {len(lines)} rows"))
+    elif action == "export":
+        chosen = [r for r in (st.rows(device=args.device) if st else [])
+                  if args.include_stale or not keys.is_stale(r)]
+        if args.file == "-":
+            sys.stdout.write(json.dumps(transfer.document(chosen), indent=1) + "\n")
+        else:
+            if not Path(args.file).resolve().parent.is_dir():
+                raise UsageError(f"store export: cannot write {args.file!r}: its folder does not exist")
+            transfer.export_file(chosen, args.file)
+        print(f"autoopt: exported {len(chosen)} rows from {path}", file=sys.stderr)
+    elif action == "import":
+        assert st is not None
+        summary = transfer.import_file(st, args.file)
+        _emit({"path": str(path), **summary.to_dict()}, args.format,
+              f"imported {args.file} into {path}: {summary.new} new, {summary.updated} updated, "
+              f"{summary.unchanged} already there")
+    else:  # prune
+        days = args.older_than
+        if days is not None and not days >= 0:  # `not >=` also refuses nan
+            raise UsageError(f"store prune: --older-than must be a number of days >= 0, got {days}")
+        if not (args.stale or days is not None or args.device):
+            raise UsageError("store prune: say what to remove: --stale, --older-than DAYS and/or --device FP|NAME")
+        n = st.prune(stale=args.stale, older_than_days=days, device=args.device, dry_run=args.dry_run) if st else 0
+        _emit({"path": str(path), "removed": 0 if args.dry_run else n, "matched": n}, args.format,
+              f"{'would remove' if args.dry_run else 'removed'} {n} rows from {path}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``autoopt check memory|pipeline|all``: autoopt's memory and step-time predictions against this GPU."""
+    from autoopt.validation.run import CheckRun, run_checks
+    from autoopt.validation.table import summary_table
+    from autoopt.validation.workload import CheckOptions
+
+    options = CheckOptions(model=args.model, layers=args.layers, pipeline_layers=args.pipeline_layers,
+                           batch=args.batch, prompt_len=args.prompt_len, gen_len=args.gen_len, warmup=args.warmup,
+                           reps_prefill=args.reps_prefill, reps_decode=args.reps_decode,
+                           cuda_graphs=not args.no_cuda_graphs, seed=args.seed)
+    out = Path(args.out) if args.out else None
+    if out is not None and not out.resolve().parent.is_dir():
+        raise UsageError(f"check: cannot write {args.out!r}: its folder does not exist")
+
+    def write(run: CheckRun) -> None:  # also after the memory check: kept if the pipeline check dies
+        if out is not None:
+            out.write_text(json.dumps(run.to_dict(), indent=2) + "\n")
+
+    profiles = {f"profile:{args.profile}": _profile(args.profile)} if args.profile else None
+    run = run_checks(args.which, options, profiles=profiles, measure_profile=not args.no_measure_profile,
+                     argv=sys.argv[1:], on_partial=write)
+    write(run)
+    if out is not None:
+        print(f"wrote {out}", file=sys.stderr)
+    data = run.to_dict()
+    _emit(data, args.format, summary_table(data))
+    return 1 if run.failed else 0
+
+
 # -- parser ------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -303,6 +488,69 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--preference", choices=("speed", "balanced", "quality"), default="balanced")
     sp.add_argument("--format", choices=FORMATS[:2], default="table")
     sp.set_defaults(func=cmd_recommend)
+
+    sp = sub.add_parser("tune", help="measure a few configs per op on this GPU; keep the winners")
+    sp.add_argument("op", metavar="OP", nargs="?", help="gemm, gemv, silu_mul, add, rmsnorm, layernorm, softmax")
+    sp.add_argument("--shape", help="shape for OP, e.g. 256,6144,4096")
+    sp.add_argument("--suite", help="an op suite instead of one op (llm, quick)")
+    sp.add_argument("--model", help="the distinct ops of this model's plan (catalog name or config.json)")
+    sp.add_argument("--batch", type=int, default=1, help="with --model")
+    sp.add_argument("--context", type=int, help="with --model")
+    sp.add_argument("--dtype", default="bf16")
+    sp.add_argument("--trials", type=int, default=8, help="evaluations per op (1..10000, default 8)")
+    sp.add_argument("--seconds", type=float, help="time budget per op in seconds")
+    sp.add_argument("--no-store", action="store_true", help="do not read or write the results store")
+    add_profile_arg(sp)
+    sp.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
+    sp.set_defaults(func=cmd_tune)
+
+    sp = sub.add_parser("store", help="the results store: list, show, export, import, prune measured results")
+    ss = sp.add_subparsers(dest="store_command", metavar="{list,show,export,import,prune}", parser_class=_Parser,
+                           required=True)
+    st = ss.add_parser("list", help="one line per device and op: rows, failures, stale rows, best time")
+    st.add_argument("--format", choices=FORMATS[:2], default="table")
+    st = ss.add_parser("show", help="every stored row of one op")
+    st.add_argument("--op", required=True, help="gemm, gemv, silu_mul, add, rmsnorm, layernorm, softmax")
+    st.add_argument("--shape", required=True, help="e.g. 256,6144,4096 (M,N,K) or 4096,4096 (rows,N)")
+    st.add_argument("--dtype", default="bf16")
+    st.add_argument("--layout", default="nk", choices=("nk", "kn"))
+    st.add_argument("--format", choices=FORMATS[:2], default="table")
+    st = ss.add_parser("export", help="write rows as JSON (the shipped-results format) to FILE, - for stdout")
+    st.add_argument("file", metavar="FILE")
+    st.add_argument("--device", metavar="FP|NAME", help="only this device (fingerprint or GPU name)")
+    st.add_argument("--include-stale", action="store_true", help="also rows of changed kernels or another triton")
+    st = ss.add_parser("import", help="add the rows of an exported JSON file (idempotent)")
+    st.add_argument("file", metavar="FILE")
+    st.add_argument("--format", choices=FORMATS[:2], default="table")
+    st = ss.add_parser("prune", help="remove rows that meet every given criterion")
+    st.add_argument("--stale", action="store_true", help="kernel source changed or not the installed triton")
+    st.add_argument("--older-than", dest="older_than", type=float, metavar="DAYS", help="measured over DAYS ago")
+    st.add_argument("--device", metavar="FP|NAME", help="rows of this device (fingerprint or GPU name)")
+    st.add_argument("--dry-run", dest="dry_run", action="store_true", help="only count")
+    st.add_argument("--format", choices=FORMATS[:2], default="table")
+    sp.set_defaults(func=cmd_store)
+
+    sp = sub.add_parser("check", help="run a Llama-shaped model on this GPU: predicted vs measured memory, step time")
+    sp.add_argument("which", choices=("memory", "pipeline", "all"), metavar="memory|pipeline|all",
+                    help="memory: allocator peak on one GPU; pipeline: 2-stage step time on two GPUs")
+    sp.add_argument("--model", default="llama-3-8b", help="catalog model whose shapes are built (dense Llama-style)")
+    sp.add_argument("--layers", type=int, default=4, help="layers of the memory-check model")
+    sp.add_argument("--pipeline-layers", dest="pipeline_layers", type=int, default=8,
+                    help="layers of the pipeline-check model")
+    sp.add_argument("--batch", type=int, default=4)
+    sp.add_argument("--prompt-len", dest="prompt_len", type=int, default=1024)
+    sp.add_argument("--gen-len", dest="gen_len", type=int, default=16, help="decode steps of the memory check")
+    sp.add_argument("--warmup", type=int, default=3)
+    sp.add_argument("--reps-prefill", dest="reps_prefill", type=int, default=10)
+    sp.add_argument("--reps-decode", dest="reps_decode", type=int, default=50)
+    add_profile_arg(sp)
+    sp.add_argument("--no-measure-profile", dest="no_measure_profile", action="store_true",
+                    help="skip the second prediction with measured bandwidth and bf16 rate")
+    sp.add_argument("--no-cuda-graphs", dest="no_cuda_graphs", action="store_true", help="time decode eagerly only")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--format", choices=FORMATS[:2], default="table")
+    sp.add_argument("--out", metavar="FILE", help="also write the result file (JSON)")
+    sp.set_defaults(func=cmd_check)
     return p
 
 

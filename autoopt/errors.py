@@ -11,7 +11,9 @@ where, and what would be right::
     ├── ConfigError           a kernel config breaks a hard constraint (never launched)
     ├── PluginError           a plugin failed and ``strict=True`` made it fatal
     ├── ModelError            a model description is invalid or unknown
-    └── BackendError          the kernel backend cannot run here (no torch/triton/GPU)
+    ├── BackendError          the kernel backend cannot run here (no torch/triton/GPU)
+    └── StoreError            the results store or a results file is unusable (corrupt, not
+                              autoopt's, a newer schema, or a row or field of it is invalid)
 
 Detection never raises: what it cannot see is recorded in the profile instead.
 """
@@ -26,6 +28,7 @@ __all__ = [
     "OpError",
     "PluginError",
     "ProfileError",
+    "StoreError",
     "UnknownProfileError",
 ]
 
@@ -89,3 +92,20 @@ class ModelError(AutooptError, ValueError):
 
 class BackendError(AutooptError, RuntimeError):
     """The kernel backend cannot run here (torch, triton or a GPU is missing)."""
+
+
+class StoreError(AutooptError):
+    """The results store or a results file cannot be used: names the file, and the row and field
+    of a results file when one of its rows is invalid."""
+
+    def __init__(self, message: str, *, source: str | None = None, row: int | None = None,
+                 field: str | None = None) -> None:
+        self.source = source
+        self.row = row
+        self.field = field
+        where = f"{source}: " if source else ""
+        if row is not None:
+            where += f"row {row}: "
+        if field:
+            where += f"field '{field}': "
+        super().__init__(where + message)

@@ -38,10 +38,11 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, title
     for r in cells:
         for i, c in enumerate(r):
             widths[i] = max(widths[i], len(c))
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     out = [title] if title else []
     out += [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    # a row shorter than the header leaves its last columns blank
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)).rstrip() for r in cells]
     return "\n".join(out)
 
 
@@ -101,8 +102,8 @@ def profile_text(profile: HardwareProfile) -> str:
         parts += ["", "GPUs: none detected"]
     if profile.links:
         parts += ["", format_table(("link", "kind", "links", "GB/s per direction"),
-                                   [(f"GPU{l.a} <-> GPU{l.b}", l.kind, l.links, l.bandwidth_gbs)
-                                    for l in profile.links])]
+                                   [(f"GPU{lk.a} <-> GPU{lk.b}", lk.kind, lk.links, lk.bandwidth_gbs)
+                                    for lk in profile.links])]
     if profile.notes:
         parts += ["", "notes:"] + [f"  - {n}" for n in profile.notes]
     return "\n".join(parts)

@@ -32,12 +32,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoopt.api import load_profile  # noqa: E402
-from autoopt.kernels import cost  # noqa: E402
-from autoopt.kernels.config import KernelConfig  # noqa: E402
-from autoopt.kernels.ops import OpSpec  # noqa: E402
-from autoopt.search.calibration import fit_constants  # noqa: E402
-from autoopt.search.ranking import predict_config, validate_config  # noqa: E402
+from autoopt.api import load_profile
+from autoopt.kernels import cost
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
+from autoopt.search.calibration import fit_constants
+from autoopt.search.ranking import predict_config, validate_config
 
 KERNEL_TEMPLATE = {"gemm": ("gemm", "gemm"), "gemm_tma": ("gemm_tma", "hopper-tma-gemm")}
 
@@ -57,7 +57,7 @@ def spearman(xs: list[float], ys: list[float]) -> float:
         return r
     rx, ry = ranks(xs), ranks(ys)
     mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
     vx = math.sqrt(sum((a - mx) ** 2 for a in rx))
     vy = math.sqrt(sum((b - my) ** 2 for b in ry))
     return cov / (vx * vy) if vx and vy else 0.0

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoopt.hardware.detection import build_profile, capture, match_torch_devices  # noqa: E402
+from autoopt.hardware.detection import build_profile, capture, match_torch_devices
 
 
 def main(argv: list[str] | None = None) -> int:

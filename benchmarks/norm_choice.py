@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoopt.backend import runner  # noqa: E402
-from autoopt.errors import AutooptError  # noqa: E402
-from autoopt.hardware.detection import detect  # noqa: E402
-from autoopt.kernels.ops import OpSpec  # noqa: E402
-from autoopt.search.ranking import rank, validate_config  # noqa: E402
+from autoopt.backend import runner
+from autoopt.errors import AutooptError
+from autoopt.hardware.detection import detect
+from autoopt.kernels.ops import OpSpec
+from autoopt.search.ranking import rank, validate_config
 
 
 def main() -> int:

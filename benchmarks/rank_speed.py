@@ -54,7 +54,7 @@ def first_ranks(profile: str, suite_name: str, processes: int) -> list[list[floa
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for _ in range(processes):
         runs.append(child_json(_CHILD, [profile, suite_name], env))
-    return [list(col) for col in zip(*runs)]
+    return [list(col) for col in zip(*runs, strict=True)]
 
 
 def main() -> int:
@@ -72,12 +72,12 @@ def main() -> int:
 
     gpu = load_profile(args.profile).gpu
     ops = suite(args.suite)
-    firsts = [[]] + first_ranks(args.profile, args.suite, args.processes)  # the first op warms up
+    firsts = [[], *first_ranks(args.profile, args.suite, args.processes)]  # the first op warms up
     for _, op in ops:  # per-GPU tables of every op warm
         rank(gpu, op)
     rows = []
     print(f"{'op':<24} {'configs':>7} {'first ms':>9} {'cold ms':>8} {'warm us':>8} {'exhaustive ms':>13}")
-    for (label, op), first in zip(ops, firsts):
+    for (label, op), first in zip(ops, firsts, strict=True):
         cold, warm = [], []
         for _ in range(args.repeat):
             _CACHE.clear()

@@ -24,17 +24,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoopt.backend import bench, runner  # noqa: E402
-from autoopt.hardware.detection import detect  # noqa: E402
-from autoopt.kernels.ops import OpSpec  # noqa: E402
-from autoopt.kernels.suite import LLAMA3_8B_PROJECTIONS  # noqa: E402
-from autoopt.search.ranking import rank, validate_config  # noqa: E402
+from autoopt.backend import bench, runner
+from autoopt.hardware.detection import detect
+from autoopt.kernels.ops import OpSpec
+from autoopt.kernels.suite import LLAMA3_8B_PROJECTIONS
+from autoopt.search.ranking import rank, validate_config
 
 
 def grid_best(grid: dict, shape: str) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for section in ("gemm", "gemm_tma"):
-        rows = [r["us"] for r in grid.get(section, {}).get(shape, {}).get("configs", []) if r.get("label") == "measured"]
+        rows = [r["us"] for r in grid.get(section, {}).get(shape, {}).get("configs", [])
+                if r.get("label") == "measured"]
         out[section] = min(rows) if rows else None
         out["n_" + section] = len(rows)
     return out
@@ -57,7 +58,7 @@ def main() -> int:
     report: dict = {"gpu": gpu.to_dict(), "grid": args.grid, "grid_meta": grid.get("meta"), "shapes": {}}
     t_start = time.time()
     for m in (int(v) for v in args.m.split(",")):
-        for name, (n, k) in LLAMA3_8B_PROJECTIONS.items():
+        for n, k in LLAMA3_8B_PROJECTIONS.values():
             op = OpSpec(kind="gemm", shape=(m, n, k), dtype=args.dtype)
             key = f"{m}x{n}x{k}"
             t0 = time.perf_counter()

@@ -22,11 +22,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoopt.api import load_profile  # noqa: E402
-from autoopt.backend.plot import roofline_png  # noqa: E402
-from autoopt.backend.runner import Result  # noqa: E402
-from autoopt.errors import AutooptError  # noqa: E402
-from autoopt.hardware.profile import GPUProfile  # noqa: E402
+from autoopt.api import load_profile
+from autoopt.backend.plot import roofline_png
+from autoopt.backend.runner import Result
+from autoopt.errors import AutooptError
+from autoopt.hardware.profile import GPUProfile
 
 
 def _measured_in(data: dict[str, Any]) -> dict[str, Any]:
@@ -41,7 +41,8 @@ def _tflops_arg(text: str) -> tuple[str, float]:
     try:
         return dtype.strip(), float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--measured-tflops {text!r}: expected DTYPE=TFLOPS, e.g. bf16=693.5")
+        raise argparse.ArgumentTypeError(f"--measured-tflops {text!r}: expected DTYPE=TFLOPS, "
+                                         "e.g. bf16=693.5") from None
 
 
 def main() -> int:

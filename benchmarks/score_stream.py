@@ -17,12 +17,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from calibrate import spearman  # noqa: E402
+from calibrate import spearman
 
-from autoopt.api import load_profile  # noqa: E402
-from autoopt.kernels.config import KernelConfig  # noqa: E402
-from autoopt.kernels.ops import OpSpec  # noqa: E402
-from autoopt.search.ranking import predict_config, rank  # noqa: E402
+from autoopt.api import load_profile
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
+from autoopt.search.ranking import predict_config, rank
 
 
 def score(path: str, profile: str = "h200") -> dict:
@@ -43,7 +43,7 @@ def score(path: str, profile: str = "h200") -> dict:
             pairs.append((predict_config(gpu, op, cfg).us, row["measured_us"]))
         if not pairs:
             continue
-        pred, meas = zip(*pairs)
+        pred, meas = zip(*pairs, strict=True)
         pick = meas[min(range(len(pred)), key=pred.__getitem__)]
         out[op.label()] = {"n": len(pairs), "rho": round(spearman(list(pred), list(meas)), 3),
                            "top1": round(min(meas) / pick, 3), "picked_us": pick, "best_us": min(meas)}
@@ -57,7 +57,8 @@ def main() -> int:
     args = ap.parse_args()
     res = score(args.sweep, args.profile)
     for k, v in res.items():
-        print(f"{k:34s} n={v['n']:3d} rho={v['rho']:6.3f} top1={v['top1']:.3f} ({v['picked_us']:.1f} vs {v['best_us']:.1f} us)")
+        print(f"{k:34s} n={v['n']:3d} rho={v['rho']:6.3f} top1={v['top1']:.3f} "
+              f"({v['picked_us']:.1f} vs {v['best_us']:.1f} us)")
     ratios = [v["top1"] for v in res.values()]
     print(f"geomean top1 {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
     return 0

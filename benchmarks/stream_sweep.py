@@ -18,10 +18,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoopt.backend import bench, runner  # noqa: E402
-from autoopt.hardware.detection import detect  # noqa: E402
-from autoopt.kernels.ops import OpSpec  # noqa: E402
-from autoopt.search.ranking import rank, validate_config  # noqa: E402
+from autoopt.backend import bench, runner
+from autoopt.hardware.detection import detect
+from autoopt.kernels.ops import OpSpec
+from autoopt.search.ranking import rank, validate_config
 
 OPS = [
     OpSpec(kind="gemv", shape=(1, 6144, 4096)), OpSpec(kind="gemv", shape=(1, 28672, 4096)),

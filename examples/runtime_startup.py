@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autoopt.errors import AutooptError  # noqa: E402
-from autoopt.planning.recommendation import recommend  # noqa: E402
+from autoopt.errors import AutooptError
+from autoopt.planning.recommendation import recommend
 
 log = logging.getLogger("runtime_startup")
 

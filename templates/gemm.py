@@ -232,7 +232,7 @@ def stage_facts(gpu: GPUProfile, st: int, smem: int) -> tuple[int, str | None, i
 class StageFacts:
     """:func:`stage_facts` memoized by shared-memory bytes (tiles of equal ``(BM + BN) * BK`` share them)."""
 
-    __slots__ = ("gpu", "_seen")
+    __slots__ = ("_seen", "gpu")
 
     def __init__(self, gpu: GPUProfile) -> None:
         self.gpu = gpu
@@ -318,7 +318,7 @@ def matmul_space(kernel: str, bound: MatmulBound, per_table: int,
                 ctas = 1 if persistent else tt.max_ctas
                 tiles.append((bm, bn, bk, s, tt.t_comp_floor, ctas, tt.max_stages))
                 nodes.append(partial(_expand_split, bound, tt, tile, s, leaves, persistent))
-    return tally.space(list(zip(bound.tiles(tiles, persistent=persistent), nodes)))
+    return tally.space(list(zip(bound.tiles(tiles, persistent=persistent), nodes, strict=True)))
 
 
 def _expand_split(bound: MatmulBound, tt: TileTable, tile: tuple[int, int, int], split: int, leaves: Leaves,
@@ -437,7 +437,7 @@ class GemmTemplate(Template):
                 warps = facts
                 if any(f[2] == "wgmma" for f in facts):
                     warps = [f if f[1] is not None or f[2] != "wgmma" else
-                             (f[0], (C.wgmma_problems(bm, bn, bk, f[0], dtype) or [None])[0], *f[2:])
+                             (f[0], next(iter(C.wgmma_problems(bm, bn, bk, f[0], dtype)), None), *f[2:])
                              for f in facts]
                 stages = [smem_facts(st, C.gemm_smem_bytes(bm, bn, bk, st, e)) for st in STAGES]
                 return tile_table(warps, stages, partial(self._probe, gpu, dtype, bm, bn, bk),

@@ -65,7 +65,7 @@ class GemvTemplate(Template):
     @staticmethod
     def axes(gpu: GPUProfile, op: OpSpec) -> Iterator[tuple[int, int, list[int]]]:
         """(BLOCK_N, BLOCK_K, SPLIT_K values) of the space, in its order."""
-        m, n, k = op.shape
+        _m, n, k = op.shape
         sms = gpu.sm_count or 1
         for bn in blocks(BNS, n, MIN_BN):
             ntiles = math.ceil(n / bn)

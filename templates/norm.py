@@ -92,7 +92,7 @@ class NormTemplate(Template):
             return out
         if config.path != "standard":
             return [f"path {config.path!r}: norm kernels run 'standard'"]
-        rows, n = op.shape
+        _rows, n = op.shape
         lim = C.limits(gpu)
         p = config.params
         bn = p["BLOCK_N"]

@@ -13,3 +13,10 @@ import os
 
 if not glob.glob("/dev/nvidia[0-9]*"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Tests never read or write the user's results store: each session gets its own empty one
+# (a measured winner there would change what rank() and recommend() return).
+if "AUTOOPT_CACHE_DIR" not in os.environ or os.environ.get("AUTOOPT_TESTS_KEEP_CACHE") != "1":
+    import tempfile
+
+    os.environ["AUTOOPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="autoopt-test-cache-")

@@ -133,7 +133,8 @@ def test_recommend_with_a_bad_model_config_names_the_field(tmp_path):
 
 
 def test_recommend_with_an_unknown_catalog_name_is_one_line():
-    assert_one_line_usage_error(autoopt("recommend", "--model", "llama-9-9000b", "--profile", "h100-sxm"), "llama-9-9000b")
+    assert_one_line_usage_error(autoopt("recommend", "--model", "llama-9-9000b", "--profile", "h100-sxm"),
+                                "llama-9-9000b")
 
 
 def test_bench_without_a_gpu_reports_predictions_labelled_as_such():

@@ -27,8 +27,8 @@ def test_import_time_reported_by_importtime_is_well_under_150ms():
     best = min(
         int(line.split("|")[1])
         for line in [
-            next(l for l in _run("import autoopt", "-X", "importtime").stderr.splitlines()
-                 if l.rstrip().endswith("| autoopt"))
+            next(ln for ln in _run("import autoopt", "-X", "importtime").stderr.splitlines()
+                 if ln.rstrip().endswith("| autoopt"))
             for _ in range(3)
         ]
     )
@@ -37,7 +37,7 @@ def test_import_time_reported_by_importtime_is_well_under_150ms():
 
 def test_importtime_lists_neither_torch_nor_triton():
     lines = _run("import autoopt", "-X", "importtime").stderr.splitlines()
-    names = {l.rsplit("|", 1)[-1].strip() for l in lines if "|" in l}
+    names = {ln.rsplit("|", 1)[-1].strip() for ln in lines if "|" in ln}
     assert "torch" not in names and "triton" not in names
 
 

@@ -24,10 +24,11 @@ LAYERS: tuple[str, ...] = (
     "autoopt",                                         # the package root: the lazy public API
     "autoopt.api | autoopt.report",
     "autoopt.tuning",
+    "autoopt.validation",                              # predicted vs measured whole models (cli only)
     "autoopt.planning | autoopt.backend",
     "autoopt.search",
     "autoopt.templates",                               # the built-in plugin, loaded by name by plugins
-    "autoopt.plugins",
+    "autoopt.plugins | autoopt.results",
     "autoopt.kernels",
     "autoopt.hardware",
     "autoopt._paths | autoopt._serde | autoopt.errors",
@@ -91,9 +92,8 @@ def stage_of(module: str) -> tuple[int, str]:
     best: tuple[int, str] | None = None
     for depth, stages in enumerate(_layer_table()):
         for stage in stages:
-            if module == stage or module.startswith(stage + "."):
-                if best is None or len(stage) > len(best[1]):
-                    best = (depth, stage)
+            if (module == stage or module.startswith(stage + ".")) and (best is None or len(stage) > len(best[1])):
+                best = (depth, stage)
     if best is None:
         raise AssertionError(f"{module} belongs to no layer: add its stage to LAYERS in {__file__}")
     return best

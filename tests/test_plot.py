@@ -70,7 +70,7 @@ def test_rows_without_a_measured_time_are_left_out_not_fatal(tmp_path) -> None:
 def test_no_measured_row_is_refused_with_the_labels_seen(tmp_path) -> None:
     from autoopt.backend.plot import roofline_png
 
-    with pytest.raises(BackendError, match="no row has a time measured.*predicted, rejected, withheld"):
+    with pytest.raises(BackendError, match=r"no row has a time measured.*predicted, rejected, withheld"):
         roofline_png(mixed_rows()[3:6], H200, tmp_path / "r.png")
     assert not (tmp_path / "r.png").exists()
 

@@ -131,7 +131,7 @@ def test_garbage_prediction_from_a_plugin_template_is_skipped(pm):
 
 def test_strict_turns_a_plugin_failure_into_plugin_error(pm):
     pm.register(plugin_module("bad", autoopt_templates=lambda: [TinyGemm(path="wgmma")]), name="bad")
-    with pytest.raises(PluginError, match="plugin 'bad' failed in Template.space") as info:
+    with pytest.raises(PluginError, match=r"plugin 'bad' failed in Template\.space") as info:
         rank(A100, OP, strict=True)
     assert (info.value.plugin, info.value.hook) == ("bad", "Template.space (tiny-gemm)")
     with pytest.raises(PluginError):

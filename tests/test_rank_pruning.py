@@ -172,7 +172,8 @@ def test_every_node_bound_is_at_most_every_prediction_below_it(profile, shape, d
 @settings(max_examples=60, deadline=None)
 @given(profile=st.sampled_from(PROFILES), shape=_SHAPES, bm=st.sampled_from([16, 32, 64, 128, 256]),
        bn=st.sampled_from([32, 64, 128, 256]), bk=st.sampled_from([32, 64, 128]),
-       split=st.sampled_from([1, 2, 4]), warps=st.sampled_from([4, 8]), stages=st.integers(2, 6), group=st.sampled_from([1, 8]),
+       split=st.sampled_from([1, 2, 4]), warps=st.sampled_from([4, 8]), stages=st.integers(2, 6),
+       group=st.sampled_from([1, 8]),
        persistent=st.booleans(), slack=st.tuples(st.floats(0.0, 1.0), st.integers(0, 4), st.integers(0, 3)),
        factors=_CONSTS)
 def test_matmul_lower_bound_never_exceeds_predict_matmul(profile, shape, bm, bn, bk, split, warps, stages,

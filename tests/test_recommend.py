@@ -38,7 +38,7 @@ def test_ops_are_deduplicated_across_layers_and_labelled_predicted(llama8b_h100)
     assert len(qkv) == 1 and qkv[0]["occurrences"] == 32 and qkv[0]["label"] == "predicted"
     # 57344 x 6144 x 4096 > 2^40 elements: beyond one launch's indexing, so costed by the roofline
     assert qkv[0]["shape"] == [8 * 7168, 6144, 4096] and qkv[0]["source"] == "roofline"
-    decode_qkv = [o for o in d["ops"] if o["name"] == "qkv_proj" and o["phase"] == "decode"][0]
+    decode_qkv = next(o for o in d["ops"] if o["name"] == "qkv_proj" and o["phase"] == "decode")
     assert decode_qkv["kind"] == "gemv" and decode_qkv["shape"] == [8, 6144, 4096]
     assert decode_qkv["source"] == "rank" and decode_qkv["config"] and decode_qkv["predicted_us"] > 0
 

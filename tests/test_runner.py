@@ -169,7 +169,7 @@ def test_run_bench_reports_one_row_per_case_in_order() -> None:
 def test_roofline_png_needs_timed_rows(tmp_path) -> None:
     from autoopt.backend.plot import roofline_png
 
-    with pytest.raises(BackendError, match="no row has a time|needs matplotlib"):
+    with pytest.raises(BackendError, match=r"no row has a time|needs matplotlib"):
         roofline_png([], H100, tmp_path / "r.png")
 
 

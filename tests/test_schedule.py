@@ -11,7 +11,8 @@ GB = 10**9
 
 def slots(*caps, speeds=None):
     speeds = speeds or [1.0] * len(caps)
-    return [Slot(device=i, name=f"gpu{i}", capacity_bytes=c * GB, speed=s) for i, (c, s) in enumerate(zip(caps, speeds))]
+    return [Slot(device=i, name=f"gpu{i}", capacity_bytes=c * GB, speed=s)
+            for i, (c, s) in enumerate(zip(caps, speeds, strict=True))]
 
 
 def test_round_robin_cycles_and_skips_full_devices():
@@ -47,7 +48,7 @@ def test_auto_migrate_moves_from_hot_to_cool_without_overfilling():
     hot = [Slot(device=0, name="g0", capacity_bytes=80 * GB), Slot(device=1, name="g1", capacity_bytes=80 * GB)]
     # both jobs packed onto device 0 (the only slot offered), then device 1 joins empty
     packed = schedule([Job(name="a", memory_bytes=50 * GB), Job(name="b", memory_bytes=25 * GB)], hot[:1])
-    packed = Schedule(strategy=packed.strategy, assignments=packed.assignments, slots=packed.slots + (hot[1],),
+    packed = Schedule(strategy=packed.strategy, assignments=packed.assignments, slots=(*packed.slots, hot[1]),
                       jobs=packed.jobs)
     moves, after = auto_migrate(packed, threshold=0.8)  # 75/80 = 94 % > 80 %
     assert [(m.job, m.source, m.target) for m in moves] == [("a", 0, 1)]

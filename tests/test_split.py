@@ -49,8 +49,8 @@ def test_pipeline_ranges_cover_every_layer_once():
 def test_heterogeneous_pipeline_gives_the_bigger_faster_gpu_more_layers():
     prof = HardwareProfile(name="h200+h100", gpus=(H200.with_(index=0), H100.with_(index=1)),
                            links=())
-    plan = [p for p in candidate_splits(prof, get_model("llama-3-70b"), get_format("bf16"),
-                                        Workload(batch=8, prompt_len=512, gen_len=128)) if p.pp == 2][0]
+    plan = next(p for p in candidate_splits(prof, get_model("llama-3-70b"), get_format("bf16"),
+                                            Workload(batch=8, prompt_len=512, gen_len=128)) if p.pp == 2)
     (a0, b0), (a1, b1) = (s.layers for s in plan.stages)
     assert plan.stages[0].device_name == "NVIDIA H200" and b0 - a0 > b1 - a1
     assert all(s.memory.fits for s in plan.stages)
@@ -90,9 +90,9 @@ def test_pipeline_balance_counts_the_lm_head_on_the_last_stage():
     # 8 Llama-3-8B layers at decode on two H200s: the 128256-wide LM head costs about as much as a
     # couple of layers, so the last stage takes fewer layers than the first.
     model = dataclasses.replace(get_model("llama-3-8b"), num_layers=8)
-    plan = [p for p in candidate_splits(nvlink_box(H200, 2, "2x h200"), model, get_format("bf16"),
-                                        Workload(batch=4, prompt_len=1024, gen_len=16, phase="decode"))
-            if p.pp == 2 and p.tp == 1][0]
+    plan = next(p for p in candidate_splits(nvlink_box(H200, 2, "2x h200"), model, get_format("bf16"),
+                                            Workload(batch=4, prompt_len=1024, gen_len=16, phase="decode"))
+                if p.pp == 2 and p.tp == 1)
     first, last = (s.layers[1] - s.layers[0] for s in plan.stages)
     assert first > last
     assert abs(plan.stages[0].time_us - plan.stages[1].time_us) < max(s.time_us for s in plan.stages) * 0.3

@@ -132,7 +132,7 @@ def test_single_pass_row_of_32768_needs_at_least_8_warps_and_65536_never_fits():
 
 
 def test_force_single_on_a_row_too_wide_raises_with_the_register_reason():
-    with pytest.raises(ConfigError, match="force='single'.*does not fit on chip"):
+    with pytest.raises(ConfigError, match=r"force='single'.*does not fit on chip"):
         rank(H100, OpSpec(kind="rmsnorm", shape=(64, 131072)), force="single")
 
 

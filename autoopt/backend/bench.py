@@ -105,7 +105,7 @@ class _Progress:
         self.done += 1
         if not self.enabled:
             return
-        if self._bar is not None:
+        if self._bar is not None and self._task is not None:  # the task is added with the bar
             self._bar.update(self._task, advance=1, description=text[:60])
         else:
             print(f"[{self.done}/{self.total}] {text}", file=sys.stderr, flush=True)

@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from autoopt.backend.runner import Result, floor_us
 from autoopt.errors import BackendError
@@ -118,7 +118,7 @@ def _place_labels(ax: Any, pts: list[tuple[float, float]], texts: list[str], dpi
     s = dpi / 72.0  # points -> pixels
     marker_r = 4.5 * s
     groups: list[tuple[list[float], list[str], list[tuple[float, float]]]] = []  # first, texts, members
-    for (x, y), text in zip(ax.transData.transform(pts), texts):
+    for (x, y), text in zip(ax.transData.transform(pts), texts, strict=True):
         near = next((g for g in groups if math.hypot(g[0][0] - x, g[0][1] - y) < 0.6 * marker_r), None)
         if near:
             near[1].append(text)
@@ -144,7 +144,7 @@ def _place_labels(ax: Any, pts: list[tuple[float, float]], texts: list[str], dpi
         d = math.hypot(cx - x, cy - y)
         return all(math.hypot(cx - mx, cy - my) > d for mx, my in px if (mx, my) != (x, y))
 
-    for (x, y), text in zip(px, texts):
+    for (x, y), text in zip(px, texts, strict=True):
         w = (0.62 * _LABEL_PT * len(text) + 2) * s
         chosen = None
         for r_pt in (9, 13, 18, 24, 32, 42, 54, 68):
@@ -176,7 +176,7 @@ def _table(fig: Any, rows: list[list[str]], head: list[str], colours: list[str],
     font = _TABLE_PT if row_h * FIG_SIZE_IN[1] >= _ROW_IN * 0.99 else _TABLE_PT * row_h * FIG_SIZE_IN[1] / _ROW_IN
     widths = [len(h) for h in head]
     for r in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, r)]
+        widths = [max(w, len(c)) for w, c in zip(widths, r, strict=True)]
     gap, left, width = 0.015, 0.03, 0.94
     bw = min((width - gap * (n_blocks - 1)) / n_blocks, (width - gap) / 2)  # a lone block stays half-width
     for b in range(n_blocks):
@@ -212,7 +212,9 @@ def roofline_png(rows: Iterable[Any], gpu: GPUProfile, path: str | Path) -> Path
     the row, which was taken against whatever profile the benchmark ran with.
     """
     results = [_as_result(r) for r in rows]
-    points = [r for r in results if r.label == "measured" and r.us and r.us > 0 and r.tflops]
+    # (row, µs, TFLOP/s) of every row timed on a GPU: both numbers known and positive
+    measured = [(r, r.us, r.tflops) for r in results if r.label == "measured" and r.us and r.us > 0 and r.tflops]
+    points = [r for r, _, _ in measured]
     if not points:
         labels = sorted({r.label for r in results})
         raise BackendError(f"roofline_png: no row has a time measured on a GPU (label 'measured' with µs); "
@@ -230,9 +232,9 @@ def roofline_png(rows: Iterable[Any], gpu: GPUProfile, path: str | Path) -> Path
     dtypes = sorted({_compute_dtype(r.op) for r in points}, key=lambda d: (d == "fp32", d))
     roofs = _roofs(gpu, dtypes)
     xs = [r.op.intensity for r in points]
-    ys = [r.tflops for r in points]
+    ys = [tflops for _, _, tflops in measured]
     lo, hi = min(xs) / 3, max(xs) * 3
-    tops = [rf.peak for rf in roofs if rf.peak] + [rf.at(hi) for rf in roofs if rf.at(hi)]
+    tops = [rf.peak for rf in roofs if rf.peak] + [t for t in (rf.at(hi) for rf in roofs) if t]
     ylo, yhi = min(ys) / 3, max(ys + tops) * 2.5
 
     n = len(points)
@@ -240,7 +242,7 @@ def roofline_png(rows: Iterable[Any], gpu: GPUProfile, path: str | Path) -> Path
     table_h = min(0.42, (per_block + 1) * _ROW_IN / FIG_SIZE_IN[1])
     plot_bottom = table_h + 0.09  # room for the x label between plot and table
     fig = plt.figure(figsize=FIG_SIZE_IN, dpi=DPI)
-    ax = fig.add_axes([0.075, plot_bottom, 0.9, 0.93 - plot_bottom])
+    ax = fig.add_axes((0.075, plot_bottom, 0.9, 0.93 - plot_bottom))
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -253,18 +255,21 @@ def roofline_png(rows: Iterable[Any], gpu: GPUProfile, path: str | Path) -> Path
         colour = _ROOF_COLOURS[i % len(_ROOF_COLOURS)]
         for rf in (r for r in roofs if r.dtype == dt):
             if rf.bw:
-                line, = ax.plot(grid, [rf.at(x) for x in grid], color=colour, lw=1.4 if not rf.measured else 1.2,
+                curve = cast("list[float]", [rf.at(x) for x in grid])  # a known bandwidth and x > 0: never None
+                line, = ax.plot(grid, curve, color=colour, lw=1.4 if not rf.measured else 1.2,
                                 ls="--" if rf.measured else "-", label=rf.label, zorder=2)
-            else:
+            elif rf.peak:
                 line = ax.axhline(rf.peak, color=colour, lw=1.2, ls="--" if rf.measured else "-",
                                   label=rf.label, zorder=2)
+            else:  # never: _roofs keeps a roof only when its bandwidth or its peak is known
+                continue
             roof_handles.append(line)
 
     kinds = list(dict.fromkeys(r.op.kind for r in points))
     kind_handles = []
     for kind in kinds:
         colour, marker = _KIND_STYLE.get(kind, _OTHER_STYLE)
-        sel = [(x, y) for x, y, r in zip(xs, ys, points) if r.op.kind == kind]
+        sel = [(x, y) for x, y, r in zip(xs, ys, points, strict=True) if r.op.kind == kind]
         ax.scatter([p[0] for p in sel], [p[1] for p in sel], c=colour, marker=marker, s=30, alpha=0.85,
                    edgecolors="black", linewidths=0.5, zorder=4)
         kind_handles.append(Line2D([], [], color=colour, marker=marker, ls="", markeredgecolor="black",
@@ -282,19 +287,19 @@ def roofline_png(rows: Iterable[Any], gpu: GPUProfile, path: str | Path) -> Path
         ax.add_artist(first)
     ax.legend(handles=kind_handles, loc="upper left", fontsize=8, title="op kind", title_fontsize=8,
               framealpha=0.9)
-    _place_labels(ax, list(zip(xs, ys)), [str(i + 1) for i in range(n)], DPI)
+    _place_labels(ax, list(zip(xs, ys, strict=True)), [str(i + 1) for i in range(n)], DPI)
 
     spec = _spec_only(gpu)
     has_measured = any(rf.measured for rf in roofs)
     one_dtype = len({r.op.dtype for r in points}) == 1
     head = ["#", "op", "shape", "kernel", "µs", "TFLOP/s", "% spec roof"] + (["% meas. roof"] if has_measured else [])
     table_rows = []
-    for i, r in enumerate(points):
+    for i, (r, us, tflops) in enumerate(measured):
         cells = [str(i + 1), r.op.kind if one_dtype else f"{r.op.kind} {r.op.dtype}",
-                 "x".join(map(str, r.op.shape)), r.config.kernel, f"{r.us:.1f}", f"{r.tflops:.1f}",
-                 _pct(r.op, r.us, spec)]
+                 "x".join(map(str, r.op.shape)), r.config.kernel, f"{us:.1f}", f"{tflops:.1f}",
+                 _pct(r.op, us, spec)]
         if has_measured:
-            cells.append(_pct(r.op, r.us, gpu))
+            cells.append(_pct(r.op, us, gpu))
         table_rows.append(cells)
     colours = [_KIND_STYLE.get(r.op.kind, _OTHER_STYLE)[0] for r in points]
     _table(fig, table_rows, head, colours, top=table_h + 0.015)

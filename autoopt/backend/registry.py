@@ -22,8 +22,19 @@ from autoopt.kernels.ops import OpSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["KERNELS", "EPS", "alloc_out", "check_kernel", "launch", "make_inputs", "prepare",
-           "reference", "tolerance", "torch_baseline", "torch_dtype"]
+__all__ = [
+    "EPS",
+    "KERNELS",
+    "alloc_out",
+    "check_kernel",
+    "launch",
+    "make_inputs",
+    "prepare",
+    "reference",
+    "tolerance",
+    "torch_baseline",
+    "torch_dtype",
+]
 
 #: eps by op kind: RMSNorm 1e-6 (Llama's rms_norm_eps), LayerNorm 1e-5 (torch's default).
 EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
@@ -37,19 +48,25 @@ _TOL_TF32 = 5e-3
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KernelEntry:
-    """One backend kernel: the op kinds it serves."""
+    """One backend kernel: the op kinds it serves and the module holding its Triton source.
+
+    ``module`` is what a stored measurement is tied to: when that file changes, the results store
+    treats the kernel's old timings as stale.
+    """
 
     name: str
     kinds: tuple[str, ...]
+    module: str
 
 
+_KERNELS = "autoopt.backend.kernels"
 KERNELS: dict[str, KernelEntry] = {
-    "gemm": KernelEntry(name="gemm", kinds=("gemm", "gemv")),
-    "gemm_tma": KernelEntry(name="gemm_tma", kinds=("gemm", "gemv")),
-    "gemv": KernelEntry(name="gemv", kinds=("gemv",)),
-    "silu_mul": KernelEntry(name="silu_mul", kinds=("silu_mul",)),
-    "add": KernelEntry(name="add", kinds=("add",)),
-    **{f"{k}_{v}": KernelEntry(name=f"{k}_{v}", kinds=(k,))
+    "gemm": KernelEntry(name="gemm", kinds=("gemm", "gemv"), module=f"{_KERNELS}.gemm"),
+    "gemm_tma": KernelEntry(name="gemm_tma", kinds=("gemm", "gemv"), module=f"{_KERNELS}.gemm_tma"),
+    "gemv": KernelEntry(name="gemv", kinds=("gemv",), module=f"{_KERNELS}.gemv"),
+    "silu_mul": KernelEntry(name="silu_mul", kinds=("silu_mul",), module=f"{_KERNELS}.elementwise"),
+    "add": KernelEntry(name="add", kinds=("add",), module=f"{_KERNELS}.elementwise"),
+    **{f"{k}_{v}": KernelEntry(name=f"{k}_{v}", kinds=(k,), module=f"{_KERNELS}.norm")
        for k in ("rmsnorm", "layernorm", "softmax") for v in ("single", "looped")},
 }
 

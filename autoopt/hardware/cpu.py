@@ -85,7 +85,7 @@ def _read_proc_cpuinfo(raw: dict[str, Any], errors: dict[str, str]) -> bool:
     first: dict[str, str] = {}
     cores: set[tuple[str, str]] = set()
     block: dict[str, str] = {}
-    for line in text.splitlines() + [""]:
+    for line in [*text.splitlines(), ""]:
         if not line.strip():
             if block:
                 if not first:

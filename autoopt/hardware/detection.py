@@ -141,14 +141,26 @@ def _norm_bus(value: Any) -> tuple[int, int, int] | None:
 def _torch_bus(props: Mapping[str, Any]) -> tuple[int, int, int] | None:
     # torch's pci_bus_id / pci_device_id are the bus and slot numbers (H100: 0 and 6 for
     # 00000000:00:06.0), not NVML's PCI device id 0x2330.
-    parts = [props.get(k) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
-    if all(isinstance(p, int) and not isinstance(p, bool) for p in parts):
-        return (parts[0], parts[1], parts[2])
+    parts = [_int(props.get(k)) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    domain, bus, device = parts
+    if domain is not None and bus is not None and device is not None:
+        return (domain, bus, device)
     return None
 
 
 def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _int_or(value: Any, default: int) -> int:
+    """``value`` when it is an integer (not a bool), else ``default``."""
+    got = _int(value)
+    return default if got is None else got
+
+
+def _mw_to_w(value: Any) -> float | None:
+    mw = _int(value)
+    return mw / 1000.0 if mw is not None else None
 
 
 def _nvml_devices(nvml: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -175,16 +187,14 @@ def match_torch_devices(raw: Mapping[str, Any]) -> dict[int, int]:
     by_uuid: dict[str, list[int]] = {}
     by_bus: dict[tuple[int, int, int], list[int]] = {}
     for pos, dev in enumerate(nv):
-        index = _int(dev.get("index"))
-        index = pos if index is None else index
+        index = _int_or(dev.get("index"), pos)
         if (u := _norm_uuid(dev.get("uuid"))) is not None:
             by_uuid.setdefault(u, []).append(index)
         if (b := _norm_bus(dev.get("pci_bus_id"))) is not None:
             by_bus.setdefault(b, []).append(index)
     out: dict[int, int] = {}
     for pos, tdev in enumerate(th):
-        tindex = _int(tdev.get("index"))
-        tindex = pos if tindex is None else tindex
+        tindex = _int_or(tdev.get("index"), pos)
         props = tdev["props"]
         hit = by_uuid.get(_norm_uuid(props.get("uuid")) or "", [])
         if len(hit) != 1:
@@ -325,7 +335,7 @@ def _take_detected(m: _Merge, dev: Mapping[str, Any] | None, props: Mapping[str,
     take("pcie_gen", nv("pcie_max_gen"))
     take("pcie_width", nv("pcie_max_width"))
     take("mig_enabled", nv("mig_mode", _mig))
-    take("power_limit_w", nv("power_limit_mw", lambda v: _int(v) / 1000.0 if _int(v) is not None else None))
+    take("power_limit_w", nv("power_limit_mw", _mw_to_w))
     links, why_links = _active_links(dev)
     take("nvlink_links", (links, why_links))
     if links:
@@ -381,10 +391,10 @@ def _take_library(m: _Merge, index: int, dev: Mapping[str, Any] | None, extra_di
                 value = {"nvlink_links": ic.links, "nvlink_version": ic.version,
                          "nvlink_bandwidth_gbs": ic.bandwidth_gbs}[f.name]
             m.offer(f.name, dict(value) if isinstance(value, dict) else value, "library", None)
-        for f in ("sm_count", "cc_major", "cc_minor", "smem_per_block_optin_bytes"):
-            lv = getattr(lib, f)
-            if m.sources.get(f) == "detected" and lv is not None and lv != m.values[f]:
-                notes.append(f"GPU {index}: detected {f}={m.values[f]} differs from known-hardware profile "
+        for name in ("sm_count", "cc_major", "cc_minor", "smem_per_block_optin_bytes"):
+            lv = getattr(lib, name)
+            if m.sources.get(name) == "detected" and lv is not None and lv != m.values[name]:
+                notes.append(f"GPU {index}: detected {name}={m.values[name]} differs from known-hardware profile "
                              f"{known.name!r} ({lv}); kept the detected value")
     return lib_why
 
@@ -439,8 +449,7 @@ def _build_gpu(index: int, dev: Mapping[str, Any] | None, props: Mapping[str, An
 def _pair_links(gpus: tuple[GPUProfile, ...], raw: Mapping[str, Any], notes: list[str]) -> tuple[Link, ...]:
     """One link per GPU pair: NVLink where NVML's P2P NVLink status is OK, else PCIe."""
     nvml = raw.get("nvml") or {}
-    devs = {(_int(d.get("index")) if _int(d.get("index")) is not None else i): d
-            for i, d in enumerate(_nvml_devices(nvml))}
+    devs = {_int_or(d.get("index"), i): d for i, d in enumerate(_nvml_devices(nvml))}
     status: dict[tuple[int, int], Any] = {}
     for entry in nvml.get("p2p") or []:
         if not isinstance(entry, Mapping):
@@ -534,11 +543,9 @@ def build_profile(raw: Mapping[str, Any], *, extra_dirs: Iterable[Path | str] = 
     gpus: list[GPUProfile] = []
     if nv_devs:
         mapping = match_torch_devices(raw)
-        props_by_torch = {(_int(d.get("index")) if _int(d.get("index")) is not None else i): d["props"]
-                          for i, d in enumerate(th_devs)}
+        props_by_torch = {_int_or(d.get("index"), i): d["props"] for i, d in enumerate(th_devs)}
         for pos, dev in enumerate(nv_devs):
-            index = _int(dev.get("index"))
-            index = pos if index is None else index
+            index = _int_or(dev.get("index"), pos)
             if "error" in dev:
                 notes.append(f"GPU {index}: NVML could not open it: {dev['error']}")
             props = None
@@ -559,8 +566,7 @@ def build_profile(raw: Mapping[str, Any], *, extra_dirs: Iterable[Path | str] = 
     elif th_devs:
         notes.append("GPUs enumerated from torch (NVML unavailable): indices follow CUDA_VISIBLE_DEVICES")
         for pos, tdev in enumerate(th_devs):
-            index = _int(tdev.get("index"))
-            gpus.append(_build_gpu(pos if index is None else index, None, tdev["props"], raw, torch_why,
+            gpus.append(_build_gpu(_int_or(tdev.get("index"), pos), None, tdev["props"], raw, torch_why,
                                    extra_dirs, notes))
     elif nvml.get("available"):
         notes.append("no GPU: NVML lists 0 devices")

@@ -199,7 +199,7 @@ def _parse_fast(text: str, *, source: str) -> KnownDevice:
     if loader is None:
         return parse_known(text, source=source)
     try:
-        data = yaml.load(text, Loader=loader)  # noqa: S506 - CSafeLoader is the safe loader
+        data = yaml.load(text, Loader=loader)  # CSafeLoader: the safe loader, in C
     except Exception:
         return parse_known(text, source=source)
     if not isinstance(data, Mapping):

@@ -16,6 +16,7 @@ Facts from the H200 pair (shared/hardware-captures/h200x2/probe2.txt):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from collections.abc import Callable
@@ -164,8 +165,6 @@ def capture_nvml() -> dict[str, Any]:
         log.debug("NVML capture failed", exc_info=True)
         raw["error"] = f"{_err_name(exc)}: {exc}"
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
     return raw

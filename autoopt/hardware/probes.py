@@ -75,13 +75,14 @@ def measure_gpu(index: int, *, copy_bytes: int = _COPY_BYTES, matmul_n: int = _M
     with torch.cuda.device(device):
         src = torch.empty(copy_bytes // 4, dtype=torch.float32, device=device).uniform_()
         dst = torch.empty_like(src)
-        copy_ms, method = _time_ms(lambda: dst.copy_(src), torch, reps=reps)
+        # F821 below: ruff reads the lambdas after the `del`s; they run (inside _time_ms) before them
+        copy_ms, method = _time_ms(lambda: dst.copy_(src), torch, reps=reps)  # noqa: F821
         moved = 2 * src.numel() * src.element_size()  # read + write
         del src, dst
         torch.cuda.empty_cache()
         a = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device=device)
         b = torch.randn(matmul_n, matmul_n, dtype=torch.bfloat16, device=device)
-        mm_ms, _ = _time_ms(lambda: torch.matmul(a, b), torch, reps=reps)
+        mm_ms, _ = _time_ms(lambda: torch.matmul(a, b), torch, reps=reps)  # noqa: F821
         del a, b
         torch.cuda.empty_cache()
         name = torch.cuda.get_device_name(device)

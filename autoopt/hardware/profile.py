@@ -19,7 +19,7 @@ from autoopt._serde import from_plain, to_plain
 from autoopt.errors import ProfileError
 from autoopt.hardware.features import Features, arch_variant, features_for, generation_for
 
-__all__ = ["CPUProfile", "GPUProfile", "HardwareProfile", "Link", "SCHEMA_VERSION", "DTYPES"]
+__all__ = ["DTYPES", "SCHEMA_VERSION", "CPUProfile", "GPUProfile", "HardwareProfile", "Link"]
 
 SCHEMA_VERSION = 1
 #: dtypes a peak rate may be given for (dense, no sparsity).
@@ -145,6 +145,19 @@ class GPUProfile:
                 if key in table:
                     return table[key]
         return None
+
+    @property
+    def device_fingerprint(self) -> str:
+        """The GPU model without its software: name + CC + SM count + memory (16 hex chars).
+
+        Two cards of one model, or one card under two drivers, share it; measurements are keyed by
+        it (plus the driver and compiler versions, kept apart so a known profile without a driver
+        can still find them)."""
+        import hashlib
+
+        key = "|".join(str(v) for v in (self.name, self.cc_major, self.cc_minor, self.sm_count,
+                                          self.memory_total_bytes))
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     @property
     def fingerprint(self) -> str:

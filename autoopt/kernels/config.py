@@ -84,7 +84,11 @@ class KernelConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
-    """A valid config with its cost-model prediction (always labelled ``predicted``)."""
+    """A valid config with its cost-model prediction and, when one was found, a measured time.
+
+    ``measured_us`` comes from the results store (a timing whose output matched the reference);
+    ``source`` then says where (``measured:memory``, ``measured:store``, ``measured:shipped``).
+    """
 
     config: KernelConfig
     predicted_us: float
@@ -92,6 +96,13 @@ class Candidate:
     roofline_pct: float
     reason: str = ""
     breakdown: Mapping[str, float] = field(default_factory=dict)
+    measured_us: float | None = None
+    source: str = "predicted"
+
+    @property
+    def label(self) -> str:
+        """``measured`` when a checked timing backs this config, else ``predicted``."""
+        return "measured" if self.measured_us is not None else "predicted"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,7 +111,9 @@ class Candidate:
             "path": self.config.path,
             "template": self.config.template,
             "predicted_us": round(self.predicted_us, 4),
-            "label": "predicted",
+            "measured_us": None if self.measured_us is None else round(self.measured_us, 4),
+            "label": self.label,
+            "source": self.source,
             "bound": self.bound,
             "roofline_pct": round(self.roofline_pct, 2),
             "reason": self.reason,

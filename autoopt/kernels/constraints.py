@@ -20,10 +20,27 @@ from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.ops import DTYPE_BYTES
 
 __all__ = [
-    "Limits", "REG_OVERHEAD", "check_block_vs_dim", "check_dtype", "check_pow2", "check_regs",
-    "check_smem", "check_split_k", "check_threads", "gemm_regs_per_thread", "gemm_smem_bytes",
-    "is_pow2", "limits", "next_pow2", "occupancy", "swizzle_bytes", "tma_problems",
-    "wgmma_instr_shape", "wgmma_instructions_per_tile", "wgmma_problems", "warp_grid",
+    "REG_OVERHEAD",
+    "Limits",
+    "check_block_vs_dim",
+    "check_dtype",
+    "check_pow2",
+    "check_regs",
+    "check_smem",
+    "check_split_k",
+    "check_threads",
+    "gemm_regs_per_thread",
+    "gemm_smem_bytes",
+    "is_pow2",
+    "limits",
+    "next_pow2",
+    "occupancy",
+    "swizzle_bytes",
+    "tma_problems",
+    "warp_grid",
+    "wgmma_instr_shape",
+    "wgmma_instructions_per_tile",
+    "wgmma_problems",
 ]
 
 #: registers per thread a Triton kernel spends beyond its data: addresses, loop
@@ -136,7 +153,7 @@ def round_regs(regs: float) -> int:
 
 def check_regs(lim: Limits, regs_per_thread: float, threads: int) -> list[str]:
     """Per-thread register cap (255 on NVIDIA; more spills) and the block's share of the file."""
-    regs = int(math.ceil(regs_per_thread))
+    regs = math.ceil(regs_per_thread)
     out = []
     if regs > lim.max_regs_per_thread:
         out.append(f"~{regs} registers/thread > {lim.max_regs_per_thread} (would spill)")

@@ -19,8 +19,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from autoopt._serde import from_plain, to_plain
@@ -33,8 +33,19 @@ from autoopt.kernels.template import Prediction
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CostConstants", "DEFAULT_CONSTANTS", "MatmulBound", "StreamBound", "constants",
-           "floor_us", "matmul_lower_bound", "peak_flops", "predict_matmul", "predict_stream", "using"]
+__all__ = [
+    "DEFAULT_CONSTANTS",
+    "CostConstants",
+    "MatmulBound",
+    "StreamBound",
+    "constants",
+    "floor_us",
+    "matmul_lower_bound",
+    "peak_flops",
+    "predict_matmul",
+    "predict_stream",
+    "using",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -392,7 +403,7 @@ class MatmulBound:
     every tile of an op before predicting any config.
     """
 
-    __slots__ = ("c", "sms", "m", "n", "k", "e", "l2_rate", "dram_rate", "dram_base", "out_e", "_split1")
+    __slots__ = ("_split1", "c", "dram_base", "dram_rate", "e", "k", "l2_rate", "m", "n", "out_e", "sms")
 
     def __init__(self, gpu: GPUProfile, op: OpSpec, consts: CostConstants | None = None) -> None:
         c = self.c = consts or constants()
@@ -436,7 +447,7 @@ class MatmulBound:
             t_l2 = (min(bm, m) / 1 + min(bn, n) / 1) * bk * e / l2_rate * 1e6
             iter_us = max(t_comp, t_l2) + ovh
             tiles_per_sm = -(-(-(-m // bm) * -(-n // bn) * split) // sms)
-            k_iters = max(1, -(-(-(-k // split)) // bk))
+            k_iters = max(1, -(-k // split // bk))  # ceil(ceil(k / split) / bk)
             if persistent:
                 t_eff = max(iter_us, (lat + t_l2) / max(max_stages - 1, 0.5))
                 fills = lat + (tiles_per_sm - 1) * lat * pff
@@ -458,7 +469,7 @@ class MatmulBound:
         # integer ceil-division: equal to predict_matmul's math.ceil of the float quotient here
         # (operands < 2^40, so the quotient is never within one ulp of an integer it is not)
         tiles_per_sm = -(-(-(-self.m // bm) * -(-self.n // bn) * split) // self.sms)
-        k_iters = max(1, -(-(-(-self.k // split)) // bk))
+        k_iters = max(1, -(-self.k // split // bk))  # ceil(ceil(k / split) / bk)
         lat = c.dram_latency_us
         if persistent:
             t_eff = max(iter_us, (lat + l2_us) / max(max_stages - 1, 0.5))
@@ -533,7 +544,7 @@ class StreamBound:
     in both: the smooth max :func:`_softmax` is nondecreasing in each argument).
     """
 
-    __slots__ = ("c", "sms", "lat", "l2_rate", "dram_rate", "l2_total_rate", "compute_us")
+    __slots__ = ("c", "compute_us", "dram_rate", "l2_rate", "l2_total_rate", "lat", "sms")
 
     def __init__(self, gpu: GPUProfile, op: OpSpec, consts: CostConstants | None = None) -> None:
         c = self.c = consts or constants()

@@ -85,7 +85,7 @@ class OpSpec:
             shape = (1, shape[0])
         if len(shape) != len(names):
             raise OpError(f"{self.kind} takes a shape of {len(names)} dims ({','.join(names)}), got {len(shape)}")
-        for n, v in zip(names, shape):
+        for n, v in zip(names, shape, strict=True):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise OpError(f"{self.kind}: dimension {n} must be a positive integer, got {v!r}")
             if v >= _MAX_DIM:
@@ -107,7 +107,7 @@ class OpSpec:
     # -- derived quantities -------------------------------------------------
     @property
     def dims(self) -> dict[str, int]:
-        return dict(zip(OP_KINDS[self.kind][0], self.shape))
+        return dict(zip(OP_KINDS[self.kind][0], self.shape, strict=True))
 
     @property
     def is_matmul(self) -> bool:

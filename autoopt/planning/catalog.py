@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ def _entries() -> dict[str, dict[str, Any]]:
     import yaml
 
     # libyaml's parser when PyYAML has it (same safe constructor; ~10x faster than the pure-Python one)
-    data = yaml.load(_DATA.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+    data = yaml.load(_DATA.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     if not isinstance(data, dict):
         raise ModelError(f"{_DATA}: expected a mapping of model names")
     return data
@@ -39,7 +39,7 @@ def model_names() -> tuple[str, ...]:
     return tuple(sorted(_entries()))
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_model(name: str) -> ModelSpec:
     """The catalog model called ``name`` (case-insensitive); ``ModelError`` with close names otherwise."""
     key = name.strip().lower()
@@ -56,10 +56,7 @@ def get_model(name: str) -> ModelSpec:
 
 
 def _is_torch_module(obj: Any) -> bool:
-    for klass in type(obj).__mro__:
-        if klass.__module__.startswith("torch.nn") and klass.__name__ == "Module":
-            return True
-    return False
+    return any(klass.__module__.startswith("torch.nn") and klass.__name__ == "Module" for klass in type(obj).__mro__)
 
 
 def parse_model(model: Any) -> ModelSpec:

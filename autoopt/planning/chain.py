@@ -48,7 +48,7 @@ class ChainProblem:
             raise AutooptError(f"chain problem sizes disagree: {n} stages, {len(self.states)} state lists, "
                                f"{len(self.unary)} unary lists, {len(self.transition)} transition matrices "
                                f"(expected {n}, {n}, {n - 1})")
-        for i, (st, u) in enumerate(zip(self.states, self.unary)):
+        for i, (st, u) in enumerate(zip(self.states, self.unary, strict=True)):
             if not st or len(st) != len(u):
                 raise AutooptError(f"stage {i} ({self.stages[i]}): {len(st)} states but {len(u)} costs")
         for i, t in enumerate(self.transition):

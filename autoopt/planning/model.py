@@ -13,6 +13,7 @@ then); :func:`autoopt.planning.catalog.parse_model` takes any of these or a cata
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 from collections.abc import Mapping
@@ -212,10 +213,8 @@ class ModelSpec:
         h, n, kv, d = self.hidden_size, self.num_attention_heads, self.num_kv_heads, self.head_dim
         if self.is_mla:
             qk = self.qk_nope_head_dim + self.qk_rope_head_dim  # type: ignore[operator]
-            if self.q_lora_rank:
-                q = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * n * qk  # q_a, q_a_norm, q_b
-            else:
-                q = h * n * qk
+            # with a q LoRA rank: q_a, q_a_norm, q_b; without: one q projection
+            q = h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * n * qk if self.q_lora_rank else h * n * qk
             kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank  # type: ignore[operator]
             kv_b = self.kv_lora_rank * n * (self.qk_nope_head_dim + self.v_head_dim)  # type: ignore[operator]
             return q + kv_a + kv_b + n * self.v_head_dim * h  # type: ignore[operator]
@@ -272,8 +271,9 @@ class ModelSpec:
     # -- ops ------------------------------------------------------------------
     def kv_len(self, i: int, context: int) -> int:
         """Tokens layer ``i`` attends to (and caches) at ``context`` tokens of history."""
-        if self.is_local_layer(i):
-            return min(context, self.sliding_window)  # type: ignore[type-var]
+        window = self.sliding_window
+        if window is not None and self.is_local_layer(i):  # a local layer always has a window
+            return min(context, window)
         return context
 
     def layer_ops(self, i: int, *, batch: int, q_len: int, context: int,
@@ -494,7 +494,7 @@ def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None =
                 raise ModelError("local/global layers do not follow a period; only periodic patterns are modelled",
                                  field="layer_types")
             pattern = p
-    dtype = _HF_DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), None)
+    dtype = _HF_DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"))
     if dtype is None:
         raise ModelError(f"unknown torch_dtype {cfg.get('torch_dtype')!r}", field="torch_dtype")
     quant = cfg.get("quantization_config")
@@ -566,7 +566,7 @@ def from_module(module: Any, *, name: str | None = None, **overrides: Any) -> Mo
     attrs: dict[str, int] = {}
     for mod_name, mod in module.named_modules():
         parts = mod_name.split(".")
-        for a, b in zip(parts, parts[1:]):
+        for a, b in itertools.pairwise(parts):
             if a in ("layers", "h", "blocks") and b.isdigit():
                 layer_ids.add(int(b))
         if isinstance(mod, nn.Embedding) and embed is None:
@@ -591,7 +591,7 @@ def from_module(module: Any, *, name: str | None = None, **overrides: Any) -> Mo
         for n_, m in linears.items():
             ps = n_.split(".")
             if ps[-1] == suffix and any(a in ("layers", "h", "blocks") and b == str(first)
-                                        for a, b in zip(ps, ps[1:])):
+                                        for a, b in itertools.pairwise(ps)):
                 return m
         return None
 

@@ -113,10 +113,8 @@ def get_format(name: str) -> QuantFormat:
 
 def supported(fmt: QuantFormat, gpu: GPUProfile | None) -> bool:
     """Whether ``gpu`` can run ``fmt`` (CPU: weight-only and original formats only)."""
-    if fmt.requires is None:
-        if fmt.name == "bf16" and gpu is not None and not gpu.features.bf16:
-            return False  # pre-Ampere has no bf16 tensor cores: fp16 instead
-        return True
+    if fmt.requires is None:  # except bf16 before Ampere (no bf16 tensor cores: fp16 instead)
+        return not (fmt.name == "bf16" and gpu is not None and not gpu.features.bf16)
     return gpu is not None and bool(getattr(gpu.features, fmt.requires))
 
 
@@ -223,7 +221,7 @@ def choose_format(gpu: GPUProfile | None, model: ModelSpec, *, preference: str =
                            considered=((fmt.name, weight_bytes(model, fmt), fits(fmt)),))
     pool = [f for f in available_formats(gpu, model) if f.bits >= MIN_BITS]
     considered = tuple((f.name, weight_bytes(model, f), fits(f)) for f in pool)
-    ok = [f for f, (_, _, fit) in zip(pool, considered) if fit]
+    ok = [f for f, (_, _, fit) in zip(pool, considered, strict=True) if fit]
     if not ok:
         smallest = min(pool, key=lambda f: f.bits)
         return QuantChoice(format=smallest, reason=f"nothing fits; {smallest.name} is the smallest format "

@@ -1,33 +1,50 @@
 """Whole-model recommendation: format, memory, split, per-op kernel configs and a per-layer plan.
 
 :func:`recommend` works from the hardware profile and the cost model only (no GPU
-timing): it picks a weight format (:mod:`autoopt.quant`), checks memory
-(:mod:`autoopt.memory`), lays the model over the devices (:mod:`autoopt.split`),
-ranks every distinct op of every phase with :func:`autoopt.ranking.rank` (cached per
-GPU and op) and solves the per-layer plan (:mod:`autoopt.plan`): each layer runs
-its GEMMs with bf16 activations or, where the format is native FP8/FP4, with fp8
-activations; neighbouring layers in different modes pay a cast of the hidden
-state (read + write at the GPU's bandwidth). The exact DP plan is used; the WFC
-search is reported beside it on the same problem. Every time is ``predicted``.
+timing), as a pipeline of steps, each a function below:
+
+1. **fit** (:func:`_fit`): pick a weight format (:mod:`autoopt.planning.quant`) that
+   fits somewhere (:mod:`autoopt.planning.memory`) and lay the model over the devices
+   (:mod:`autoopt.planning.split`);
+2. **per-layer costs** (:func:`_layer_costs`): price every op of each distinct layer in
+   every activation mode with :func:`autoopt.search.ranking.rank` (cached per GPU and
+   op) or the roofline. Each layer runs its GEMMs with bf16 activations or, where the
+   format is native FP8/FP4, with fp8 activations;
+3. **chain plan** (:func:`_chain_plan`): choose a mode per layer (:mod:`autoopt.planning.chain`);
+   neighbouring layers in different modes pay a cast of the hidden state (read + write
+   at the GPU's bandwidth). The exact DP plan is used; the WFC search is reported
+   beside it on the same problem;
+4. **head** (:func:`_head_ops`): price the final norm and LM head after the last layer;
+5. **op choices** (:func:`_op_choices`): the kernel config of every distinct op of the
+   chosen plan and the implementation per kernel class;
+6. **totals** (:func:`_totals`): predicted prefill, decode-step and request times.
+
+:class:`_Fit` and :class:`_LayerCosts` carry what the later steps read. Every time is ``predicted``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoopt.errors import AutooptError, ModelError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
+from autoopt.kernels.ops import OpSpec
 from autoopt.planning.catalog import parse_model
 from autoopt.planning.chain import ChainProblem, ChainSolution, solve_dp, solve_wfc
 from autoopt.planning.memory import MemoryEstimate, estimate_memory
 from autoopt.planning.model import LayerOp, ModelSpec
 from autoopt.planning.quant import QuantChoice, QuantFormat, choose_format
 from autoopt.planning.split import Device, SplitPlan, Workload, candidate_splits, devices_of
+
+if TYPE_CHECKING:
+    from autoopt.kernels.config import Candidate
+    from autoopt.search.ranking import Ranking
 
 __all__ = ["OpChoice", "Recommendation", "recommend"]
 
@@ -38,7 +55,8 @@ _COLUMN_PARALLEL = {"qkv_proj", "gate_up_proj", "q_b_proj", "kv_b_proj", "shared
                     "lm_head"}
 #: GEMMs whose reduction dimension (K) is split (row-parallel, followed by an all-reduce).
 _ROW_PARALLEL = {"o_proj", "down_proj", "shared_down", "expert_down"}
-_RANK_CACHE: dict[tuple[Any, ...], Any] = {}
+#: rank() per (GPU content, op, top): the Ranking, or the error it raised (asked again, it raises again).
+_RANK_CACHE: dict[tuple[Any, ...], Ranking | AutooptError] = {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,8 +187,33 @@ def _runs(modes: tuple[str, ...]) -> list[tuple[int, int, str]]:
     return out
 
 
-# -- inputs ----------------------------------------------------------------------
+# -- the pipeline -----------------------------------------------------------------------
+def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int = 1, prompt_len: int = 1024,
+              gen_len: int = 256, context: int | None = None, phase: str = "both", weight_dtype: str | None = None,
+              kv_dtype: str | None = None, preference: str = "balanced", max_devices: int | None = None,
+              include_cpu: bool = False, top: int = 3, compare_wfc: bool = True) -> Recommendation:
+    """Recommend how to run ``model`` on ``profile`` (see module docstring); predictions only."""
+    t0 = time.perf_counter()
+    hw = _profile(profile)
+    spec = parse_model(model)
+    wl = _workload(hw.gpu, preference, batch=batch, prompt_len=prompt_len, gen_len=gen_len, context=context,
+                   phase=phase, kv_dtype=kv_dtype)
+    fit = _fit(hw, spec, wl, preference=preference, weight_dtype=weight_dtype, max_devices=max_devices,
+               include_cpu=include_cpu)
+    costs = _layer_costs(spec, wl, fit, preference=preference, top=top)
+    plan, alternative = _chain_plan(spec, wl, fit, costs, compare_wfc=compare_wfc)
+    head = _head_ops(spec, wl, fit, costs, plan, top=top)
+    ops, impls = _op_choices(fit, costs, plan, head)
+    predicted = _totals(fit, costs, plan, head)
+    return Recommendation(profile=hw.name, model=spec, workload=wl, preference=preference, quant=fit.quant,
+                          fits=fit.split is not None, split=fit.split, memory=fit.memory, ops=ops, impls=impls,
+                          plan=plan, plan_alternative=alternative, layer_modes=plan.labels, predicted=predicted,
+                          notes=fit.notes + costs.notes, elapsed_ms=(time.perf_counter() - t0) * 1e3)
+
+
+# -- inputs ------------------------------------------------------------------------------
 def _profile(profile: HardwareProfile | str | Path) -> HardwareProfile:
+    """The profile itself, or the one a name or YAML path loads."""
     if isinstance(profile, HardwareProfile):
         return profile
     if isinstance(profile, (str, Path)):
@@ -179,6 +222,80 @@ def _profile(profile: HardwareProfile | str | Path) -> HardwareProfile:
         return load_profile(profile)
     raise AutooptError(f"profile must be a HardwareProfile, a profile name or a file path, "
                        f"got {type(profile).__name__}")
+
+
+def _workload(gpu: GPUProfile | None, preference: str, *, batch: int, prompt_len: int, gen_len: int,
+              context: int | None, phase: str, kv_dtype: str | None) -> Workload:
+    """The request as asked. The KV cache defaults to fp8 for speed where the GPU has fp8, else to the
+    16-bit type the GPU computes in."""
+    if kv_dtype is None:
+        kv_dtype = "fp8" if preference == "speed" and gpu is not None and gpu.features.fp8 else \
+            ("bf16" if gpu is None or gpu.features.bf16 else "fp16")
+    if context is not None and context < prompt_len:
+        raise ModelError(f"context {context} is shorter than the prompt ({prompt_len} tokens)", field="context")
+    return Workload(batch=batch, prompt_len=prompt_len, gen_len=gen_len, phase=phase, kv_dtype=kv_dtype,
+                    context=context)
+
+
+# -- step 1: fit -------------------------------------------------------------------------
+# The records steps hand on are frozen, slotted, keyword-only dataclasses with eq=False: nothing compares
+# them (identity is all they need; several hold dicts), and each generated method is compiled when the
+# module loads, so leaving out __eq__/__hash__ keeps that out of the cold-start time.
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _Fit:
+    """Where the model goes: weight format, split, memory per stage, and per layer the device that runs
+    it. With no fitting split (``split`` None) the model is still priced, on the largest device alone,
+    so the report can say how fast it would be if it fit."""
+
+    quant: QuantChoice
+    split: SplitPlan | None
+    memory: tuple[MemoryEstimate, ...]
+    stage_of: tuple[Device, ...]  # per layer: the first device of the stage holding it
+    tp: int                       # tensor-parallel ranks each op is sharded over
+    notes: tuple[str, ...]
+
+
+def _fit(hw: HardwareProfile, spec: ModelSpec, wl: Workload, *, preference: str, weight_dtype: str | None,
+         max_devices: int | None, include_cpu: bool) -> _Fit:
+    """The format the preference asks for among those that fit some split, then the fastest fitting split."""
+    devs = devices_of(hw, include_cpu=include_cpu)
+    if not devs:
+        raise AutooptError(f"profile {hw.name!r} has no device with known memory size and bandwidth")
+    quant = choose_format(hw.gpu, spec, preference=preference, requested=weight_dtype,
+                          fits=lambda f: _fits_somewhere(devs, spec, f, wl, max_devices))
+    plans = candidate_splits(hw, spec, quant.format, wl, max_devices=max_devices, include_cpu=include_cpu)
+    fitting = [p for p in plans if p.fits]
+    if fitting:
+        return _placed(fitting, devs, quant)
+    return _unplaced(hw, spec, wl, devs, quant, max_devices)
+
+
+def _placed(fitting: Sequence[SplitPlan], devs: tuple[Device, ...], quant: QuantChoice) -> _Fit:
+    """The first (fastest) fitting split; a note when a split on fewer devices would also fit."""
+    split = fitting[0]
+    by_index = {d.index: d for d in devs}
+    stage_of = tuple(by_index[s.devices[0]] for s in split.stages for _ in range(*s.layers))
+    notes: tuple[str, ...] = ()
+    fewest = min(fitting, key=lambda p: (p.num_devices, p.predicted_us))
+    if fewest is not split:
+        notes = (f"fewest devices that fit: {fewest.num_devices} ({fewest.kind}, tp={fewest.tp}, "
+                 f"pp={fewest.pp}), predicted {fewest.predicted_us / 1e3:.3f} ms; the plan uses "
+                 f"{split.num_devices} for the lowest predicted time",)
+    return _Fit(quant=quant, split=split, memory=tuple(s.memory for s in split.stages), stage_of=stage_of,
+                tp=split.tp, notes=notes)
+
+
+def _unplaced(hw: HardwareProfile, spec: ModelSpec, wl: Workload, devs: tuple[Device, ...], quant: QuantChoice,
+              max_devices: int | None) -> _Fit:
+    """Nothing fits: the largest device's memory shows by how much, and it stands in for the whole model."""
+    d = max(devs, key=lambda d: d.capacity_bytes)
+    fmt = quant.format
+    memory = estimate_memory(spec, fmt, capacity_bytes=d.capacity_bytes, device=d.name, gpu=d.gpu, batch=wl.batch,
+                             context=wl.max_context, prompt_len=wl.prompt_len, phase=wl.phase,
+                             kv_dtype=wl.kv_dtype, cpu=d.kind == "cpu")
+    note = (f"{spec.name} in {fmt.name} does not fit on {hw.name} with any split of up to "
+            f"{max_devices or len(devs)} device(s)")
+    return _Fit(quant=quant, split=None, memory=(memory,), stage_of=(d,) * spec.num_layers, tp=1, notes=(note,))
 
 
 def _fits_somewhere(devs: tuple[Device, ...], model: ModelSpec, fmt: QuantFormat, wl: Workload,
@@ -205,7 +322,303 @@ def _fits_somewhere(devs: tuple[Device, ...], model: ModelSpec, fmt: QuantFormat
     return limit > 1 and need <= room
 
 
-def _rank(gpu: GPUProfile, op: Any, top: int) -> Any:
+# -- step 2: per-layer costs -------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _Phase:
+    """One phase of a request as a layer sees it: ``q_len`` new tokens per sequence attending to
+    ``context`` tokens, run ``runs`` times per request (decode: once per generated token)."""
+
+    name: str
+    q_len: int
+    context: int
+    runs: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _Mode:
+    """An activation mode a layer can run in (fp8 or 16-bit activations, with the chosen weights)."""
+
+    name: str
+    gemm_dtype: str       # what the GEMMs are ranked at
+    act_bytes: int        # bytes per element of the hidden state carried between layers
+    weight_ratio: float   # weight bytes of the format / weight bytes at the ranked dtype
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _OpTime:
+    """One op of one phase as one tensor-parallel rank runs it on ``device`` in ``mode``, with its
+    predicted time per run."""
+
+    phase: str
+    device: str                 # its name
+    mode: _Mode
+    op: LayerOp
+    us: float
+    bound: str                  # "compute" or "memory"
+    best: Candidate | None      # rank()'s best config; None where the roofline priced the op
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _LayerCost:
+    """One layer priced in one mode."""
+
+    ops: tuple[_OpTime, ...]       # every op of every phase, phase by phase
+    phase_us: Mapping[str, float]  # one run of each phase
+    request_us: float              # the phases weighted by their runs per request
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _LayerCosts:
+    """Every layer's cost in every mode. Layers of one kind on one device cost the same, so each such
+    pair is priced once (``priced``) and its layers share those objects (``layers``)."""
+
+    phases: tuple[_Phase, ...]
+    modes: tuple[_Mode, ...]
+    kinds: tuple[str, ...]                                    # per layer: ModelSpec.layer_kind
+    priced: Mapping[tuple[str, str], tuple[_LayerCost, ...]]  # (kind, device name) -> per mode
+    layers: tuple[tuple[_LayerCost, ...], ...]                # per layer -> per mode
+    notes: tuple[str, ...]
+
+
+def _layer_costs(spec: ModelSpec, wl: Workload, fit: _Fit, *, preference: str, top: int) -> _LayerCosts:
+    """Price each distinct (layer kind, device) in every mode the format, GPU and preference allow."""
+    modes, notes = _modes(fit.quant.format, fit.stage_of[0].gpu, preference)
+    phases = _phases(wl)
+    kinds = tuple(spec.layer_kind(i) for i in range(spec.num_layers))
+    priced: dict[tuple[str, str], tuple[_LayerCost, ...]] = {}
+    for i, (kind, dev) in enumerate(zip(kinds, fit.stage_of, strict=True)):
+        if (kind, dev.name) not in priced:  # the pair's first layer stands for all of them
+            priced[(kind, dev.name)] = tuple(_cost_layer(spec, i, dev, m, phases, batch=wl.batch, tp=fit.tp, top=top)
+                                             for m in modes)
+    layers = tuple(priced[(kind, dev.name)] for kind, dev in zip(kinds, fit.stage_of, strict=True))
+    return _LayerCosts(phases=phases, modes=modes, kinds=kinds, priced=priced, layers=layers, notes=notes)
+
+
+def _phases(wl: Workload) -> tuple[_Phase, ...]:
+    """Prefill over the prompt and ``gen_len`` decode steps, each priced at the full context."""
+    if wl.phase == "decode":  # the request is one decode step
+        return (_Phase(name="decode", q_len=1, context=wl.max_context, runs=1.0),)
+    prefill = _Phase(name="prefill", q_len=wl.prompt_len, context=wl.prompt_len, runs=1.0)
+    if wl.phase == "prefill":
+        return (prefill,)
+    return prefill, _Phase(name="decode", q_len=1, context=wl.max_context, runs=float(wl.gen_len))
+
+
+def _modes(fmt: QuantFormat, gpu: GPUProfile | None, preference: str) -> tuple[tuple[_Mode, ...], tuple[str, ...]]:
+    """The modes the layers may run in, and a note when the preference ruled one out."""
+    if fmt.mode == "native" and gpu is not None and gpu.features.fp8:
+        # fp4 GEMMs are ranked as fp8 (OpSpec has no fp4 GEMM kind); bytes scaled to the format's bits.
+        a16 = _Mode(name=f"w:{fmt.name} a:bf16 (weight-only)", gemm_dtype="bf16", act_bytes=2,
+                    weight_ratio=fmt.bits / 16)
+        if preference == "quality":
+            return (a16,), ("quality: activations stay bf16 (no fp8 activation quantization)",)
+        a8 = _Mode(name=f"w:{fmt.name} a:fp8", gemm_dtype="fp8", act_bytes=1, weight_ratio=fmt.bits / 8)
+        return (a8, a16), ()
+    base = "fp16" if gpu is not None and not gpu.features.bf16 else "bf16"
+    ratio = (fmt.bits_per_weight(4096) / 16) if fmt.mode != "original" else fmt.bits / 16
+    return (_Mode(name=f"w:{fmt.name} a:{base}", gemm_dtype=base, act_bytes=2, weight_ratio=ratio),), ()
+
+
+def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple[_Phase, ...], *, batch: int,
+                tp: int, top: int) -> _LayerCost:
+    """Layer ``i`` on ``dev`` in ``mode``: each op of each phase priced, as one tensor-parallel rank runs it."""
+    ops: list[_OpTime] = []
+    phase_us: dict[str, float] = {}
+    request_us = 0.0
+    for p in phases:
+        us = 0.0
+        for op in spec.layer_ops(i, batch=batch, q_len=p.q_len, context=p.context, dtype=mode.gemm_dtype):
+            t = _op_time(p.name, dev, _shard(op, tp), mode, top)
+            us += t.us * t.op.count
+            ops.append(t)
+        phase_us[p.name] = us
+        request_us += p.runs * us
+    return _LayerCost(ops=tuple(ops), phase_us=phase_us, request_us=request_us)
+
+
+# -- step 3: the per-layer chain ---------------------------------------------------------
+#: the hidden state as the embedding hands it to the first layer and the head takes it from the last.
+_EMBEDDING = _Mode(name="embedding output", gemm_dtype="bf16", act_bytes=2, weight_ratio=1.0)
+
+
+def _chain_plan(spec: ModelSpec, wl: Workload, fit: _Fit, costs: _LayerCosts, *,
+                compare_wfc: bool) -> tuple[ChainSolution, ChainSolution | None]:
+    """The mode of every layer: the exact DP's plan, which is used, and the WFC search's on the same
+    problem (when asked), reported beside it."""
+    problem = _chain_problem(spec, wl, fit, costs)
+    plan = solve_dp(problem)
+    return plan, solve_wfc(problem) if compare_wfc else None
+
+
+def _chain_problem(spec: ModelSpec, wl: Workload, fit: _Fit, costs: _LayerCosts) -> ChainProblem:
+    """Layers are the stages and modes the states. A layer's unary cost is its request time, the first
+    and last layer's plus the cast from and to the bf16 hidden state; a transition is the cast between
+    two neighbouring layers' modes."""
+    modes, stage_of, n = costs.modes, fit.stage_of, spec.num_layers
+    # hidden-state elements crossing one layer boundary per request: every token of every phase run
+    elems = sum(p.runs * wl.batch * p.q_len for p in costs.phases) * spec.hidden_size
+    first_bw, last_bw = stage_of[0].bandwidth_gbs, stage_of[-1].bandwidth_gbs
+    unary: list[tuple[float, ...]] = []
+    for i, layer in enumerate(costs.layers):
+        row = [c.request_us for c in layer]
+        if i == 0:
+            row = [c + _cast_us(elems, first_bw, _EMBEDDING, m) for c, m in zip(row, modes, strict=True)]
+        if i == n - 1:
+            row = [c + _cast_us(elems, last_bw, m, _EMBEDDING) for c, m in zip(row, modes, strict=True)]
+        unary.append(tuple(row))
+    # a transition depends on its layer's device only through the bandwidth: one matrix per bandwidth
+    matrix = {bw: tuple(tuple(_cast_us(elems, bw, a, b) for b in modes) for a in modes)
+              for bw in {d.bandwidth_gbs for d in stage_of}}
+    transition = tuple(matrix[d.bandwidth_gbs] for d in stage_of[:-1])
+    return ChainProblem(stages=tuple(f"layer {i} ({k})" for i, k in enumerate(costs.kinds)),
+                        states=(tuple(m.name for m in modes),) * n, unary=tuple(unary), transition=transition)
+
+
+def _cast_us(elems: float, bandwidth_gbs: float, a: _Mode, b: _Mode) -> float:
+    """Casting ``elems`` hidden-state elements from mode ``a`` to ``b``: read + write at the device's
+    bandwidth; free when both carry the same width."""
+    if a.act_bytes == b.act_bytes:
+        return 0.0
+    return elems * (a.act_bytes + b.act_bytes) / (bandwidth_gbs * 1e3)
+
+
+# -- step 4: the head --------------------------------------------------------------------
+def _head_ops(spec: ModelSpec, wl: Workload, fit: _Fit, costs: _LayerCosts, plan: ChainSolution, *,
+              top: int) -> tuple[_OpTime, ...]:
+    """The final norm and LM head of every phase: outside the layer chain, so priced after it, on the
+    last layer's device and in its mode."""
+    dev, mode = fit.stage_of[-1], costs.modes[plan.assignment[-1]]
+    return tuple(_op_time(p.name, dev, _shard(op, fit.tp), mode, top)
+                 for p in costs.phases for op in spec.head_ops(batch=wl.batch, q_len=p.q_len))
+
+
+# -- step 5: op choices ------------------------------------------------------------------
+def _op_choices(fit: _Fit, costs: _LayerCosts, plan: ChainSolution,
+                head: tuple[_OpTime, ...]) -> tuple[tuple[OpChoice, ...], tuple[Mapping[str, str], ...]]:
+    """One :class:`OpChoice` per distinct op of the plan (prefill first, then longest total first), and
+    the implementation of each kernel class they use on each GPU."""
+    rows = _layer_op_choices(fit, costs, plan)
+    for t in head:
+        # count 1 and mode -1 in the key: a head op never merges with a layer op
+        rows.setdefault((t.phase, t.device, t.op.name, t.op.shape, 1, -1), _op_choice(t, 1))
+    ops = tuple(sorted(rows.values(), key=lambda o: (o.phase != "prefill", -o.total_us)))
+    # the implementations follow the ops' first-seen order (layers, then head), not the sorted one
+    return ops, _impls(fit.stage_of, fit.quant.format, rows.values())
+
+
+def _layer_op_choices(fit: _Fit, costs: _LayerCosts, plan: ChainSolution) -> dict[tuple[Any, ...], OpChoice]:
+    """The plan's layer ops, one per (phase, device, op, shape, count, mode) in first-seen order, with
+    their occurrences summed over the layers."""
+    # Layers of one kind on one device in one mode run the same ops: visit each such group once
+    # (Counter keeps first-seen order, so the rows come out in the order a walk over the layers gives).
+    groups = Counter(zip(costs.kinds, (d.name for d in fit.stage_of), plan.assignment, strict=True))
+    first: dict[tuple[Any, ...], _OpTime] = {}
+    occurrences: dict[tuple[Any, ...], int] = {}
+    for (kind, dname, mi), layers in groups.items():
+        for t in costs.priced[(kind, dname)][mi].ops:
+            key = (t.phase, dname, t.op.name, t.op.shape, t.op.count, mi)
+            first.setdefault(key, t)
+            occurrences[key] = occurrences.get(key, 0) + t.op.count * layers
+    return {key: _op_choice(t, occurrences[key]) for key, t in first.items()}
+
+
+def _op_choice(t: _OpTime, occurrences: int) -> OpChoice:
+    """The report row of one distinct op; a GEMM shows the dtype it was ranked at."""
+    op, mode, dev = t.op, t.mode, t.device
+    dtype = op.op.dtype if op.op is not None else "bf16"
+    if op.op is not None and op.op.is_matmul:
+        dtype = mode.gemm_dtype
+    if t.best is None:
+        return OpChoice(phase=t.phase, name=op.name, mode=mode.name, gpu=dev, kind=op.kind, shape=op.shape,
+                        dtype=dtype, occurrences=occurrences, kernel_class=op.kernel_class, predicted_us=t.us,
+                        bound=t.bound, source="roofline",
+                        reason="no template kind for this op: roofline of its FLOPs and bytes")
+    cfg = t.best.config
+    # the bound is rank()'s, also where a weight-only format rescaled the time
+    return OpChoice(phase=t.phase, name=op.name, mode=mode.name, gpu=dev, kind=op.kind, shape=op.shape,
+                    dtype=dtype, occurrences=occurrences, kernel_class=op.kernel_class, predicted_us=t.us,
+                    bound=t.best.bound, source="rank", config=dict(cfg.params), kernel=cfg.kernel,
+                    template=cfg.template, path=cfg.path, roofline_pct=t.best.roofline_pct, reason=t.best.reason)
+
+
+def _impls(stage_of: Sequence[Device], fmt: QuantFormat, ops: Iterable[OpChoice]) -> tuple[Mapping[str, str], ...]:
+    """The implementation choose_impl() picks on each distinct GPU for each kernel class the ops use."""
+    from autoopt.kernels.choices import KERNEL_CLASSES
+    from autoopt.plugins.choices import choose_impl
+
+    classes = _kernel_classes(fmt, ops)
+    out: list[Mapping[str, str]] = []
+    seen: set[str] = set()
+    for dev in stage_of:
+        if dev.gpu is None or dev.name in seen:
+            continue
+        seen.add(dev.name)
+        for kc in classes:
+            if kc not in KERNEL_CLASSES:
+                continue
+            try:
+                choice = choose_impl(dev.gpu, kc)
+            except AutooptError as exc:
+                log.info("no implementation choice for %s on %s: %s", kc, dev.name, exc)
+                continue
+            out.append({"gpu": dev.name, **choice.to_dict()})
+    return tuple(out)
+
+
+def _kernel_classes(fmt: QuantFormat, ops: Iterable[OpChoice]) -> list[str]:
+    """The kernel classes the ops run as, in first-use order; a quantized format adds quantized_gemm."""
+    classes: list[str] = []
+    for o in ops:
+        kc = {"gemm": "gemv" if o.kind == "gemv" else "gemm", "norm": "rmsnorm", "moe": "softmax",
+              "elementwise": "silu_mul" if o.kind == "silu_mul" else "elementwise"}.get(o.kernel_class,
+                                                                                       o.kernel_class)
+        if kc not in classes:
+            classes.append(kc)
+    if fmt.mode != "original" and "quantized_gemm" not in classes:
+        classes.append("quantized_gemm")
+    return classes
+
+
+# -- step 6: totals ----------------------------------------------------------------------
+def _totals(fit: _Fit, costs: _LayerCosts, plan: ChainSolution, head: tuple[_OpTime, ...]) -> dict[str, float]:
+    """Per phase: the plan's layers plus the head. Per request: the plan's cost (casts included), the
+    head weighted by its runs, and the split's communication."""
+    predicted: dict[str, float] = {}
+    head_us = 0.0
+    for p in costs.phases:
+        t = sum(layer[mi].phase_us[p.name] for layer, mi in zip(costs.layers, plan.assignment, strict=True))
+        for h in head:
+            if h.phase == p.name:
+                t += h.us
+                head_us += p.runs * h.us
+        predicted["prefill_us" if p.name == "prefill" else "decode_step_us"] = t
+    comm_us = fit.split.comm_us if fit.split else 0.0
+    predicted["request_us"] = plan.cost + head_us + comm_us
+    if comm_us:
+        predicted["communication_us"] = comm_us
+    return predicted
+
+
+# -- pricing one op ----------------------------------------------------------------------
+def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int) -> _OpTime:
+    """rank()'s best config where a template covers the op on this GPU (GEMMs at the mode's dtype),
+    else the roofline of the op's FLOPs and bytes."""
+    if op.op is not None and dev.gpu is not None:
+        spec = op.op
+        if spec.is_matmul and spec.dtype != mode.gemm_dtype:
+            spec = OpSpec(kind=spec.kind, shape=spec.shape, dtype=mode.gemm_dtype)
+        r = _rank(dev.gpu, spec, top)
+        if not isinstance(r, AutooptError):
+            best = r.candidates[0]
+            us, bound = best.predicted_us, best.bound
+            if spec.is_matmul and mode.weight_ratio != 1.0:
+                us, bound = _weight_only_us(dev.gpu, spec, mode, us, bound, top)
+            return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=bound, best=best)
+    us, bound = _roofline(dev, op, mode.gemm_dtype if op.kernel_class == "gemm" else "bf16")
+    return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=bound, best=None)
+
+
+def _rank(gpu: GPUProfile, op: OpSpec, top: int) -> Ranking | AutooptError:
     """rank(), cached per (GPU content, op): ``gpu_key`` holds every field the templates and the cost
     model read (rates included) and is kept per profile object, where ``fingerprint`` hashed a
     string with sha256 on every call (48 calls per recommend) and left out the datasheet rates."""
@@ -232,8 +645,7 @@ def _shard(op: LayerOp, tp: int) -> LayerOp:
             return LayerOp(name=op.name, kind=op.kind, shape=op.shape, count=op.count, flops=op.flops / tp,
                            bytes=op.bytes / tp, op=None, kernel_class=op.kernel_class)
         return op
-    from autoopt.kernels.ops import OpSpec
-
+    shape: tuple[int, ...]
     if op.op.is_matmul and (op.name in _COLUMN_PARALLEL or op.name in _ROW_PARALLEL):
         m, n, k = op.shape
         shape = (m, max(1, n // tp), k) if op.name in _COLUMN_PARALLEL else (m, n, max(1, k // tp))
@@ -247,43 +659,23 @@ def _shard(op: LayerOp, tp: int) -> LayerOp:
 
 
 def _roofline(dev: Device, op: LayerOp, compute: str) -> tuple[float, str]:
+    """(us, bound): the larger of the op's FLOPs at the device's ``compute`` rate and its bytes at its bandwidth."""
     tf = dev.tflops(compute) * 1e6
     bw = dev.bandwidth_gbs * 1e3
     c, b = op.flops / tf, op.bytes / bw
     return max(c, b), "compute" if c >= b else "memory"
 
 
-@dataclass(slots=True)
-class _Mode:
-    name: str
-    gemm_dtype: str       # what the GEMMs are ranked at
-    act_bytes: int        # bytes per element of the hidden state carried between layers
-    weight_ratio: float   # weight bytes of the format / weight bytes at the ranked dtype
-
-
-def _modes(fmt: QuantFormat, gpu: GPUProfile | None) -> list[_Mode]:
-    if fmt.mode == "native" and gpu is not None and gpu.features.fp8:
-        # fp4 GEMMs are ranked as fp8 (OpSpec has no fp4 GEMM kind); bytes scaled to the format's bits.
-        a8 = _Mode(f"w:{fmt.name} a:fp8", "fp8", 1, fmt.bits / 8)
-        a16 = _Mode(f"w:{fmt.name} a:bf16 (weight-only)", "bf16", 2, fmt.bits / 16)
-        return [a8, a16]
-    base = "fp16" if gpu is not None and not gpu.features.bf16 else "bf16"
-    ratio = (fmt.bits_per_weight(4096) / 16) if fmt.mode != "original" else fmt.bits / 16
-    return [_Mode(f"w:{fmt.name} a:{base}", base, 2, ratio)]
-
-
-def _weight_only_us(gpu: GPUProfile, spec: Any, mode: _Mode, us: float, bound: str, top: int) -> tuple[float, str]:
+def _weight_only_us(gpu: GPUProfile, spec: OpSpec, mode: _Mode, us: float, bound: str, top: int) -> tuple[float, str]:
     """A weight-only GEMM: computes at the ranked dtype's rate, moves the format's weight bytes.
 
     With 8-bit weights on an FP8 GPU the bytes are exactly an fp8 GEMM's, so the
     time is the larger of the fp8 ranking (memory) and the bf16 one when that is
     compute bound. Otherwise a memory-bound prediction is scaled by the bytes moved.
     """
-    from autoopt.kernels.ops import OpSpec
-
     if abs(mode.weight_ratio - 0.5) < 1e-9 and gpu.features.fp8 and spec.dtype != "fp8":
         r8 = _rank(gpu, OpSpec(kind=spec.kind, shape=spec.shape, dtype="fp8"), top)
-        if not isinstance(r8, Exception):
+        if not isinstance(r8, AutooptError):
             c8 = r8.candidates[0]
             if bound == "compute" and us >= c8.predicted_us:
                 return us, bound
@@ -294,217 +686,3 @@ def _weight_only_us(gpu: GPUProfile, spec: Any, mode: _Mode, us: float, bound: s
         act = (m * k + m * n) * e
         return us * (act + n * k * e * mode.weight_ratio) / (act + n * k * e), bound
     return us, bound
-
-
-def _op_time(dev: Device, op: LayerOp, mode: _Mode, top: int) -> tuple[float, str, Any]:
-    """(predicted us for one run, bound, rank candidate or None)."""
-    if op.op is not None and dev.gpu is not None:
-        spec = op.op
-        if spec.is_matmul and spec.dtype != mode.gemm_dtype:
-            from autoopt.kernels.ops import OpSpec
-
-            spec = OpSpec(kind=spec.kind, shape=spec.shape, dtype=mode.gemm_dtype)
-        r = _rank(dev.gpu, spec, top)
-        if not isinstance(r, Exception):
-            best = r.candidates[0]
-            us, bound = best.predicted_us, best.bound
-            if spec.is_matmul and mode.weight_ratio != 1.0:
-                us, bound = _weight_only_us(dev.gpu, spec, mode, us, bound, top)
-            return us, bound, best
-    t, bound = _roofline(dev, op, mode.gemm_dtype if op.kernel_class == "gemm" else "bf16")
-    return t, bound, None
-
-
-def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int = 1, prompt_len: int = 1024,
-              gen_len: int = 256, context: int | None = None, phase: str = "both", weight_dtype: str | None = None,
-              kv_dtype: str | None = None, preference: str = "balanced", max_devices: int | None = None,
-              include_cpu: bool = False, top: int = 3, compare_wfc: bool = True) -> Recommendation:
-    """Recommend how to run ``model`` on ``profile`` (see module docstring); predictions only."""
-    t0 = time.perf_counter()
-    hw = _profile(profile)
-    spec = parse_model(model)
-    gpu0 = hw.gpu
-    if kv_dtype is None:
-        kv_dtype = "fp8" if preference == "speed" and gpu0 is not None and gpu0.features.fp8 else \
-            ("bf16" if gpu0 is None or gpu0.features.bf16 else "fp16")
-    if context is not None and context < prompt_len:
-        raise ModelError(f"context {context} is shorter than the prompt ({prompt_len} tokens)", field="context")
-    wl = Workload(batch=batch, prompt_len=prompt_len, gen_len=gen_len, phase=phase, kv_dtype=kv_dtype,
-                  context=context)
-    devs = devices_of(hw, include_cpu=include_cpu)
-    if not devs:
-        raise AutooptError(f"profile {hw.name!r} has no device with known memory size and bandwidth")
-    notes: list[str] = []
-    quant = choose_format(gpu0, spec, preference=preference, requested=weight_dtype,
-                          fits=lambda f: _fits_somewhere(devs, spec, f, wl, max_devices))
-    fmt = quant.format
-    plans = candidate_splits(hw, spec, fmt, wl, max_devices=max_devices, include_cpu=include_cpu)
-    fitting = [p for p in plans if p.fits]
-    split = fitting[0] if fitting else None
-    if split is None:
-        d = max(devs, key=lambda d: d.capacity_bytes)
-        memory: tuple[MemoryEstimate, ...] = (estimate_memory(
-            spec, fmt, capacity_bytes=d.capacity_bytes, device=d.name, gpu=d.gpu, batch=wl.batch,
-            context=wl.max_context, prompt_len=wl.prompt_len, phase=wl.phase, kv_dtype=wl.kv_dtype,
-            cpu=d.kind == "cpu"),)
-        notes.append(f"{spec.name} in {fmt.name} does not fit on {hw.name} with any split of up to "
-                     f"{max_devices or len(devs)} device(s)")
-        stage_of = [d] * spec.num_layers
-        tp = 1
-    else:
-        memory = tuple(s.memory for s in split.stages)
-        by_index = {d.index: d for d in devs}
-        stage_of = []
-        for s in split.stages:
-            stage_of.extend([by_index[s.devices[0]]] * (s.layers[1] - s.layers[0]))
-        tp = split.tp
-        fewest = min(fitting, key=lambda p: (p.num_devices, p.predicted_us))
-        if fewest is not split:
-            notes.append(f"fewest devices that fit: {fewest.num_devices} ({fewest.kind}, tp={fewest.tp}, "
-                         f"pp={fewest.pp}), predicted {fewest.predicted_us / 1e3:.3f} ms; the plan uses "
-                         f"{split.num_devices} for the lowest predicted time")
-
-    # -- per-op choices and per-layer costs ------------------------------------------
-    phases = [("prefill", wl.prompt_len, wl.prompt_len, 1.0), ("decode", 1, wl.max_context, float(wl.gen_len))]
-    if wl.phase == "prefill":
-        phases = phases[:1]
-    elif wl.phase == "decode":
-        phases = [("decode", 1, wl.max_context, 1.0)]
-    modes = _modes(fmt, stage_of[0].gpu)
-    if preference == "quality" and len(modes) > 1:
-        modes = modes[1:]  # quality keeps activations in bf16
-        notes.append("quality: activations stay bf16 (no fp8 activation quantization)")
-    n = spec.num_layers
-    kinds = [spec.layer_kind(i) for i in range(n)]
-    rep: dict[tuple[str, str], int] = {}
-    for i, k in enumerate(kinds):
-        rep.setdefault((k, stage_of[i].name), i)
-    layer_cost: dict[tuple[str, str, int], float] = {}  # (kind, device, mode) -> us, weighted over phases
-    phase_cost: dict[tuple[str, str, str, int], float] = {}
-    layer_rows: dict[tuple[str, str, int], list[tuple[str, LayerOp, float, str, Any]]] = {}
-    for (k, dname), i in rep.items():
-        dev = stage_of[i]
-        for mi, mode in enumerate(modes):
-            total = 0.0
-            rows = layer_rows.setdefault((k, dname, mi), [])
-            for pname, q, ctx, w in phases:
-                pt = 0.0
-                for op in spec.layer_ops(i, batch=wl.batch, q_len=q, context=ctx, dtype=mode.gemm_dtype):
-                    sop = _shard(op, tp)
-                    us, bound, cand = _op_time(dev, sop, mode, top)
-                    pt += us * sop.count
-                    rows.append((pname, sop, us, bound, cand))
-                phase_cost[(k, dname, pname, mi)] = pt
-                total += w * pt
-            layer_cost[(k, dname, mi)] = total
-
-    # -- the per-layer chain -----------------------------------------------------------
-    def cast_us(dev: Device, a: _Mode, b: _Mode) -> float:
-        if a.act_bytes == b.act_bytes:
-            return 0.0
-        elems = sum(w * wl.batch * q for _, q, _, w in phases) * spec.hidden_size
-        return elems * (a.act_bytes + b.act_bytes) / (dev.bandwidth_gbs * 1e3)
-
-    bf16_in = _Mode("embedding output", "bf16", 2, 1.0)
-    unary = []
-    for i in range(n):
-        row = [layer_cost[(kinds[i], stage_of[i].name, mi)] for mi in range(len(modes))]
-        if i == 0:
-            row = [c + cast_us(stage_of[0], bf16_in, m) for c, m in zip(row, modes)]
-        if i == n - 1:
-            row = [c + cast_us(stage_of[-1], m, bf16_in) for c, m in zip(row, modes)]
-        unary.append(tuple(row))
-    trans = tuple(tuple(tuple(cast_us(stage_of[i], a, b) for b in modes) for a in modes) for i in range(n - 1))
-    problem = ChainProblem(stages=tuple(f"layer {i} ({kinds[i]})" for i in range(n)),
-                           states=tuple(tuple(m.name for m in modes) for _ in range(n)), unary=tuple(unary),
-                           transition=trans)
-    plan = solve_dp(problem)
-    alt = solve_wfc(problem) if compare_wfc else None
-    layer_modes = plan.labels
-
-    # -- de-duplicated op choices of the chosen plan ---------------------------------
-    first_row: dict[tuple[Any, ...], tuple[int, str, LayerOp, float, str, Any]] = {}
-    occurrences: dict[tuple[Any, ...], int] = {}
-    for i in range(n):
-        mi = plan.assignment[i]
-        for pname, sop, us, bound, cand in layer_rows[(kinds[i], stage_of[i].name, mi)]:
-            key = (pname, stage_of[i].name, sop.name, sop.shape, sop.count, mi)
-            if key not in first_row:
-                first_row[key] = (mi, pname, sop, us, bound, cand)
-            occurrences[key] = occurrences.get(key, 0) + sop.count
-    op_rows: dict[tuple[Any, ...], OpChoice] = {
-        key: _op_choice(pname, key[1], sop, modes[mi], occurrences[key], us, bound, cand)
-        for key, (mi, pname, sop, us, bound, cand) in first_row.items()}
-
-    # -- totals ---------------------------------------------------------------------------
-    predicted: dict[str, float] = {}
-    head_dev = stage_of[-1]
-    head_mode = modes[plan.assignment[-1]]
-    head_total = 0.0
-    for pname, q, ctx, w in phases:
-        t = sum(phase_cost[(kinds[i], stage_of[i].name, pname, plan.assignment[i])] for i in range(n))
-        for op in spec.head_ops(batch=wl.batch, q_len=q):
-            sop = _shard(op, tp)
-            us, bound, cand = _op_time(head_dev, sop, head_mode, top)
-            t += us
-            head_total += w * us
-            key = (pname, head_dev.name, sop.name, sop.shape, 1, -1)
-            op_rows.setdefault(key, _op_choice(pname, head_dev.name, sop, head_mode, 1, us, bound, cand))
-        predicted["prefill_us" if pname == "prefill" else "decode_step_us"] = t
-    predicted["request_us"] = plan.cost + head_total + (split.comm_us if split else 0.0)
-    if split and split.comm_us:
-        predicted["communication_us"] = split.comm_us
-
-    impls = _impls(stage_of, fmt, op_rows.values())
-    return Recommendation(profile=hw.name, model=spec, workload=wl, preference=preference, quant=quant,
-                          fits=split is not None, split=split, memory=memory,
-                          ops=tuple(sorted(op_rows.values(), key=lambda o: (o.phase != "prefill", -o.total_us))),
-                          impls=impls, plan=plan, plan_alternative=alt, layer_modes=layer_modes,
-                          predicted=predicted, notes=tuple(notes), elapsed_ms=(time.perf_counter() - t0) * 1e3)
-
-
-def _op_choice(phase: str, dev: str, op: LayerOp, mode: _Mode, occ: int, us: float, bound: str,
-               cand: Any) -> OpChoice:
-    dtype = op.op.dtype if op.op is not None else "bf16"
-    if op.op is not None and op.op.is_matmul:
-        dtype = mode.gemm_dtype
-    if cand is None:
-        return OpChoice(phase=phase, name=op.name, mode=mode.name, gpu=dev, kind=op.kind, shape=op.shape,
-                        dtype=dtype, occurrences=occ, kernel_class=op.kernel_class, predicted_us=us, bound=bound,
-                        source="roofline", reason="no template kind for this op: roofline of its FLOPs and bytes")
-    cfg = cand.config
-    return OpChoice(phase=phase, name=op.name, mode=mode.name, gpu=dev, kind=op.kind, shape=op.shape, dtype=dtype,
-                    occurrences=occ, kernel_class=op.kernel_class, predicted_us=us, bound=cand.bound,
-                    source="rank", config=dict(cfg.params), kernel=cfg.kernel, template=cfg.template,
-                    path=cfg.path, roofline_pct=cand.roofline_pct, reason=cand.reason)
-
-
-def _impls(stage_of: list[Device], fmt: QuantFormat, ops: Any) -> tuple[Mapping[str, str], ...]:
-    from autoopt.kernels.choices import KERNEL_CLASSES
-    from autoopt.plugins.choices import choose_impl
-
-    classes: list[str] = []
-    for o in ops:
-        kc = {"gemm": "gemv" if o.kind == "gemv" else "gemm", "norm": "rmsnorm", "moe": "softmax",
-              "elementwise": "silu_mul" if o.kind == "silu_mul" else "elementwise"}.get(o.kernel_class,
-                                                                                       o.kernel_class)
-        if kc not in classes:
-            classes.append(kc)
-    if fmt.mode != "original" and "quantized_gemm" not in classes:
-        classes.append("quantized_gemm")
-    out: list[Mapping[str, str]] = []
-    seen: set[str] = set()
-    for dev in stage_of:
-        if dev.gpu is None or dev.name in seen:
-            continue
-        seen.add(dev.name)
-        for kc in classes:
-            if kc not in KERNEL_CLASSES:
-                continue
-            try:
-                choice = choose_impl(dev.gpu, kc)
-            except AutooptError as exc:
-                log.info("no implementation choice for %s on %s: %s", kc, dev.name, exc)
-                continue
-            out.append({"gpu": dev.name, **choice.to_dict()})
-    return tuple(out)

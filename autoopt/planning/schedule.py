@@ -27,8 +27,17 @@ from typing import Any
 from autoopt.errors import AutooptError
 from autoopt.hardware.profile import HardwareProfile
 
-__all__ = ["Assignment", "Job", "Migration", "Schedule", "Slot", "auto_migrate", "schedule", "slots_of",
-           "STRATEGIES"]
+__all__ = [
+    "STRATEGIES",
+    "Assignment",
+    "Job",
+    "Migration",
+    "Schedule",
+    "Slot",
+    "auto_migrate",
+    "schedule",
+    "slots_of",
+]
 
 log = logging.getLogger(__name__)
 STRATEGIES = ("round_robin", "load_balanced", "priority")

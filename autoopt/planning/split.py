@@ -351,7 +351,7 @@ def _partition(costs: _Costs, devs: Sequence[Device], fixed: Sequence[float],
             i = j
         return out if i == n else None
 
-    times = [t[-1] + x for t, x in zip(tpre, extra)]
+    times = [t[-1] + x for t, x in zip(tpre, extra, strict=True)]
     hi = max(times)
     lo = max(min(tpre[k][i + 1] - tpre[k][i] for k in range(len(devs))) for i in range(n))
     if fill(hi * (1 + 1e-9)) is None:
@@ -386,7 +386,7 @@ def _evaluate(profile: HardwareProfile, model: ModelSpec, fmt: QuantFormat, wl: 
         tp_us_per_layer = sum(w * 2 * allreduce_us(wl.batch * q * model.hidden_size * 2, tp, bw, path)
                               for q, _, w in wl.points())
     stages, stage_t = [], []
-    for k, ((a, b), g) in enumerate(zip(ranges, groups)):
+    for k, ((a, b), g) in enumerate(zip(ranges, groups, strict=True)):
         t = sum(costs.times(lead[k])[a:b]) + (b - a) * tp_us_per_layer
         if k == pp - 1:
             t += head_us

@@ -23,13 +23,16 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
 from autoopt.errors import PluginError
 from autoopt.kernels.template import Template
 from autoopt.plugins import hookspecs
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 log = logging.getLogger(__name__)
 _FAILED = object()  # marks a hook implementation that raised
@@ -39,7 +42,7 @@ __all__ = ["AUTOLOAD_ENV", "BUILTIN", "PluginManager", "PluginProblem", "get_plu
 
 AUTOLOAD_ENV = "AUTOOPT_DISABLE_PLUGIN_AUTOLOAD"
 BUILTIN = "builtin"
-T = TypeVar("T")
+T = TypeVar("T", bound="DataclassInstance")  # call_first answers are dataclasses (replace() credits the plugin)
 _OVERRIDE_HOOKS = ("autoopt_choose_path", "autoopt_choose_impl")
 
 
@@ -97,7 +100,7 @@ class PluginManager:
     # -- registration ------------------------------------------------------------
     def register(self, plugin: Any, *, name: str | None = None, strict: bool = False) -> str | None:
         """Register a module/object of hookimpls; a malformed one is reported and skipped."""
-        label = name or getattr(plugin, "__name__", repr(plugin))
+        label = name or str(getattr(plugin, "__name__", repr(plugin)))
         try:
             got = self.pm.register(plugin, name=name)
         except Exception as exc:  # pluggy.PluginValidationError, duplicate names, ...

@@ -323,8 +323,12 @@ def _build_pruned(pm: PluginManager, gpu: GPUProfile, op: OpSpec, templates: Seq
 
 def rank(gpu: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, top: int = 5,
          templates: Sequence[Template] | None = None, strict: bool = False, force: str | None = None,
-         exhaustive: bool = False) -> Ranking:
+         exhaustive: bool = False, measured: bool = True) -> Ranking:
     """The ``top`` fastest valid configs for ``op`` on ``gpu`` by the cost model.
+
+    With ``measured`` (the default) a winner measured before on this device and software stack
+    (the results store: in-memory, user store, shipped results) comes first, labelled
+    ``measured`` with its source; the rest stay in predicted order.
 
     By default templates that describe their space with lower bounds (see
     :mod:`autoopt.pruning`) are searched by branch and bound: the same top ``top``
@@ -361,7 +365,7 @@ def rank(gpu: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, t
         entry = _build(pm, g, o, tpls, strict)
         _store(key, entry)
     cands = entry.candidates
-    reasons = Counter()
+    reasons: Counter[str] = Counter()
     for kernel, counter in entry.reasons.items():
         if force is None or kernel.endswith("_" + force):
             reasons.update(counter)
@@ -373,12 +377,38 @@ def rank(gpu: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, t
         if not entry.templates:
             raise ConfigError(f"no template applies to {o.label()} on {g.name} ({g.arch or 'unknown arch'})")
         top3 = [entry.examples[r] for r, _ in reasons.most_common(3)]
-        why = "; ".join(f"{ex} (x{n})" for ex, (_, n) in zip(top3, reasons.most_common(3))) or "no config emitted"
+        why = "; ".join(f"{ex} (x{n})" for ex, (_, n) in zip(top3, reasons.most_common(3), strict=True))
+        why = why or "no config emitted"
         what = f" with force={force!r}" if force else ""
         raise ConfigError(f"no valid config for {o.label()} on {g.name}{what}: {why}", reasons=tuple(top3))
+    if measured:
+        cands = _with_measured(g, o, cands, force)
     return Ranking(op=o, gpu=g.name, candidates=cands[:top], considered=entry.considered, rejected=entry.rejected,
                    path=entry.path, elapsed_us=(time.perf_counter() - t0) * 1e6, templates=entry.templates,
                    rejections=tuple((entry.examples[r], n) for r, n in reasons.most_common(5)))
+
+
+def _with_measured(gpu: GPUProfile, op: OpSpec, cands: tuple[Candidate, ...], force: str | None
+                   ) -> tuple[Candidate, ...]:
+    """``cands`` with the results store's measured winner for ``op`` first (unchanged when there is none)."""
+    from autoopt.results.lookup import lookup
+
+    hit = lookup(gpu, op)
+    if hit is None:
+        return cands
+    config = hit.result.config
+    if force is not None and not config.kernel.endswith("_" + force):
+        return cands
+    same = next((c for c in cands if c.config.key() == config.key()), None)
+    if same is None:
+        try:
+            pred = predict_config(gpu, op, config)
+        except AutooptError:  # no longer valid under today's templates: ignore the old winner
+            return cands
+        same = Candidate(config=config, predicted_us=pred.us, bound=pred.bound, roofline_pct=pred.roofline_pct,
+                         reason=pred.reason, breakdown=pred.breakdown)
+    winner = replace(same, measured_us=hit.result.us, source=hit.label)
+    return (winner, *(c for c in cands if c.config.key() != config.key()))
 
 
 def _store(key: Any, entry: _Entry) -> None:

@@ -247,10 +247,10 @@ def tune(target: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *
     the results store). ``templates`` restricts the search (default: every installed one).
     Raises :class:`AutooptError` for a bad budget, op or profile.
     """
-    from autoopt.search.ranking import _op_of, rank
+    from autoopt.search.ranking import rank
 
     gpu = _gpu_of(target)
-    o = _op_of(op)
+    o = op if isinstance(op, OpSpec) else OpSpec.from_dict(op)
     _check_budget(budget_trials, budget_s)
     t0 = time.perf_counter()
     ranked = list(rank(gpu, o, top=POOL, templates=templates).candidates)

@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 __all__ = ["NORM_KERNELS", "norm_prepare"]
 
 
+# The @triton.jit kernels here carry no annotations on purpose: Triton reads a parameter's annotation
+# as its type or specialisation (``n: int`` would pin n to i32), so each is exempt from mypy's
+# no-untyped-def by a `type: ignore` on its def line.
 @triton.jit
-def _rmsnorm_single(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,
+def _rmsnorm_single(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,  # type: ignore[no-untyped-def]
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -47,7 +50,7 @@ def _rmsnorm_single(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, e
 
 
 @triton.jit
-def _rmsnorm_looped(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,
+def _rmsnorm_looped(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,  # type: ignore[no-untyped-def]
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -67,7 +70,7 @@ def _rmsnorm_looped(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, e
 
 
 @triton.jit
-def _layernorm_single(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,
+def _layernorm_single(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,  # type: ignore[no-untyped-def]
                       BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -86,7 +89,7 @@ def _layernorm_single(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o,
 
 
 @triton.jit
-def _layernorm_looped(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,
+def _layernorm_looped(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,  # type: ignore[no-untyped-def]
                       BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x
@@ -115,7 +118,7 @@ def _layernorm_looped(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o,
 
 
 @triton.jit
-def _softmax_single(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,
+def _softmax_single(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,  # type: ignore[no-untyped-def]
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_N)
@@ -133,7 +136,7 @@ def _softmax_single(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, e
 
 
 @triton.jit
-def _softmax_looped(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,
+def _softmax_looped(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, eps,  # type: ignore[no-untyped-def]
                     BLOCK_N: tl.constexpr, ROWS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x

@@ -1,0 +1,262 @@
+"""The key of this machine and the identity of a kernel's source, computed without importing torch or triton.
+
+A row is usable only in the environment it was measured in (:class:`EnvKey`: device fingerprint,
+driver, torch and triton versions) and only while its kernel's source file still hashes to what it
+hashed to then. The start-up lookup needs both for every op, so both are cheap and cached per
+process: versions come from the installed distributions' ``*.dist-info``/``*.egg-info`` folder
+names on ``sys.path`` (one directory scan; ``importlib.metadata`` costs ~25 ms to import and importing
+torch seconds), hashes from one read of each kernel file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import stat
+import sys
+import threading
+import time
+from pathlib import Path, PurePosixPath
+
+from autoopt.errors import StoreError
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
+from autoopt.results.records import MAX_REASON, EnvKey, ResultKey, StoredResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PACKAGE_DIR", "autoopt_version", "clear_caches", "current_key", "env_key", "installed_version",
+           "is_stale", "kernel_source", "make_result", "source_changed", "source_hash"]
+
+#: the autoopt package folder: kernel files inside it are stored relative to it, so a row measured
+#: in one installation matches the same file in another (a shipped or imported result set).
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+#: a kernel source file larger than this is not a kernel file (and is not hashed).
+_MAX_SOURCE_BYTES = 4 << 20
+#: how much of a METADATA/PKG-INFO file is read for its Version: header (headers come first).
+_MAX_METADATA_BYTES = 64 << 10
+
+_lock = threading.Lock()
+_versions: dict[str, str] | None = None
+_hashes: dict[str, str | None] = {}
+
+
+def _normal(name: str) -> str:
+    """A distribution name as PEP 503 compares them: case-, dash-, dot- and underscore-blind."""
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def _metadata_version(path: Path) -> str | None:
+    """The ``Version:`` header of a METADATA/PKG-INFO file, read only when it is a small regular file."""
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        with path.open("rb") as fh:
+            head = fh.read(_MAX_METADATA_BYTES)
+    except OSError:
+        return None
+    for line in head.decode("utf-8", "replace").splitlines():
+        if not line.strip():
+            break  # end of the headers
+        if line.lower().startswith("version:"):
+            return line.split(":", 1)[1].strip() or None
+    return None
+
+
+def _scan_installed() -> dict[str, str]:
+    """Normalised distribution name -> version for every ``*.dist-info``/``*.egg-info`` on ``sys.path``.
+
+    The first entry of ``sys.path`` that has a distribution wins, as it does for ``importlib.metadata``.
+    Names like ``torch-2.13.0+cpu.dist-info`` carry the version (the wheel spec puts it there); an
+    ``autoopt.egg-info`` without one has it read from its PKG-INFO.
+    """
+    found: dict[str, str] = {}
+    for entry in sys.path:
+        if not isinstance(entry, str):
+            continue
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            lower = name.lower()
+            if lower.endswith(".dist-info"):
+                stem, meta = name[: -len(".dist-info")], "METADATA"
+            elif lower.endswith(".egg-info"):
+                stem, meta = name[: -len(".egg-info")], "PKG-INFO"
+            else:
+                continue
+            dist, _, rest = stem.partition("-")
+            key = _normal(dist)
+            if key in found:
+                continue
+            # egg-info names are name-version-pyX.Y: the version is the second part
+            version = rest.split("-")[0] if rest else _metadata_version(Path(entry or ".", name, meta))
+            if version:
+                found[key] = version
+    return found
+
+
+def installed_version(dist: str) -> str:
+    """Installed version of distribution ``dist`` (``""`` when absent), read from its metadata folder's name.
+
+    Never imports the distribution; one directory scan per process (:func:`clear_caches` forgets it).
+    """
+    global _versions
+    with _lock:
+        if _versions is None:
+            _versions = _scan_installed()
+        return _versions.get(_normal(dist), "")
+
+
+def autoopt_version() -> str:
+    """This autoopt's ``__version__``.
+
+    Read from the already-imported parent package: Python initialises ``autoopt`` before any of its
+    submodules, so this is no import (the layer rules forbid one from here), and the installed
+    metadata can lag behind the source (an editable install keeps its first version).
+    """
+    root = sys.modules.get("autoopt")
+    return str(getattr(root, "__version__", "") or "")
+
+
+def env_key(gpu: GPUProfile) -> EnvKey:
+    """The environment a measurement on ``gpu`` belongs to, with this process's torch and triton."""
+    return EnvKey(device=gpu.device_fingerprint, gpu=gpu.name, driver=gpu.driver_version or "",
+                  torch=installed_version("torch"), triton=installed_version("triton"))
+
+
+def current_key(gpu: GPUProfile, op: OpSpec) -> ResultKey:
+    """The key under which ``op`` on ``gpu`` is stored and looked up in this environment."""
+    return ResultKey(env=env_key(gpu), op=op)
+
+
+def _resolve(kernel_file: str) -> Path | None:
+    """The file a row's ``kernel_file`` names, or None when it cannot name a kernel file.
+
+    Relative names are inside the package folder and may not climb out of it (an imported row
+    could otherwise make us read any file); absolute ones are taken as they are.
+    """
+    if os.path.isabs(kernel_file):
+        return Path(kernel_file)
+    rel = PurePosixPath(kernel_file)
+    if ".." in rel.parts or not rel.parts:
+        return None
+    return PACKAGE_DIR.joinpath(*rel.parts)
+
+
+def _hash_file(path: Path) -> str | None:
+    """sha256 of a regular ``.py`` file of sane size, None otherwise (a missing file: its rows are stale)."""
+    import hashlib  # here, not at import: loading OpenSSL costs ~3 ms of a cold start
+
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_SOURCE_BYTES or path.suffix != ".py":
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if len(data) > _MAX_SOURCE_BYTES:  # grew between the stat and the read
+        return None
+    return hashlib.sha256(data).hexdigest()
+
+
+def source_hash(kernel_file: str) -> str | None:
+    """Current sha256 of a row's ``kernel_file`` (cached per process), None when it is gone or unreadable."""
+    with _lock:
+        if kernel_file in _hashes:
+            return _hashes[kernel_file]
+    path = _resolve(kernel_file)
+    digest = _hash_file(path) if path is not None else None
+    with _lock:
+        _hashes[kernel_file] = digest
+    return digest
+
+
+def kernel_source(module: str | os.PathLike[str]) -> tuple[str, str]:
+    """``(kernel_file, sha256)`` for a kernel module: what the tuner stores with each row.
+
+    ``module`` is a dotted module name (``"autoopt.backend.kernels.gemm_tma"``; one outside autoopt is
+    located with ``importlib.util.find_spec``, which imports its parent packages) or a path to the
+    ``.py`` file. Files inside the autoopt package are named relative to it
+    (``"backend/kernels/gemm_tma.py"``), others by absolute path. StoreError when there is no such file.
+    """
+    text = os.fspath(module)
+    if isinstance(text, bytes):
+        raise StoreError(f"kernel module must be a str or a path, got bytes {text!r}")
+    path: Path | None
+    if text.endswith(".py") or os.sep in text or "/" in text:
+        path = Path(text) if os.path.isabs(text) else (Path.cwd() / text)
+        if not path.exists() and not os.path.isabs(text):
+            path = PACKAGE_DIR / text
+    elif text == "autoopt" or text.startswith("autoopt."):
+        base = PACKAGE_DIR.joinpath(*text.split(".")[1:])
+        path = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+    else:
+        try:
+            spec = importlib.util.find_spec(text)
+        except (ImportError, ValueError) as exc:
+            raise StoreError(f"kernel module {text!r} cannot be located: {exc}") from None
+        path = Path(spec.origin) if spec is not None and spec.origin else None
+    if path is None or not path.is_file():
+        raise StoreError(f"kernel module {text!r} has no source file (looked for {path})")
+    path = path.resolve()
+    try:
+        name = path.relative_to(PACKAGE_DIR).as_posix()
+    except ValueError:
+        name = str(path)
+    digest = _hash_file(path)
+    if digest is None:
+        raise StoreError(f"kernel source {str(path)!r} is not a readable .py file of at most "
+                         f"{_MAX_SOURCE_BYTES >> 20} MiB")
+    with _lock:
+        _hashes[name] = digest
+    return name, digest
+
+
+def source_changed(row: StoredResult) -> bool:
+    """Whether ``row``'s kernel file now hashes differently from when it was measured (or is gone)."""
+    return source_hash(row.kernel_file) != row.kernel_hash
+
+
+def is_stale(row: StoredResult, *, triton: str | None = None) -> bool:
+    """Whether ``row`` can no longer be used here: its kernel file changed (or is gone), or it was
+    compiled by another triton than the installed one (``triton``; default: the installed version).
+
+    With no triton installed the version cannot be judged and only the source decides (so that a
+    CPU-only machine managing a team's store does not call every row stale).
+    """
+    if source_changed(row):
+        return True
+    installed = installed_version("triton") if triton is None else triton
+    return bool(installed) and row.env.triton != installed
+
+
+def make_result(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, label: str, kernel_module: str,
+                us: float | None = None, max_error: float | None = None, reason: str = "",
+                measured_at: float | None = None) -> StoredResult:
+    """A row for one evaluation in this environment: what the tuner hands to ``ResultStore.put``.
+
+    ``kernel_module`` names the kernel's source (see :func:`kernel_source`); a reason longer than the
+    store keeps is cut (compiler errors can run to pages).
+    """
+    file, digest = kernel_source(kernel_module)
+    # compiler output carries ANSI colour codes and can run to pages: keep what a person can read
+    reason = "".join(c if c.isprintable() or c in "\n\t" else "?" for c in reason)
+    if len(reason) > MAX_REASON:
+        reason = reason[: MAX_REASON - 1] + "…"
+    return StoredResult(env=env_key(gpu), op=op, config=config, label=label, us=us, max_error=max_error,
+                        reason=reason, kernel_file=file, kernel_hash=digest,
+                        measured_at=time.time() if measured_at is None else measured_at,
+                        autoopt_version=autoopt_version())
+
+
+def clear_caches() -> None:
+    """Forget the cached versions and source hashes (after installing a package or editing a kernel)."""
+    global _versions
+    with _lock:
+        _versions = None
+        _hashes.clear()

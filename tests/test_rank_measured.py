@@ -1,0 +1,62 @@
+"""rank() puts a measured winner first (labelled, with its source); a known profile finds it under any driver."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from autoopt.hardware.library import load_profile
+from autoopt.kernels.ops import OpSpec
+from autoopt.results import keys
+from autoopt.results.lookup import ResultLookup, reset_default_lookup
+from autoopt.search.ranking import rank
+
+OP = OpSpec(kind="gemm", shape=(256, 6144, 4096), dtype="bf16")
+H100 = load_profile("h100-sxm").gpu  # a known profile: no driver
+DETECTED = replace(H100, driver_version="580.159.04")
+
+
+@pytest.fixture
+def memory(monkeypatch):
+    """A fresh process-wide lookup with no user store and no shipped results."""
+    fresh = ResultLookup(store_path=None, shipped_dir=None)
+    monkeypatch.setattr("autoopt.results.lookup._default", fresh)
+    yield fresh
+    reset_default_lookup()
+
+
+def _measured(gpu, config, us):
+    return keys.make_result(gpu, OP, config, label="measured", kernel_module="autoopt.backend.kernels.gemm", us=us)
+
+
+def test_without_measurements_the_best_is_the_cost_models_pick(memory):
+    best = rank(H100, OP).best
+    assert best.label == "predicted" and best.source == "predicted" and best.measured_us is None
+
+
+def test_a_measured_winner_comes_first_with_its_time_and_source(memory):
+    third = rank(H100, OP, top=3).candidates[2]
+    memory.remember(_measured(H100, third.config, 21.5))
+    ranking = rank(H100, OP, top=3)
+    assert ranking.best.config == third.config
+    assert ranking.best.to_dict()["label"] == "measured" and ranking.best.source == "measured:memory"
+    assert ranking.best.measured_us == 21.5 and len(ranking.candidates) == 3
+
+
+def test_a_known_profile_without_driver_finds_a_measurement_taken_under_a_driver(memory):
+    second = rank(H100, OP, top=2).candidates[1]
+    memory.remember(_measured(DETECTED, second.config, 30.0))
+    assert rank(H100, OP).best.config == second.config
+
+
+def test_a_measurement_under_another_driver_does_not_answer_a_detected_gpu(memory):
+    second = rank(H100, OP, top=2).candidates[1]
+    memory.remember(_measured(replace(H100, driver_version="550.54.14"), second.config, 30.0))
+    assert rank(DETECTED, OP).best.config != second.config
+
+
+def test_measured_false_ignores_the_store(memory):
+    second = rank(H100, OP, top=2).candidates[1]
+    memory.remember(_measured(H100, second.config, 30.0))
+    assert rank(H100, OP, measured=False).best.label == "predicted"
