@@ -32,13 +32,13 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import autoopt  # noqa: E402
+from autoopt._paths import builtin_templates  # noqa: E402
 from autoopt.errors import AutooptError, ConfigError  # noqa: E402
 from autoopt.hardware.library import load_profile  # noqa: E402
 from autoopt.hardware.profile import HardwareProfile  # noqa: E402
 from autoopt.kernels.config import KernelConfig  # noqa: E402
 from autoopt.kernels.ops import OpSpec  # noqa: E402
 from autoopt.search.ranking import predict_config  # noqa: E402
-from autoopt.templates.gemm import matmul_path  # noqa: E402
 from autoopt.tuning.autotune import TOP_K  # noqa: E402
 from autoopt.tuning.config_ranking import generic_cost, rank_configs  # noqa: E402
 from autoopt.tuning.winners import JsonWinnerStore, winner_key  # noqa: E402
@@ -320,6 +320,9 @@ def test_winner_key_depends_on_source_key_device_triton_and_configs() -> None:
 # -- the matmul: autoopt's gemm model ----------------------------------------------------------------
 
 def _gemm_config(gpu: Any, cfg: Any) -> KernelConfig:
+    builtin_templates()  # autoopt.templates without an install (PYTHONPATH=.)
+    from autoopt.templates.gemm import matmul_path
+
     kw = cfg.kwargs
     return KernelConfig(kernel="gemm", template="gemm", path=matmul_path(gpu, kw["BLOCK_SIZE_M"], cfg.num_warps),
                         params={"BLOCK_M": kw["BLOCK_SIZE_M"], "BLOCK_N": kw["BLOCK_SIZE_N"],

@@ -238,10 +238,10 @@ def _workload(gpu: GPUProfile | None, preference: str, *, batch: int, prompt_len
 
 
 # -- step 1: fit -------------------------------------------------------------------------
-# The records steps hand on are frozen, slotted, keyword-only dataclasses with eq=False: nothing compares
-# them (identity is all they need; several hold dicts), and each generated method is compiled when the
-# module loads, so leaving out __eq__/__hash__ keeps that out of the cold-start time.
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+# The records the steps hand on are frozen, slotted, keyword-only dataclasses without __eq__, __hash__
+# or __repr__: nothing compares or prints them (identity is all they need; several hold dicts), and
+# every generated method is compiled when the module loads, which counts in the cold-start time.
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class _Fit:
     """Where the model goes: weight format, split, memory per stage, and per layer the device that runs
     it. With no fitting split (``split`` None) the model is still priced, on the largest device alone,
@@ -323,7 +323,7 @@ def _fits_somewhere(devs: tuple[Device, ...], model: ModelSpec, fmt: QuantFormat
 
 
 # -- step 2: per-layer costs -------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class _Phase:
     """One phase of a request as a layer sees it: ``q_len`` new tokens per sequence attending to
     ``context`` tokens, run ``runs`` times per request (decode: once per generated token)."""
@@ -334,7 +334,7 @@ class _Phase:
     runs: float
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class _Mode:
     """An activation mode a layer can run in (fp8 or 16-bit activations, with the chosen weights)."""
 
@@ -344,7 +344,7 @@ class _Mode:
     weight_ratio: float   # weight bytes of the format / weight bytes at the ranked dtype
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class _OpTime:
     """One op of one phase as one tensor-parallel rank runs it on ``device`` in ``mode``, with its
     predicted time per run."""
@@ -358,7 +358,7 @@ class _OpTime:
     best: Candidate | None      # rank()'s best config; None where the roofline priced the op
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class _LayerCost:
     """One layer priced in one mode."""
 
@@ -367,7 +367,7 @@ class _LayerCost:
     request_us: float              # the phases weighted by their runs per request
 
 
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
 class _LayerCosts:
     """Every layer's cost in every mode. Layers of one kind on one device cost the same, so each such
     pair is priced once (``priced``) and its layers share those objects (``layers``)."""

@@ -635,7 +635,10 @@ class Autotuner(KernelInterface):
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+    """The gist of a Triton error: a CompilationError's ``str`` starts with the source excerpt
+    ("at 3:4:\n<code>"), its ``error_message`` says what went wrong (a static_assert's message)."""
+    message = getattr(exc, "error_message", None)
+    text = (message if isinstance(message, str) and message.strip() else str(exc)).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 

@@ -25,6 +25,7 @@ tensors are read by duck typing (``.kwargs``, ``.num_warps``, ``.dtype``, ``.ele
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -214,8 +215,17 @@ def _layout(args: Mapping[str, Any]) -> str:
     return "kn" if args.get("stride_bn") == 1 and args.get("stride_bk") != 1 else "nk"
 
 
+def _templates(module: str) -> Any:
+    """A built-in template module (``templates/``, installed as ``autoopt.templates``; found beside
+    the package in a source checkout run with ``PYTHONPATH=.``)."""
+    from autoopt._paths import builtin_templates
+
+    builtin_templates()
+    return importlib.import_module(f"autoopt.templates.{module}")
+
+
 def partial_gemm(gpu: GPUProfile) -> Translate:
-    from autoopt.templates.gemm import matmul_path
+    matmul_path = _templates("gemm").matmul_path
 
     def translate(config: Any) -> KernelConfig:
         kw = config.kwargs
@@ -228,13 +238,12 @@ def partial_gemm(gpu: GPUProfile) -> Translate:
 
 
 def partial_gemv(gpu: GPUProfile, m: int) -> Translate:
-    from autoopt.templates.gemv import GemvTemplate
-
+    path_for = _templates("gemv").GemvTemplate.path_for
     bm = C.next_pow2(m)
 
     def translate(config: Any) -> KernelConfig:
         kw = config.kwargs
-        return KernelConfig(kernel="gemv", template="gemv", path=GemvTemplate.path_for(gpu, bm), params={
+        return KernelConfig(kernel="gemv", template="gemv", path=path_for(gpu, bm), params={
             "BLOCK_M": bm, "BLOCK_N": _block(kw, BLOCK_KEYS["N"]) or 0, "BLOCK_K": _block(kw, BLOCK_KEYS["K"]) or 0,
             "SPLIT_K": _block(kw, ("SPLIT_K",)) or 1, "num_warps": _warps(config), "num_stages": _stages(config)})
     return translate
