@@ -141,6 +141,7 @@ def child_side(side: str, shapes: list[tuple[int, int, int]]) -> dict[str, Any]:
         lt = getattr(kernel, "last_tuning", None)
         if side != "triton" and lt is not None:
             row["autoopt"] = {"model": lt.model, "op": lt.op, "from_store": lt.from_store, "top_k": lt.top_k,
+                              "phases_s": {p: round(v, 4) for p, v in lt.phases.items()},
                               "timed": [t.to_dict() for t in lt.timed], "skipped": [s.to_dict() for s in lt.skipped],
                               "rank_of_chosen": next((i for i, r in enumerate(lt.ranked) if r.index == lt.chosen_index),
                                                      None)}

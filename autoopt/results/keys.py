@@ -130,11 +130,13 @@ _env_keys: dict[tuple[object, ...], EnvKey] = {}
 
 def env_key(gpu: GPUProfile) -> EnvKey:
     """The environment a measurement on ``gpu`` belongs to, with this process's torch and triton."""
-    ident = (gpu.name, gpu.cc_major, gpu.cc_minor, gpu.sm_count, gpu.memory_total_bytes, gpu.driver_version)
+    torch, triton = installed_version("torch"), installed_version("triton")
+    ident = (gpu.name, gpu.cc_major, gpu.cc_minor, gpu.sm_count, gpu.memory_total_bytes, gpu.driver_version,
+             torch, triton)
     key = _env_keys.get(ident)
     if key is None:
         key = EnvKey(device=gpu.device_fingerprint, gpu=gpu.name, driver=gpu.driver_version or "",
-                     torch=installed_version("torch"), triton=installed_version("triton"))
+                     torch=torch, triton=triton)
         _env_keys[ident] = key
     return key
 

@@ -32,6 +32,7 @@ import it (``autoopt.autotune`` is resolved lazily).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -40,7 +41,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from triton.runtime.jit import KernelInterface
@@ -113,13 +114,15 @@ class Tuning:
     top_k: int = 0
     op: str = ""
     note: str = ""
+    #: seconds spent ranking, compiling the top k in parallel, and running/timing configs one by one.
+    phases: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kernel": self.kernel, "key": [repr(v) for v in self.key], "model": self.model, "op": self.op,
                 "note": self.note, "top_k": self.top_k, "ranked": [r.to_dict() for r in self.ranked],
                 "timed": [t.to_dict() for t in self.timed], "skipped": [s.to_dict() for s in self.skipped],
                 "chosen": self.chosen, "chosen_index": self.chosen_index, "seconds": round(self.seconds, 6),
-                "from_store": self.from_store}
+                "from_store": self.from_store, "phases": {k: round(v, 6) for k, v in self.phases.items()}}
 
 
 # -- the machine: GPU profile, failure types ------------------------------------------------------
@@ -499,8 +502,11 @@ class Autotuner(KernelInterface):
                                       seconds=time.perf_counter() - t0, from_store=True, top_k=0)
             log.info("%s %s: stored winner %s", self.kernel_name, key, config_label(config))
             return config
+        t_rank = time.perf_counter()
         ranking = self._rank(configs, kwargs)
         k = self._k(len(configs), ranking)
+        t_compile = time.perf_counter()
+        self._precompile([configs[r.index] for r in ranking.order[:k]], args, kwargs)
         expected = self._expected(args, kwargs)
         timed: list[TimedConfig] = []
         skipped: list[SkippedConfig] = []
@@ -529,7 +535,9 @@ class Autotuner(KernelInterface):
         self.last_tuning = Tuning(kernel=self.kernel_name, key=key, model=ranking.model, ranked=ranking.order,
                                   timed=tuple(timed), skipped=tuple(skipped), chosen=best.label,
                                   chosen_index=best.index, seconds=time.perf_counter() - t0, from_store=False,
-                                  top_k=k, op=ranking.op, note=ranking.note)
+                                  top_k=k, op=ranking.op, note=ranking.note,
+                                  phases={"rank": t_compile - t_rank, "compile": t_bench - t_compile,
+                                          "time": self.bench_time})
         log.info("%s %s: %s ranked %d configs, timed %d, skipped %d, chose %s (%.4g ms) in %.2f s",
                  self.kernel_name, key, ranking.model, len(configs), len(timed), len(skipped), best.label, best.ms,
                  self.last_tuning.seconds)
@@ -553,6 +561,35 @@ class Autotuner(KernelInterface):
             log.info("%s: skipping config %s: %s", self.kernel_name, label, why)
 
     # -- running one config -----------------------------------------------------------------------
+    def _precompile(self, configs: Sequence[Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
+        """Compile ``configs`` at once, on threads, before they are timed one by one.
+
+        Compiling is most of a new shape's tuning time (H100, triton 3.6: ~0.7 s per tutorial matmul
+        config against ~50 ms to time it; benchmarks/autotune_vs_triton.py) and Triton's compiler
+        spends it in C++ passes and ``ptxas`` subprocesses, so the top k build side by side.
+        Uses Triton's ``AsyncCompileMode`` (``triton.runtime._async_compile``) where it exists; a
+        config that fails to compile here fails again, with its reason, when it is run. Best effort:
+        any problem leaves the compiles to the sequential runs."""
+        if self.interpreting or len(configs) < 2:
+            return
+        try:
+            from triton.runtime._async_compile import AsyncCompileMode
+        except ImportError:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        meta = {**kwargs, "warmup": True}
+        try:
+            with ThreadPoolExecutor(max_workers=min(len(configs), os.cpu_count() or 1)) as pool, \
+                    AsyncCompileMode(pool, ignore_errors=True):
+                for config in configs:
+                    if kwargs.keys() & config.kwargs.keys():
+                        continue  # the run reports the conflict
+                    with contextlib.suppress(Exception):
+                        self.fn.run(*args, **meta, **config.all_kwargs())
+        except Exception as exc:
+            log.debug("%s: parallel compile failed (%s: %s)", self.kernel_name, type(exc).__name__, exc)
+
     def _expected(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Any] | None:
         """The reference's outputs, one per ``check`` name (computed once per tuning, before any config runs)."""
         if self.reference is None:
