@@ -89,7 +89,7 @@ def _config_dict(config: Any) -> dict[str, Any]:
     return {"kwargs": dict(config.kwargs), "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
-def child_side(side: str, shapes: list[tuple[int, int, int]]) -> dict[str, Any]:
+def child_side(side: str, shapes: list[tuple[int, int, int]], autoopt_args: dict[str, Any]) -> dict[str, Any]:
     """Tune every shape with one side's decorator (``triton``, else autoopt's) in this (fresh) process."""
     import inspect
 
@@ -118,7 +118,7 @@ def child_side(side: str, shapes: list[tuple[int, int, int]]) -> dict[str, Any]:
         import autoopt
 
         triton.testing.do_bench = counting_do_bench  # autoopt's default timer looks it up per call
-        kernel = tm.autotuned(autoopt.autotune)
+        kernel = tm.autotuned(autoopt.autotune, **autoopt_args)
     rows = []
     for m, n, k in shapes:
         gen = torch.Generator(device="cuda").manual_seed(m * 7 + n * 3 + k)
@@ -207,6 +207,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "autotune_vs_triton.json")
     ap.add_argument("--shapes", default="", help="MxNxK,... (default: the issue's 7 shapes)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per child process")
+    ap.add_argument("--autoopt-args", default="{}",
+                    help='JSON of extra autoopt.autotune arguments, e.g. \'{"top_k": 3}\' (default: none)')
     ap.add_argument("--child", choices=("triton", "autoopt", "autoopt_again", "joint"), help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--pairs", help=argparse.SUPPRESS)
@@ -217,7 +219,7 @@ def main() -> int:
         if opts.child == "joint":
             data = child_joint(json.loads(Path(opts.pairs).read_text()))
         else:
-            data = child_side(opts.child, shapes)
+            data = child_side(opts.child, shapes, json.loads(opts.autoopt_args))
         Path(opts.result).write_text(json.dumps(data))
         return 0
 
@@ -232,7 +234,7 @@ def main() -> int:
         return 2
 
     env0 = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    shape_arg = ["--shapes", ",".join("x".join(map(str, s)) for s in shapes)]
+    shape_arg = ["--shapes", ",".join("x".join(map(str, s)) for s in shapes), "--autoopt-args", opts.autoopt_args]
     with tempfile.TemporaryDirectory(prefix="autotune-vs-triton-") as tmp:
         t_env = {**env0, "TRITON_CACHE_DIR": f"{tmp}/triton-side"}
         a_env = {**env0, "TRITON_CACHE_DIR": f"{tmp}/autoopt-side", "AUTOOPT_CACHE_DIR": f"{tmp}/autoopt-store"}
@@ -263,6 +265,8 @@ def main() -> int:
         "speed_ratio_geomean": None if speed_ratio is None else round(speed_ratio, 4),
         "speed_ratio_min": min(p["speed_ratio"] for p in per_shape),
         "second_process_timings": second,
+        "tune_s_total": {"triton": round(sum(p["tune_s_triton"] for p in per_shape), 3),
+                         "autoopt": round(sum(p["tune_s_autoopt"] for p in per_shape), 3)},
         "targets": {"time_ratio_geomean_max": TARGET_TIME_RATIO, "speed_ratio_geomean_min": TARGET_SPEED_RATIO,
                     "second_process_timings": 0},
         "met": {"time": time_ratio is not None and time_ratio <= TARGET_TIME_RATIO,
@@ -271,7 +275,8 @@ def main() -> int:
     result = {"question": "autoopt.autotune vs triton.autotune on Triton's tutorial matmul (16 configs, fp16): "
                           "tuning time per new shape, speed of the chosen kernel, timings in a second process",
               "environment": _environment(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "shapes": [list(s) for s in shapes], "summary": summary, "per_shape": per_shape,
+              "shapes": [list(s) for s in shapes], "autoopt_args": json.loads(opts.autoopt_args),
+              "summary": summary, "per_shape": per_shape,
               "sides": sides, "joint": joint}
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     opts.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -60,3 +60,24 @@ def test_measured_false_ignores_the_store(memory):
     second = rank(H100, OP, top=2).candidates[1]
     memory.remember(_measured(H100, second.config, 30.0))
     assert rank(H100, OP, measured=False).best.label == "predicted"
+
+
+def test_recommend_labels_an_op_measured_when_the_store_has_its_winner(memory, monkeypatch):
+    from autoopt.hardware.library import load_profile as load
+    from autoopt.kernels.config import KernelConfig
+    from autoopt.planning import recommendation
+
+    monkeypatch.setattr(recommendation, "_RANK_CACHE", {})
+    profile = load("h100-sxm")
+    before = recommendation.recommend(profile, "llama-3-8b")
+    choice = next(c for c in before.ops if c.source == "rank" and c.kind == "gemm")
+    op = OpSpec(kind=choice.kind, shape=tuple(choice.shape), dtype=choice.dtype)
+    config = KernelConfig(kernel=choice.kernel, params=dict(choice.config), path=choice.path, template=choice.template)
+    memory.remember(keys.make_result(profile.gpu, op, config, label="measured", us=choice.predicted_us * 1.1,
+                                     kernel_module=f"autoopt.backend.kernels.{choice.kernel}"))
+    monkeypatch.setattr(recommendation, "_RANK_CACHE", {})
+    after = recommendation.recommend(profile, "llama-3-8b")
+    got = next(c for c in after.ops if (c.phase, c.name, tuple(c.shape)) == (choice.phase, choice.name,
+                                                                             tuple(choice.shape)))
+    assert got.to_dict()["label"] == "measured" and got.source == "measured:memory"
+    assert got.measured_us == pytest.approx(choice.predicted_us * 1.1, rel=1e-6)

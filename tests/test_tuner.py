@@ -146,3 +146,17 @@ def test_trial_round_trips_through_dict():
     t = Trial(config=rank(H200.gpu, OP).best.config, source="seed", predicted_us=12.5, label="measured",
               us=13.0, rel_err=0.001, wall_s=0.2)
     assert Trial.from_dict(t.to_dict()) == t
+
+
+def test_prefetch_gets_the_seeds_first_then_the_neighbours_of_each_new_best():
+    calls = []
+    result = tune(H200, OP, budget_trials=4, evaluate=_fixed({}, default=50.0),
+                  prefetch=lambda op, configs: calls.append(list(configs)))
+    assert calls[0][0] == result.trials[0].config and len(calls[0]) == 12
+    assert len(calls) >= 2  # the first measured trial is a new best: its neighbours follow
+
+
+def test_prefetch_is_off_with_an_injected_evaluate():
+    # True means "the default worker pool", which only serves the real runner on a CUDA GPU
+    result = tune(H200, OP, budget_trials=2, evaluate=_fixed({}, default=50.0), prefetch=True)
+    assert len(result.trials) == 2

@@ -92,13 +92,24 @@ def check_kernel(op: OpSpec, config: KernelConfig) -> None:
 def _randn(shape: tuple[int, ...], dtype: str, device: Any, gen: Any, scale: float = 1.0) -> Any:
     import torch
 
+    if str(device) == "meta":  # shapes and dtypes only (see make_inputs(empty=True))
+        return torch.empty(shape, dtype=torch_dtype(dtype), device="meta")
+
     t = torch.randn(shape, generator=gen, dtype=torch.float32, device="cpu") * scale
     return t.to(device=device).to(torch_dtype(dtype))
 
 
-def make_inputs(op: OpSpec, device: Any, seed: int = 0) -> dict[str, Any]:
-    """Fresh random inputs for ``op`` on ``device`` (drawn on the CPU from ``seed``, then moved)."""
+def make_inputs(op: OpSpec, device: Any, seed: int = 0, *, empty: bool = False) -> dict[str, Any]:
+    """Fresh random inputs for ``op`` on ``device`` (drawn on the CPU from ``seed``, then moved).
+
+    ``empty=True`` allocates the same tensors uninitialised: enough to compile a kernel for them
+    (Triton specialises on dtypes, alignment and sizes, never on values), with no launch and no copy.
+    """
     import torch
+
+    if empty:
+        return {k: torch.empty(v.shape, dtype=v.dtype, device=device)
+                for k, v in make_inputs(op, "meta", seed).items()}
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     if op.is_matmul:

@@ -74,13 +74,18 @@ class OpChoice:
     kernel_class: str
     predicted_us: float
     bound: str
-    source: str  # "rank" (template + cost model) or "roofline" (no template kind for the op)
+    #: "rank" (template + cost model), "roofline" (no template kind for the op), or where a measured
+    #: winner came from ("measured:memory" / "measured:store" / "measured:shipped": the results store)
+    source: str
     config: Mapping[str, int] = field(default_factory=dict)
     kernel: str = ""
     template: str = ""
     path: str = ""
     roofline_pct: float = 0.0
     reason: str = ""
+    #: the chosen config's checked timing on this device and stack, when the results store has one
+    #: (the plan's times stay the cost model's, so ops compare like with like)
+    measured_us: float | None = None
 
     @property
     def total_us(self) -> float:
@@ -90,7 +95,9 @@ class OpChoice:
         return {"phase": self.phase, "name": self.name, "mode": self.mode, "gpu": self.gpu, "kind": self.kind,
                 "shape": list(self.shape), "dtype": self.dtype, "occurrences": self.occurrences,
                 "kernel_class": self.kernel_class, "predicted_us": round(self.predicted_us, 4),
-                "total_us": round(self.total_us, 3), "label": "predicted", "bound": self.bound,
+                "total_us": round(self.total_us, 3),
+                "label": "predicted" if self.measured_us is None else "measured",
+                "measured_us": None if self.measured_us is None else round(self.measured_us, 4), "bound": self.bound,
                 "source": self.source, "config": dict(self.config), "kernel": self.kernel,
                 "template": self.template, "path": self.path, "roofline_pct": round(self.roofline_pct, 2),
                 "reason": self.reason}
@@ -537,8 +544,9 @@ def _op_choice(t: _OpTime, occurrences: int) -> OpChoice:
     # the bound is rank()'s, also where a weight-only format rescaled the time
     return OpChoice(phase=t.phase, name=op.name, mode=mode.name, gpu=dev, kind=op.kind, shape=op.shape,
                     dtype=dtype, occurrences=occurrences, kernel_class=op.kernel_class, predicted_us=t.us,
-                    bound=t.best.bound, source="rank", config=dict(cfg.params), kernel=cfg.kernel,
-                    template=cfg.template, path=cfg.path, roofline_pct=t.best.roofline_pct, reason=t.best.reason)
+                    bound=t.best.bound, source="rank" if t.best.measured_us is None else t.best.source,
+                    config=dict(cfg.params), kernel=cfg.kernel, template=cfg.template, path=cfg.path,
+                    roofline_pct=t.best.roofline_pct, reason=t.best.reason, measured_us=t.best.measured_us)
 
 
 def _impls(stage_of: Sequence[Device], fmt: QuantFormat, ops: Iterable[OpChoice]) -> tuple[Mapping[str, str], ...]:

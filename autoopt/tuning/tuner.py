@@ -60,6 +60,10 @@ POOL = 24
 WARMUP_MS, REP_MS = 10, 40
 
 Evaluate = Callable[[OpSpec, KernelConfig], Any]
+#: prefetch(op, configs): start compiling configs the search will likely try (see precompile.py)
+Prefetch = Callable[[OpSpec, Sequence[KernelConfig]], Any]
+#: how many proposals are handed to the prefetcher at the start, and per new best
+PREFETCH_START, PREFETCH_NEIGHBOURS = 12, 8
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,6 +197,13 @@ class _Search:
             for nb in neighbours(trial.config, configs):
                 self.pool.setdefault(nb.key(), (self.predicted[nb.key()], "neighbour"))
 
+    def likely(self, n: int) -> list[KernelConfig]:
+        """The ``n`` open proposals the search would take next (queue first, then by corrected prediction)."""
+        queued = [c.config for c, _ in self.queue if self.open(c.config.key())]
+        ranked = sorted((self.corrected(c), i, c.config) for i, (k, (c, _)) in enumerate(self.pool.items())
+                        if self.open(k))
+        return [*queued, *(cfg for _, _, cfg in ranked)][:n]
+
     def next(self, best: Trial | None, noise: float) -> tuple[Candidate, str] | None:
         while self.queue:
             cand, source = self.queue.pop(0)
@@ -238,13 +249,15 @@ def _runner_evaluate(gpu: GPUProfile) -> Evaluate:
 def tune(target: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, budget_trials: int = 8,
          budget_s: float | None = None, noise: float = NOISE, evaluate: Evaluate | None = None,
          failed: Iterable[tuple[Any, ...]] = (), on_trial: Callable[[Trial], None] | None = None,
-         templates: Sequence[Template] | None = None) -> TuneResult:
+         templates: Sequence[Template] | None = None, prefetch: Prefetch | bool = True) -> TuneResult:
     """Tune ``op`` on ``target`` within ``budget_trials`` evaluations (and ``budget_s`` seconds).
 
     ``evaluate(op, config)`` returns a runner ``Result`` (default: the backend runner with short
     do_bench windows). ``failed`` holds ``KernelConfig.key()`` of configs known to fail here,
     which are never retried. ``on_trial`` sees each trial as it finishes (progress, JSON lines,
     the results store). ``templates`` restricts the search (default: every installed one).
+    ``prefetch`` compiles likely proposals ahead in worker processes (``True``: the default pool,
+    only with the real runner on a CUDA GPU; ``False``: off; or a callable).
     Raises :class:`AutooptError` for a bad budget, op or profile.
     """
     from autoopt.search.ranking import rank
@@ -257,6 +270,9 @@ def tune(target: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *
     space = list(rank(gpu, o, top=100_000, exhaustive=True, templates=templates).candidates)
     search = _Search(ranked, space, set(failed))
     run = evaluate or _runner_evaluate(gpu)
+    ahead = _prefetcher(prefetch, real_runner=evaluate is None)
+    if ahead is not None:
+        ahead(o, search.likely(PREFETCH_START))
     trials: list[Trial] = []
     best: Trial | None = None
     stopped = "trials"
@@ -272,14 +288,28 @@ def tune(target: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *
         trial = _evaluate(run, o, cand, source)
         search.tried.add(cand.config.key())
         trials.append(trial)
-        if trial.ok and (best is None or (trial.us or math.inf) < (best.us or math.inf)):
+        improved = trial.ok and (best is None or (trial.us or math.inf) < (best.us or math.inf))
+        if improved:
             best = trial
         search.record(trial, best)
+        if improved and ahead is not None:
+            ahead(o, search.likely(PREFETCH_NEIGHBOURS))
         if on_trial is not None:
             on_trial(trial)
     skipped = tuple(" ".join(map(str, k[:2])) for k in search.failed if k in search.predicted)
     return TuneResult(op=o, gpu=gpu.name, trials=tuple(trials), stopped=stopped,
                       elapsed_s=time.perf_counter() - t0, skipped=skipped)
+
+
+def _prefetcher(prefetch: Prefetch | bool, *, real_runner: bool) -> Prefetch | None:
+    if callable(prefetch):
+        return prefetch
+    if not prefetch or not real_runner:
+        return None
+    from autoopt.tuning.precompile import default_precompiler
+
+    pool = default_precompiler()
+    return pool.submit if pool is not None else None
 
 
 def _evaluate(run: Evaluate, op: OpSpec, cand: Candidate, source: str) -> Trial:
