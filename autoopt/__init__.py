@@ -7,6 +7,7 @@ stays fast and never imports torch, triton, rich or pynvml)::
     ranking = autoopt.rank(profile, {"kind": "gemm", "shape": (256, 6144, 4096), "dtype": "bf16"})
     plan    = autoopt.recommend(profile, "llama-3-8b", batch=8, context=8192)
     @autoopt.autotune(configs=[...], key=["M", "N", "K"])  # triton.autotune's drop-in: times the top 4
+    report  = autoopt.optimize(model)               # swap an nn.Module's linears/norms/MLPs for the kernels
 
 Errors all derive from :class:`AutooptError` (tree in :mod:`autoopt.errors`).
 """
@@ -47,6 +48,9 @@ _LAZY = {
     "Recommendation": ("autoopt.planning.recommendation", "Recommendation"),
     "ModelSpec": ("autoopt.planning.model", "ModelSpec"),
     "autotune": ("autoopt.tuning.autotune", "autotune"),
+    "optimize": ("autoopt.nn.optimize", "optimize"),
+    "restore": ("autoopt.nn.optimize", "restore"),
+    "OptimizeReport": ("autoopt.nn.report", "OptimizeReport"),
 }
 
 __all__ = [
@@ -66,6 +70,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from autoopt.kernels.config import KernelConfig as KernelConfig
     from autoopt.kernels.ops import OpSpec as OpSpec
     from autoopt.kernels.template import Template as Template
+    from autoopt.nn.optimize import optimize as optimize
+    from autoopt.nn.optimize import restore as restore
+    from autoopt.nn.report import OptimizeReport as OptimizeReport
     from autoopt.planning.model import ModelSpec as ModelSpec
     from autoopt.planning.recommendation import Recommendation as Recommendation
     from autoopt.planning.recommendation import recommend as recommend

@@ -17,7 +17,12 @@ Usage (the committed calibration)::
         single_warpgroup_efficiency,pointer_wgmma_efficiency,narrow_wgmma_efficiency
 
 The fitted values printed at the end are then written into ``CostConstants``'
-defaults by hand (each with its prior in a comment), so a reader sees them.
+defaults by hand (each with its prior in a comment), so a reader sees them. Those defaults are now
+the fitted ones, so to reproduce ``calibration_h200.json`` start from its priors:
+``--start benchmarks/results/calibration_h200.json`` (its ``constants_prior``).
+
+The split, the fit and the scores are the package's (``autoopt.search.calibration``: ``spearman``,
+``holdout_split``, ``score``, ``calibrate``); ``autoopt calibrate`` fits per device the same way.
 ``l2_bw_ratio`` is left out on purpose: free, it drifts to an unphysical 17x DRAM.
 """
 
@@ -25,80 +30,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoopt.api import load_profile
 from autoopt.kernels import cost
-from autoopt.kernels.config import KernelConfig
-from autoopt.kernels.ops import OpSpec
-from autoopt.search.calibration import fit_constants
-from autoopt.search.ranking import predict_config, validate_config
+from autoopt.search.calibration import calibrate, grid_samples, score, spearman
 
-KERNEL_TEMPLATE = {"gemm": ("gemm", "gemm"), "gemm_tma": ("gemm_tma", "hopper-tma-gemm")}
+__all__ = ["main", "spearman"]
 
 
-def spearman(xs: list[float], ys: list[float]) -> float:
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=v.__getitem__)
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(order):  # average ranks over ties
-            j = i
-            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for t in range(i, j + 1):
-                r[order[t]] = (i + j) / 2
-            i = j + 1
-        return r
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    vx = math.sqrt(sum((a - mx) ** 2 for a in rx))
-    vy = math.sqrt(sum((b - my) ** 2 for b in ry))
-    return cov / (vx * vy) if vx and vy else 0.0
-
-
-def load_samples(grid: dict, gpu) -> dict[str, list[tuple]]:
-    """shape -> [(gpu, op, config, measured_us)] for every measured config that passes validate."""
-    dtype = grid["meta"].get("dtype", "bf16")
-    out: dict[str, list[tuple]] = {}
-    for section, (kernel, template) in KERNEL_TEMPLATE.items():
-        for shape, entry in grid.get(section, {}).items():
-            m, n, k = (int(x) for x in shape.split("x"))
-            op = OpSpec(kind="gemm", shape=(m, n, k), dtype=dtype)
-            for row in entry["configs"]:
-                if row.get("label") != "measured":
-                    continue
-                params = row["config"]
-                from templates.gemm import matmul_path  # the path Triton takes for this tile
-
-                path = "tma_wgmma" if kernel == "gemm_tma" else matmul_path(gpu, params["BLOCK_M"], params["num_warps"])
-                cfg = KernelConfig(kernel=kernel, params=params, path=path, template=template)
-                if validate_config(gpu, op, cfg):
-                    continue  # the model's hard constraints refuse it: it is never ranked
-                out.setdefault(shape, []).append((gpu, op, cfg, float(row["us"])))
-    return out
-
-
-def score(samples_by_shape: dict[str, list[tuple]]) -> dict:
-    per_shape = {}
-    for shape, samples in samples_by_shape.items():
-        pred = [predict_config(g, o, c).us for g, o, c, _ in samples]
-        meas = [s[3] for s in samples]
-        best = min(meas)
-        pick = meas[min(range(len(pred)), key=pred.__getitem__)]
-        per_shape[shape] = {"n": len(samples), "spearman": round(spearman(pred, meas), 4),
-                            "top1_ratio": round(best / pick, 4), "best_us": best, "picked_us": pick}
-    rhos = sorted(v["spearman"] for v in per_shape.values())
-    ratios = [v["top1_ratio"] for v in per_shape.values()]
-    return {"per_shape": per_shape, "median_spearman": rhos[len(rhos) // 2],
-            "geomean_top1": round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 4),
-            "min_top1": min(ratios)}
+def _start(path: str | None) -> cost.CostConstants:
+    """The constants the fit starts from: the defaults, or a file's (a calibration report's
+    ``constants_prior``, or a plain object of constants); constants it lacks keep their defaults."""
+    if not path:
+        return cost.DEFAULT_CONSTANTS
+    data = json.loads(Path(path).read_text())
+    data = data.get("constants_prior", data.get("constants", data))
+    return cost.CostConstants.from_dict({**cost.DEFAULT_CONSTANTS.to_dict(), **data})
 
 
 def main() -> int:
@@ -109,43 +60,34 @@ def main() -> int:
     ap.add_argument("--near", type=float, default=1.5, help="fit on configs within this factor of the best")
     ap.add_argument("--names", help="comma-separated constants to fit (default: all)")
     ap.add_argument("--max-fit", type=int, default=1600, help="fit on at most this many samples")
+    ap.add_argument("--start", metavar="FILE", help="start from these constants (JSON; default: the defaults)")
     args = ap.parse_args()
     grid = json.loads(Path(args.grid).read_text())
-    gpu = load_profile(args.profile).gpus[0]
-    by_shape = load_samples(grid, gpu)
-    # Fit where the decision is made: configs within --near of each shape's best measured time
-    # (a uniform fit spends its accuracy on slow configs no ranking would ever pick).
-    train = []
-    for samples in by_shape.values():
-        best = min(s[3] for s in samples)
-        train += [s for i, s in enumerate(samples) if i % 2 == 0 and s[3] <= args.near * best]
-    stride = max(1, len(train) // args.max_fit)
-    train = train[::stride]
-    held = {shape: [s for i, s in enumerate(samples) if i % 2 == 1] for shape, samples in by_shape.items()}
-
-    before = score(by_shape)
-    t0 = time.perf_counter()
+    gpu = load_profile(args.profile).gpu
+    samples = grid_samples(grid, gpu)
+    start = _start(args.start)
     names = args.names.split(",") if args.names else None
-    fitted = fit_constants(train, start=cost.DEFAULT_CONSTANTS, names=names)
-    fit_s = time.perf_counter() - t0
-    with cost.using(fitted):
-        after_all = score(by_shape)
-        after_held = score(held)
+    # Held out: every second config of each shape in file order; fit on the rest within --near of
+    # the shape's best (a uniform fit spends its accuracy on slow configs no ranking would ever pick).
+    rep = calibrate(samples, start=start, names=names, holdout=0.5, stratify=False, near=args.near,
+                    max_per_shape=None, max_train=args.max_fit)
+    before = score(samples, start)
+    after_all = score(samples, rep.constants)
     report = {
         "grid": args.grid, "grid_meta": grid["meta"], "profile": args.profile,
-        "samples": sum(len(v) for v in by_shape.values()), "fit_samples": len(train), "near": args.near,
-        "fitted_names": args.names or "all", "fit_seconds": round(fit_s, 1),
-        "constants_prior": cost.DEFAULT_CONSTANTS.to_dict(), "constants_fitted": fitted.to_dict(),
-        "prior": before, "fitted_all": after_all, "fitted_heldout": after_held,
+        "samples": len(samples), "fit_samples": rep.n_train, "near": args.near,
+        "fitted_names": args.names or "all", "fit_seconds": round(rep.fit_seconds, 1),
+        "constants_prior": start.to_dict(), "constants_fitted": rep.constants.to_dict(),
+        "prior": before.to_dict(), "fitted_all": after_all.to_dict(), "fitted_heldout": rep.after.to_dict(),
     }
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    for name, s in (("prior", before), ("fitted (all)", after_all), ("fitted (held-out)", after_held)):
-        print(f"{name:18s} median rho {s['median_spearman']:.3f}  grid top-1 geomean {s['geomean_top1']:.3f}"
-              f"  min {s['min_top1']:.3f}")
-    changed = {k: round(v, 4) for k, v in fitted.to_dict().items() if v != cost.DEFAULT_CONSTANTS.to_dict()[k]}
+    for name, s in (("prior", before), ("fitted (all)", after_all), ("fitted (held-out)", rep.after)):
+        print(f"{name:18s} median rho {s.median_spearman:.3f}  grid top-1 geomean {s.geomean_top1:.3f}"
+              f"  min {s.min_top1:.3f}")
+    changed = {k: round(v, 4) for k, v in rep.constants.to_dict().items() if v != start.to_dict()[k]}
     print("fitted constants:", json.dumps(changed))
-    for shape, v in after_all["per_shape"].items():
-        print(f"  {shape:16s} n={v['n']:4d} rho={v['spearman']:.3f} top1={v['top1_ratio']:.3f}")
+    for v in after_all.per_shape:
+        print(f"  {v.shape:16s} n={v.n:4d} rho={v.spearman:.3f} top1={v.top1_ratio:.3f}")
     return 0
 
 

@@ -15,13 +15,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from calibrate import spearman
 
 from autoopt.api import load_profile
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
+from autoopt.search.calibration import spearman
 from autoopt.search.ranking import predict_config, rank
 
 

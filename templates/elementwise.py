@@ -1,4 +1,4 @@
-"""Elementwise template (backend kernels ``silu_mul`` and ``add``): one flat pass over the tensors.
+"""Elementwise template (backend kernels ``silu_mul``, ``add``, ``gelu_tanh_mul``): one flat pass over the tensors.
 
 Keys: ``BLOCK_SIZE, num_warps``. Each program handles ``BLOCK_SIZE`` elements;
 each thread ``BLOCK_SIZE / (32 * num_warps)`` of them. Loads are full 16-byte
@@ -25,7 +25,7 @@ from autoopt.templates.gemm import missing_keys
 __all__ = ["ElementwiseTemplate"]
 
 KEYS = ("BLOCK_SIZE", "num_warps")
-#: silu_mul and add both read two tensors and write one.
+#: silu_mul, add and gelu_tanh_mul all read two tensors and write one.
 _INPUTS = 2
 #: smallest block: one 16-byte vector for each of 32 threads of a warp at fp32 (32 x 4 elements).
 MIN_BLOCK = 128
@@ -38,10 +38,10 @@ WARPS = (1, 2, 4, 8, 16)
 
 
 class ElementwiseTemplate(Template):
-    """``out = silu(x) * y`` and ``out = x + y`` over flat tensors."""
+    """``out = silu(x) * y``, ``out = x + y`` and ``out = gelu_tanh(x) * y`` over flat tensors."""
 
     name = "elementwise"
-    ops = ("silu_mul", "add")
+    ops = ("silu_mul", "add", "gelu_tanh_mul")
 
     @staticmethod
     def pairs(gpu: GPUProfile, op: OpSpec) -> Iterator[tuple[int, int]]:

@@ -372,6 +372,24 @@ def test_tutorial_matmul_tunes_at_a_tiny_shape_and_is_correct(dtype: Any) -> Non
     assert t.op == f"gemm[32x48x40] {'fp16' if dtype == torch.float16 else 'fp32'}"
 
 
+def test_gemv_and_row_reduction_kernels_are_ranked_by_their_templates() -> None:
+    gpu = load_profile(PROFILE).gpu
+    x = torch.empty(4, dtype=torch.float16)
+    gemv = [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=4, num_stages=s)
+            for n in (64, 128) for k in (128, 256) for s in (1, 3)]
+    ranking = rank_configs(gemv, {"x_ptr": x, "M": 1, "N": 4096, "K": 4096}, gpu=gpu, kernel="gemv_kernel",
+                           key_names=["M", "N", "K"])
+    assert ranking.model == "gemv" and ranking.op == "gemv[1x4096x4096] fp16"
+    assert ranking.order[0].model == "gemv" and ranking.order[0].score is not None
+    rows = [triton.Config({"BLOCK_SIZE": b}, num_warps=w) for b in (1024, 4096, 8192) for w in (4, 8)]
+    ranking = rank_configs(rows, {"x_ptr": x, "n_rows": 4096, "n_cols": 4096}, gpu=gpu, kernel="softmax_kernel",
+                           key_names=["n_cols"])
+    assert ranking.model == "norm" and ranking.op == "softmax[4096x4096] fp16"
+    # BLOCK_SIZE=4096 holds the row (single pass), 1024 loops over it, 8192 is mostly padding
+    assert [r.label.split()[0] for r in ranking.order[:2]] == ["BLOCK_SIZE=4096"] * 2
+    assert all(r.label.startswith("BLOCK_SIZE=8192") and not r.valid for r in ranking.order[-2:])
+
+
 def test_generic_model_rejects_a_config_over_shared_memory_and_prefers_full_waves() -> None:
     gpu = load_profile(PROFILE).gpu
     args = {"M": 4096, "N": 4096, "K": 4096}

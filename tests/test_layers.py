@@ -23,6 +23,7 @@ LAYERS: tuple[str, ...] = (
     "autoopt.cli",
     "autoopt",                                         # the package root: the lazy public API
     "autoopt.api | autoopt.report",
+    "autoopt.nn",                                      # torch-facing ops (custom ops over the backend kernels)
     "autoopt.tuning",
     "autoopt.validation",                              # predicted vs measured whole models (cli only)
     "autoopt.planning | autoopt.backend",

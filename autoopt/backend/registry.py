@@ -1,7 +1,7 @@
 """What each backend kernel needs around it: inputs, launch, reference, tolerance, torch baseline.
 
 Kernel names (``KernelConfig.kernel``) and the op kinds they serve:
-``gemm``, ``gemm_tma`` (gemm, gemv), ``gemv`` (gemv), ``silu_mul``, ``add``,
+``gemm``, ``gemm_tma`` (gemm, gemv), ``gemv`` (gemv), ``silu_mul``, ``add``, ``gelu_tanh_mul``,
 ``{rmsnorm,layernorm,softmax}_{single,looped}``. Inputs are fresh random
 tensors (never zeros: zeros hide unwritten outputs and can run faster). The
 reference is float64 on the same inputs. For a ``kn`` GEMM the weight is
@@ -66,6 +66,7 @@ KERNELS: dict[str, KernelEntry] = {
     "gemv": KernelEntry(name="gemv", kinds=("gemv",), module=f"{_KERNELS}.gemv"),
     "silu_mul": KernelEntry(name="silu_mul", kinds=("silu_mul",), module=f"{_KERNELS}.elementwise"),
     "add": KernelEntry(name="add", kinds=("add",), module=f"{_KERNELS}.elementwise"),
+    "gelu_tanh_mul": KernelEntry(name="gelu_tanh_mul", kinds=("gelu_tanh_mul",), module=f"{_KERNELS}.gated"),
     **{f"{k}_{v}": KernelEntry(name=f"{k}_{v}", kinds=(k,), module=f"{_KERNELS}.norm")
        for k in ("rmsnorm", "layernorm", "softmax") for v in ("single", "looped")},
 }
@@ -121,7 +122,7 @@ def make_inputs(op: OpSpec, device: Any, seed: int = 0, *, empty: bool = False) 
         return {"a": a, "w": _randn((n, k), op.dtype, device, gen, k ** -0.5)}
     rows, n = op.shape
     x = _randn((rows, n), op.dtype, device, gen)
-    if op.kind in ("silu_mul", "add"):
+    if op.kind in ("silu_mul", "add", "gelu_tanh_mul"):
         return {"x": x, "y": _randn((rows, n), op.dtype, device, gen)}
     if op.kind == "softmax":
         return {"x": x}
@@ -153,11 +154,12 @@ def _weight(inputs: dict[str, Any]) -> tuple[Any, str]:
 
 
 def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
-            op: OpSpec | None = None) -> Callable[[], None]:
+            op: OpSpec | None = None, *, eps: float | None = None) -> Callable[[], None]:
     """Bind ``config`` to the tensors; returns a no-argument launcher (compiles on first call).
 
     Allocations (split-K workspace, descriptors) happen here, outside any timed region.
-    ``op``, when given, is checked against the kernel's kinds.
+    ``op``, when given, is checked against the kernel's kinds. ``eps`` (norms only) overrides
+    :data:`EPS` (a model's own ``rms_norm_eps``, say).
     """
     if op is not None:
         check_kernel(op, config)
@@ -181,9 +183,12 @@ def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
     if name == "add":
         from autoopt.backend.kernels.elementwise import add_prepare
         return add_prepare(inputs["x"], inputs["y"], out, params)
+    if name == "gelu_tanh_mul":
+        from autoopt.backend.kernels.gated import gelu_tanh_mul_prepare
+        return gelu_tanh_mul_prepare(inputs["x"], inputs["y"], out, params)
     from autoopt.backend.kernels.norm import norm_prepare
     return norm_prepare(name, inputs["x"], inputs.get("weight"), inputs.get("bias"), out, params,
-                        eps=EPS.get(name.rsplit("_", 1)[0], 0.0))
+                        eps=EPS.get(name.rsplit("_", 1)[0], 0.0) if eps is None else eps)
 
 
 def launch(inputs: dict[str, Any], config: KernelConfig, out: Any, op: OpSpec | None = None) -> None:
@@ -204,6 +209,8 @@ def reference(inputs: dict[str, Any], op: OpSpec) -> Any:
     x = d(inputs["x"])
     if op.kind == "silu_mul":
         return torch.nn.functional.silu(x) * d(inputs["y"])
+    if op.kind == "gelu_tanh_mul":
+        return torch.nn.functional.gelu(x, approximate="tanh") * d(inputs["y"])
     if op.kind == "add":
         return x + d(inputs["y"])
     if op.kind == "softmax":
@@ -241,6 +248,9 @@ def torch_baseline(inputs: dict[str, Any], op: OpSpec) -> Callable[[], Any] | No
     if op.kind == "silu_mul":
         y = inputs["y"]
         return lambda: F.silu(x) * y
+    if op.kind == "gelu_tanh_mul":
+        y = inputs["y"]
+        return lambda: F.gelu(x, approximate="tanh") * y
     if op.kind == "add":
         y = inputs["y"]
         return lambda: x + y

@@ -35,10 +35,12 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_CONSTANTS",
+    "FRACTIONS",
     "CostConstants",
     "MatmulBound",
     "StreamBound",
     "constants",
+    "explicit",
     "floor_us",
     "matmul_lower_bound",
     "peak_flops",
@@ -142,6 +144,11 @@ class CostConstants:
 DEFAULT_CONSTANTS = CostConstants()
 _active: list[CostConstants] = [DEFAULT_CONSTANTS]
 
+#: constants that are fractions of a peak or rate: a fit keeps them in (0, 1], a stored set must too.
+FRACTIONS = frozenset({"tc_efficiency", "mma_sync_fraction", "dram_efficiency", "l2_usable_fraction",
+                       "persistent_fill_fraction", "pointer_wgmma_efficiency", "single_warpgroup_efficiency",
+                       "stream_dram_efficiency", "narrow_wgmma_efficiency"})
+
 
 def constants() -> CostConstants:
     """The constants predictions use now."""
@@ -161,6 +168,13 @@ def using(consts: CostConstants) -> Iterator[CostConstants]:
 def set_constants(consts: CostConstants) -> None:
     """Install calibrated constants for the rest of the process."""
     _active[0] = consts
+
+
+def explicit() -> bool:
+    """Whether the constants in use were chosen on purpose: inside a :func:`using` block (any set,
+    the defaults included) or after :func:`set_constants` installed another set. The ranking then
+    leaves them alone; otherwise it applies the device's calibrated constants when it has some."""
+    return len(_active) > 1 or _active[0] is not DEFAULT_CONSTANTS
 
 
 # -- shared quantities ---------------------------------------------------------------

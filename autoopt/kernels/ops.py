@@ -8,6 +8,7 @@ Shapes by kind:
 - ``gemm``/``gemv``: ``(M, N, K)``: ``C[M,N] = A[M,K] @ W[N,K]^T`` (``nn.Linear``
   weights, layout ``nk``) or ``A @ B[K,N]`` (layout ``kn``). ``gemv`` is M <= 16.
 - ``silu_mul``: ``(rows, N)``: ``out[rows,N] = silu(x[rows,N]) * y[rows,N]``.
+- ``gelu_tanh_mul``: ``(rows, N)``: ``out = gelu_tanh(x) * y`` (GeGLU, Gemma's activation).
 - ``add``: ``(rows, N)`` (or ``(numel,)``): ``out = x + y``.
 - ``rmsnorm``/``layernorm``/``softmax``: ``(rows, N)``, normalised over N.
 """
@@ -36,6 +37,7 @@ OP_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gemv": (("M", "N", "K"), ("bf16", "fp16", "fp8", "fp32")),
     "silu_mul": (("rows", "N"), ("bf16", "fp16", "fp32")),
     "add": (("rows", "N"), ("bf16", "fp16", "fp32")),
+    "gelu_tanh_mul": (("rows", "N"), ("bf16", "fp16", "fp32")),
     "rmsnorm": (("rows", "N"), ("bf16", "fp16", "fp32")),
     "layernorm": (("rows", "N"), ("bf16", "fp16", "fp32")),
     "softmax": (("rows", "N"), ("bf16", "fp16", "fp32")),
@@ -123,7 +125,8 @@ class OpSpec:
         if self.is_matmul:
             m, n, k = self.shape
             return 2.0 * m * n * k
-        per_elem = {"silu_mul": 5.0, "add": 1.0, "rmsnorm": 4.0, "layernorm": 7.0, "softmax": 5.0}
+        per_elem = {"silu_mul": 5.0, "add": 1.0, "gelu_tanh_mul": 9.0, "rmsnorm": 4.0, "layernorm": 7.0,
+                    "softmax": 5.0}
         return per_elem[self.kind] * self.numel
 
     @property
@@ -135,7 +138,7 @@ class OpSpec:
             m, n, k = self.shape
             return (m * k + n * k) * e + m * n * o
         rows, n = self.shape
-        if self.kind in ("silu_mul", "add"):
+        if self.kind in ("silu_mul", "add", "gelu_tanh_mul"):
             return 3.0 * rows * n * e
         if self.kind == "rmsnorm":
             return 2.0 * rows * n * e + n * e

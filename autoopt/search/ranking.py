@@ -22,7 +22,7 @@ import heapq
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,7 +31,7 @@ from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.kernels import constraints as C
 from autoopt.kernels.choices import PathChoice
 from autoopt.kernels.config import Candidate, KernelConfig
-from autoopt.kernels.cost import constants
+from autoopt.kernels.cost import CostConstants, constants, explicit, using
 from autoopt.kernels.ops import OpSpec
 from autoopt.kernels.pruning import RELATIVE_SLACK, BoundedSpace, clear_tables, gpu_key, rule_of
 from autoopt.kernels.template import Prediction, Template
@@ -323,7 +323,7 @@ def _build_pruned(pm: PluginManager, gpu: GPUProfile, op: OpSpec, templates: Seq
 
 def rank(gpu: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, top: int = 5,
          templates: Sequence[Template] | None = None, strict: bool = False, force: str | None = None,
-         exhaustive: bool = False, measured: bool = True) -> Ranking:
+         exhaustive: bool = False, measured: bool = True, calibrated: bool = True) -> Ranking:
     """The ``top`` fastest valid configs for ``op`` on ``gpu`` by the cost model.
 
     With ``measured`` (the default) a winner measured before on this device and software stack
@@ -335,9 +335,18 @@ def rank(gpu: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, t
     in the same order as predicting every config, in a fraction of the time.
     ``exhaustive=True`` validates and predicts every config (calibration, tests).
     ``force``: ``"single"`` or ``"looped"`` keeps only that norm/softmax variant.
+    With ``calibrated`` (the default), unless constants were chosen explicitly
+    (:func:`~autoopt.kernels.cost.using`), the constants ``autoopt calibrate`` stored
+    for this device are used (:mod:`autoopt.results.constants`); ``calibrated=False``
+    ranks with the defaults.
     Raises :class:`OpError` for a bad op, :class:`ConfigError` when no config is
     valid (with the most common reasons), :class:`PluginError` under ``strict``.
     """
+    device = _calibrated(gpu) if calibrated else None
+    if device is not None:
+        with using(device):
+            return rank(gpu, op, top=top, templates=templates, strict=strict, force=force, exhaustive=exhaustive,
+                        measured=measured, calibrated=False)
     t0 = time.perf_counter()
     g = _gpu_of(gpu)
     o = _op_of(op)
@@ -386,6 +395,24 @@ def rank(gpu: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, t
     return Ranking(op=o, gpu=g.name, candidates=cands[:top], considered=entry.considered, rejected=entry.rejected,
                    path=entry.path, elapsed_us=(time.perf_counter() - t0) * 1e6, templates=entry.templates,
                    rejections=tuple((entry.examples[r], n) for r, n in reasons.most_common(5)))
+
+
+_device_constants: Callable[[GPUProfile], CostConstants | None] | None = None
+
+
+def _calibrated(gpu: Any) -> CostConstants | None:
+    """The calibrated constants stored for ``gpu``'s device when no constants were chosen explicitly."""
+    global _device_constants
+    if explicit():
+        return None
+    g = gpu.gpu if isinstance(gpu, HardwareProfile) else gpu
+    if not isinstance(g, GPUProfile):
+        return None  # rank() reports the bad argument
+    if _device_constants is None:
+        from autoopt.results.constants import calibrated_constants
+
+        _device_constants = calibrated_constants
+    return _device_constants(g)
 
 
 def _with_measured(gpu: GPUProfile, op: OpSpec, cands: tuple[Candidate, ...], force: str | None
@@ -444,8 +471,13 @@ def validate_config(gpu: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str,
 
 
 def predict_config(gpu: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any],
-                   config: KernelConfig) -> Prediction:
-    """Cost-model prediction of one config; :class:`ConfigError` if it is not valid."""
+                   config: KernelConfig, *, calibrated: bool = True) -> Prediction:
+    """Cost-model prediction of one config; :class:`ConfigError` if it is not valid.
+    ``calibrated``: as for :func:`rank`."""
+    device = _calibrated(gpu) if calibrated else None
+    if device is not None:
+        with using(device):
+            return predict_config(gpu, op, config, calibrated=False)
     g, o = _gpu_of(gpu), _op_of(op)
     problems = validate_config(g, o, config)
     if problems:

@@ -23,8 +23,8 @@ same launch (``kernel[grid](...)``). What differs, on a tuning key not seen befo
 knowing: an empty ``configs`` list, a ``key`` (or ``reset_to_zero``/``restore_value``/``check``) name
 that is not a kernel argument and ``top_k < 1`` raise :class:`~autoopt.errors.ConfigError` (a
 ``ValueError``) at decoration; and the default ``do_bench`` windows are shorter than Triton's
-(:data:`~autoopt.tuning.tuner.WARMUP_MS`/:data:`~autoopt.tuning.tuner.REP_MS`, 10/40 ms instead of
-25/100) unless ``warmup``/``rep``/``do_bench`` are given.
+(:data:`WARMUP_MS`/:data:`REP_MS`, 5/20 ms instead of 25/100) unless ``warmup``/``rep``/``do_bench``
+are given.
 
 This module imports triton (the decorator wraps Triton kernels); ``import autoopt`` does not
 import it (``autoopt.autotune`` is resolved lazily).
@@ -49,17 +49,26 @@ from triton.runtime.jit import KernelInterface
 from autoopt.errors import ConfigError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.tuning.config_ranking import ConfigRanking, RankedConfig, config_dict, config_label, rank_configs
-from autoopt.tuning.tuner import REP_MS, WARMUP_MS
 from autoopt.tuning.winners import JsonWinnerStore, WinnerStore, winner_key
 
 log = logging.getLogger(__name__)
 
-__all__ = ["QUANTILES", "TOP_K", "Autotuner", "SkippedConfig", "TimedConfig", "Tuning", "autotune"]
+__all__ = ["QUANTILES", "REP_MS", "TOP_K", "WARMUP_MS", "Autotuner", "SkippedConfig", "TimedConfig", "Tuning",
+           "autotune"]
 
 #: configs timed per new key when neither ``top_k=`` nor ``prune_configs_by["top_k"]`` says otherwise.
 TOP_K = 4
 #: what Triton's autotuner asks ``do_bench`` for (median, 20th and 80th percentile); the median decides.
 QUANTILES = (0.5, 0.2, 0.8)
+#: default do_bench windows of a tuning (ms), when neither ``warmup``/``rep`` nor ``do_bench`` is given.
+#: A tuning needs each config's median stable to a percent or two, not a report-grade number, and
+#: compiling already costs more than timing. H100, triton 3.6, Triton's tutorial matmul at 7 shapes
+#: (benchmarks/results/h100/autotune_vs_triton*.json): 5/20 ms picked configs as fast as
+#: triton.autotune's 25/100 (geomean 0.999 of its choice's speed; the same config on 6 of 7 shapes,
+#: 0.992 on the seventh) in 0.199 and 0.202 of its tuning time per shape (geomean of two runs),
+#: against 0.275 with 10/40. 20 ms is still ~25 repetitions of the slowest kernel there
+#: (4096x4096x14336 fp16, ~700 us + do_bench's L2 flush).
+WARMUP_MS, REP_MS = 5, 20
 _PRUNE_KEYS = frozenset({"perf_model", "top_k", "early_config_prune"})
 #: default tolerances of the ``reference=`` check: fp16 accumulations over K ~ 1e3 terms stay
 #: within ~1e-2 of an fp32 reference (Triton's matmul tutorial checks fp16 at atol=1e-2).
@@ -465,7 +474,20 @@ class Autotuner(KernelInterface):
         return winner_key(kernel=self.kernel_name, source=self._source, key=key,
                           device=gpu.fingerprint if gpu is not None else "no-gpu-profile",
                           triton=_triton_version(), configs=[config_label(c) for c in configs],
-                          extra={"interpret": self.interpreting})
+                          extra={"interpret": self.interpreting, "target": self._target()})
+
+    def _target(self) -> str:
+        """The device Triton compiles for (``cuda:90``): the store key names the GPU that ran the
+        timings, even when ``profile=`` describes another one."""
+        if self.interpreting:
+            return "interpreter"
+        try:
+            from triton.runtime import driver
+
+            target = driver.active.get_current_target()
+            return f"{target.backend}:{target.arch}"
+        except Exception:  # no driver: the profile's fingerprint still keys the store
+            return "unknown"
 
     def _from_store(self, skey: str, configs: Sequence[Any]) -> tuple[int, Any] | None:
         if self.store is None:

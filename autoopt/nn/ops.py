@@ -1,0 +1,596 @@
+"""Torch-facing ops on autoopt's ranked Triton kernels, each a ``torch.library.custom_op``.
+
+===============================  =====================================  ===============================
+public function                  custom op (``torch.ops.autoopt.*``)     Triton kernel (op kind ranked)
+===============================  =====================================  ===============================
+``linear(x, weight, bias)``      ``linear``                              ``gemv`` M <= 16, ``gemm`` above
+``rms_norm(x, weight, eps)``     ``rms_norm``                            ``rmsnorm_{single,looped}``
+``layer_norm(x, w, b, eps)``     ``layer_norm``                          ``layernorm_{single,looped}``
+``silu_mul(gate, up)``           ``silu_mul``                            ``silu_mul``
+``gelu_tanh_mul(gate, up)``      ``gelu_tanh_mul``                       ``gelu_tanh_mul``
+``swiglu(gate_up)``              ``swiglu``                              ``silu_mul`` (strided rows)
+``add(x, y)``                    ``add``                                 ``add``
+===============================  =====================================  ===============================
+
+Every op flattens the leading dims (``[..., K]`` -> ``[M, K]``, a view whenever the leading dims
+collapse, else a copy as ``torch.reshape`` makes), picks its kernel config through
+:func:`autoopt.nn.dispatch.choose` (per op, kind, bucketed M, other dims, dtype and device; cached),
+allocates its output with ``torch.empty`` and launches through
+:func:`autoopt.backend.registry.prepare` (called on every call: binding a config costs 2-7 us of
+Python, less than caching launchers keyed by data pointers would save safely). Outputs are always new
+contiguous tensors (fallbacks too), which is what the fake implementations promise ``torch.compile``.
+
+In plain eager mode the public functions call the implementation directly, skipping the dispatcher
+(``torch.ops.autoopt.*`` costs ~10-20 us more a call); under ``torch.compile``/``torch.export``, in a
+TorchDispatchMode (FakeTensorMode ...) or with tensor subclasses they call the custom op.
+
+**Torch fallbacks** (the reason is logged once per op and reason, counted in
+:func:`autoopt.nn.dispatch.fallback_counts`, and starts with one of
+:data:`autoopt.nn.dispatch.FALLBACK_REASONS`): tensors not on a CUDA device (unless under Triton's
+interpreter), dtypes other than float16/bfloat16/float32, shapes no config is valid for, bf16
+matmuls under the interpreter (its bf16 ``tl.dot`` is wrong), fp32 matmuls while torch's
+``float32_matmul_precision`` is ``"highest"`` (the kernels' fp32 dot is TF32), strides a kernel
+cannot take, empty tensors, linear operands of 2^31 elements or more (the GEMM kernels index in 32
+bits), ``add`` with broadcasting or type promotion, and autograd: these are
+inference kernels with no backward, so when grad mode is on and an input requires grad the public
+function runs the torch op (training keeps working; under ``torch.no_grad()`` /
+``torch.inference_mode()`` or with ``requires_grad=False`` parameters the kernels run).
+
+**Bad input** raises what torch would (``ValueError`` for shapes, ``RuntimeError`` for dtype and
+device mismatches, ``TypeError`` for non-tensors), naming the tensor, from the public function, the
+custom op and its fake implementation alike: never a Triton compile error.
+
+**CUDA graphs**: the launch path allocates only through torch's caching allocator (graph-safe),
+never synchronises and never reads a tensor's values on the host. The config choice and the
+kernel's compilation happen on the first call of each shape bucket, so run every bucket once
+eagerly before capturing (see :mod:`autoopt.nn.dispatch`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from autoopt.backend.registry import prepare
+from autoopt.nn.dispatch import (
+    AUTOGRAD,
+    BROADCAST,
+    EMPTY,
+    INDEX,
+    STRIDES,
+    Choice,
+    choose,
+    matmul_kind,
+    note_fallback,
+    tf32_problem,
+)
+
+__all__ = ["add", "gelu_tanh_mul", "layer_norm", "linear", "rms_norm", "silu_mul", "swiglu"]
+
+_LIB = "autoopt"
+#: the GEMM/GEMV kernels index A, W and C with 32-bit offsets (row index x row stride): larger operands
+#: would wrap around, so they run torch (a 131072-token prefill into a K=28672 projection is one).
+_INDEX_LIMIT = 2**31
+
+
+# -- validation (public functions, custom ops and fake implementations share it) ------------------------
+# Each check is a fast predicate (a few attribute reads: it runs on every call) and, only when that
+# fails, a slow pass that finds what is wrong and raises with the tensor's name.
+
+def _tensor(op: str, name: str, t: Any, *, optional: bool = False) -> None:
+    if t is None and optional:
+        return
+    if not isinstance(t, Tensor):
+        raise TypeError(f"autoopt.nn.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _same(op: str, **tensors: Tensor | None) -> None:
+    """RuntimeError unless every given tensor has the first one's device and dtype."""
+    items = [(n, t) for n, t in tensors.items() if t is not None]
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.device != first.device:
+            raise RuntimeError(f"autoopt.nn.{op}: expected all tensors on one device, but {first_name} is on "
+                               f"{first.device} and {name} is on {t.device}")
+    for name, t in items[1:]:
+        if t.dtype != first.dtype:
+            raise RuntimeError(f"autoopt.nn.{op}: dtype mismatch: {first_name} is {first.dtype} and {name} is "
+                               f"{t.dtype} (cast one of them)")
+
+
+def _check_linear(x: Any, weight: Any, bias: Any) -> None:
+    try:
+        if (weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1] and x.dtype == weight.dtype
+                and x.device == weight.device
+                and (bias is None or (bias.shape == (weight.shape[0],) and bias.dtype == x.dtype
+                                      and bias.device == x.device))
+                and isinstance(x, Tensor) and isinstance(weight, Tensor)
+                and (bias is None or isinstance(bias, Tensor))):
+            return
+    except AttributeError:
+        pass
+    op = "linear"
+    _tensor(op, "x", x)
+    _tensor(op, "weight", weight)
+    _tensor(op, "bias", bias, optional=True)
+    if weight.dim() != 2:
+        raise ValueError(f"autoopt.nn.linear: weight must be 2-D [out_features, in_features], got shape "
+                         f"{tuple(weight.shape)}")
+    if x.dim() < 1:
+        raise ValueError("autoopt.nn.linear: x must have at least 1 dimension (its last is in_features), got a "
+                         "0-d tensor")
+    if x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"autoopt.nn.linear: x's last dim ({x.shape[-1]}) must equal weight.shape[1] "
+                         f"(in_features={weight.shape[1]}); x has shape {tuple(x.shape)}, weight "
+                         f"{tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"autoopt.nn.linear: bias must have shape ({weight.shape[0]},) (out_features), got "
+                         f"{tuple(bias.shape)}")
+    _same(op, x=x, weight=weight, bias=bias)
+
+
+def _param_ok(t: Any, x: Tensor, n: Any) -> bool:
+    return t is None or (isinstance(t, Tensor) and t.shape == (n,) and t.device == x.device
+                         and t.dtype.is_floating_point)
+
+
+def _check_norm(op: str, x: Any, weight: Any, bias: Any) -> None:
+    if isinstance(x, Tensor) and x.dim() >= 1 and _param_ok(weight, x, x.shape[-1]) \
+            and _param_ok(bias, x, x.shape[-1]):
+        return
+    _tensor(op, "x", x)
+    _tensor(op, "weight", weight, optional=True)
+    _tensor(op, "bias", bias, optional=True)
+    if x.dim() < 1:
+        raise ValueError(f"autoopt.nn.{op}: x must have at least 1 dimension (normalised over its last), got a "
+                         "0-d tensor")
+    n = x.shape[-1]
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != (n,):
+            raise ValueError(f"autoopt.nn.{op}: {name} must have shape ({n},) (x's last dim), got "
+                             f"{tuple(t.shape)}; x has shape {tuple(x.shape)}")
+        if t is not None and t.device != x.device:
+            raise RuntimeError(f"autoopt.nn.{op}: expected all tensors on one device, but x is on {x.device} "
+                               f"and {name} is on {t.device}")
+        if t is not None and not t.dtype.is_floating_point:
+            raise RuntimeError(f"autoopt.nn.{op}: {name} must be a floating-point tensor, got {t.dtype}")
+
+
+def _check_pair(op: str, a_name: str, a: Any, b_name: str, b: Any) -> None:
+    if isinstance(a, Tensor) and isinstance(b, Tensor) and a.shape == b.shape and a.dtype == b.dtype \
+            and a.device == b.device:
+        return
+    _tensor(op, a_name, a)
+    _tensor(op, b_name, b)
+    if a.shape != b.shape:
+        raise ValueError(f"autoopt.nn.{op}: {a_name} and {b_name} must have the same shape, got "
+                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    _same(op, **{a_name: a, b_name: b})
+
+
+def _check_swiglu(gate_up: Any) -> None:
+    _tensor("swiglu", "gate_up", gate_up)
+    if gate_up.dim() < 1 or gate_up.shape[-1] % 2:
+        raise ValueError(f"autoopt.nn.swiglu: gate_up's last dim must be even (gate and up side by side, "
+                         f"[..., 2 * intermediate]), got shape {tuple(gate_up.shape)}")
+
+
+def _check_add(x: Any, y: Any) -> None:
+    if isinstance(x, Tensor) and isinstance(y, Tensor) and x.shape == y.shape and x.device == y.device:
+        return
+    _tensor("add", "x", x)
+    _tensor("add", "y", y)
+    if x.device != y.device and x.dim() and y.dim():
+        raise RuntimeError(f"autoopt.nn.add: expected all tensors on one device, but x is on {x.device} and y "
+                           f"is on {y.device}")
+    try:
+        torch.broadcast_shapes(x.shape, y.shape)
+    except RuntimeError:
+        raise ValueError(f"autoopt.nn.add: x of shape {tuple(x.shape)} and y of shape {tuple(y.shape)} are "
+                         "neither equal nor broadcastable") from None
+
+
+# -- shared helpers -------------------------------------------------------------------------------------
+
+def _grad_needed(*tensors: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _direct(*tensors: Tensor | None) -> bool:
+    """Whether a public function may call its implementation directly instead of through the dispatcher
+    (``torch.ops.autoopt.*``, ~10-20 us more a call): in plain eager mode on plain tensors. Under
+    ``torch.compile``/``torch.export`` tracing, inside a TorchDispatchMode (FakeTensorMode, FlopCounterMode,
+    ...) or with tensor subclasses, the custom op is called, so torch sees the op."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    return all(t is None or type(t) in _PLAIN for t in tensors)
+
+
+def _autograd_fallback(op: str) -> None:
+    """Count and log (once) a public call that runs the torch op because autograd needs it; at trace time
+    under torch.compile nothing is logged (the traced graph holds the torch op)."""
+    if not torch.compiler.is_compiling():
+        note_fallback(op, f"{AUTOGRAD} (an input requires grad with grad mode on; the Triton kernels have no "
+                          "backward: run under torch.no_grad()/torch.inference_mode() or set requires_grad=False)")
+
+
+def _fallback(op: str, reason: str, fn: Callable[[], Tensor]) -> Tensor:
+    note_fallback(op, reason)
+    return fn().contiguous()
+
+
+def _rows(t: Tensor) -> tuple[int, int]:
+    """(rows, N) of ``t`` seen as ``[rows, N]`` over its last dim (a 0-d tensor is one element)."""
+    n = t.shape[-1] if t.dim() else 1
+    return (t.numel() // n if n else 0), n
+
+
+def _run(choice: Choice, inputs: dict[str, Tensor], out: Tensor, **kw: Any) -> None:
+    assert choice.config is not None
+    prepare(inputs, choice.config, out, **kw)()
+
+
+_CONSTS: dict[tuple[str, int, Any, Any], Tensor] = {}
+
+
+def _const(kind: str, n: int, dtype: Any, device: Any) -> Tensor:
+    """A cached ones/zeros vector standing in for an absent norm weight/bias (made on the first call of a
+    shape, so before any CUDA-graph capture that follows a warm-up)."""
+    key = (kind, n, dtype, device)
+    t = _CONSTS.get(key)
+    if t is None:
+        t = (torch.ones if kind == "ones" else torch.zeros)(n, dtype=dtype, device=device)
+        _CONSTS[key] = t
+    return t
+
+
+def _unit(t: Tensor) -> Tensor:
+    """A 1-D parameter with unit stride (a copy of N elements when it is strided: cheap)."""
+    return t if t.stride(0) == 1 else t.contiguous()
+
+
+# -- linear -------------------------------------------------------------------------------------------------
+
+def _linear_impl(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    _check_linear(x, weight, bias)
+    n, k = weight.shape
+    flat = x.dim() == 2
+    m = x.shape[0] if flat else math.prod(x.shape[:-1])
+    if m == 0 or n == 0 or k == 0:
+        return _fallback("linear", f"{EMPTY} (x {tuple(x.shape)}, weight {tuple(weight.shape)})",
+                         lambda: F.linear(x, weight, bias))
+    if max(m * k, n * k, m * n) >= _INDEX_LIMIT:
+        return _fallback("linear", f"{INDEX} (M={m}, N={n}, K={k}: an operand of 2^31 or more elements)",
+                         lambda: F.linear(x, weight, bias))
+    choice = choose("linear", matmul_kind(m), (m, n, k), x.dtype, x.device)
+    if choice.fallback is not None:
+        return _fallback("linear", choice.fallback, lambda: F.linear(x, weight, bias))
+    if x.dtype is torch.float32:
+        why = tf32_problem(x.dtype, x.device, torch.get_float32_matmul_precision())
+        if why is not None:
+            return _fallback("linear", why, lambda: F.linear(x, weight, bias))
+    a = x if flat else x.reshape(m, k)  # a view when the leading dims collapse, else a copy
+    assert choice.config is not None
+    if choice.config.kernel == "gemm_tma":
+        why = _tma_problem(a, weight)
+        if why is not None:
+            return _fallback("linear", why, lambda: F.linear(x, weight, bias))
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    _run(choice, {"a": a, "w": weight}, out)
+    if bias is not None:
+        out.add_(bias)  # the GEMM kernels have no bias epilogue: one more pass over the [M, N] output
+    return out if flat else out.view(*x.shape[:-1], n)
+
+
+_linear_op = torch.library.custom_op(
+    f"{_LIB}::linear", mutates_args=(), schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor")(_linear_impl)
+
+
+@_linear_op.register_fake
+def _linear_fake(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    _check_linear(x, weight, bias)
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def _tma_problem(a: Tensor, w: Tensor) -> str | None:
+    """Why the TMA GEMM cannot read ``a``/``w`` (TMA: unit inner stride, 16-byte aligned rows and base)."""
+    for name, t in (("x", a), ("weight", w)):
+        es = t.element_size()
+        if t.stride(-1) != 1 or (t.stride(0) * es) % 16 or t.data_ptr() % 16:
+            return (f"{STRIDES} ({name} has strides {tuple(t.stride())} at byte offset "
+                    f"{t.data_ptr() % 16} mod 16; the chosen gemm_tma kernel (TMA) needs unit stride along K "
+                    f"and 16-byte aligned rows)")
+    return None
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.T + bias`` like ``torch.nn.functional.linear`` (``weight`` is ``nn.Linear``'s
+    ``[out_features, in_features]``), over any leading batch dims of ``x``.
+
+    M (the product of the leading dims) <= 16 ranks the decode GEMV kinds, larger M the tiled GEMMs
+    (see :mod:`autoopt.nn.dispatch` for the bucketing). ``x`` and ``weight`` may be strided (the
+    kernels take both strides; the TMA GEMM, where chosen, needs unit stride along K and falls back to
+    torch otherwise). ``bias`` is added by torch after the kernel (``out.add_(bias)``): the GEMM
+    kernels have no bias epilogue. x, weight and bias must share dtype and device, as in torch.
+    """
+    if _grad_needed(x, weight, bias):
+        _check_linear(x, weight, bias)
+        _autograd_fallback("linear")
+        return F.linear(x, weight, bias)
+    if _direct(x, weight, bias):
+        return _linear_impl(x, weight, bias)
+    out: Tensor = torch.ops.autoopt.linear(x, weight, bias)
+    return out
+
+
+# -- norms --------------------------------------------------------------------------------------------------
+
+def _norm(op: str, kind: str, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+          torch_op: Callable[[], Tensor]) -> Tensor:
+    _check_norm(op, x, weight, bias)
+    rows, n = _rows(x)
+    if x.numel() == 0:
+        return _fallback(op, f"{EMPTY} (x {tuple(x.shape)})", torch_op)
+    choice = choose(op, kind, (rows, n), x.dtype, x.device)
+    if choice.fallback is not None:
+        return _fallback(op, choice.fallback, torch_op)
+    if n > 1 and x.stride(-1) != 1:
+        return _fallback(op, f"{STRIDES} (x has strides {tuple(x.stride())}; the norm kernels read rows with "
+                             "unit stride along the normalised last dim)", torch_op)
+    x2 = x.reshape(rows, n)  # a view (any row stride) when the leading dims collapse, else a copy
+    w = _unit(weight) if weight is not None else _const("ones", n, x.dtype, x.device)
+    inputs = {"x": x2, "weight": w}
+    if kind == "layernorm":
+        b = _unit(bias) if bias is not None else _const("zeros", n, x.dtype, x.device)
+        inputs["bias"] = b
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    _run(choice, inputs, out, eps=eps)
+    return out.view(x.shape)
+
+
+def _rms_norm_impl(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    return _norm("rms_norm", "rmsnorm", x, weight, None, eps,
+                 lambda: F.rms_norm(x, (x.shape[-1],), weight, eps).to(x.dtype))
+
+
+_rms_norm_op = torch.library.custom_op(
+    f"{_LIB}::rms_norm", mutates_args=(), schema="(Tensor x, Tensor? weight, float eps) -> Tensor")(_rms_norm_impl)
+
+
+@_rms_norm_op.register_fake
+def _rms_norm_fake(x: Tensor, weight: Tensor | None, eps: float) -> Tensor:
+    _check_norm("rms_norm", x, weight, None)
+    return x.new_empty(x.shape)
+
+
+def _layer_norm_impl(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    return _norm("layer_norm", "layernorm", x, weight, bias, eps,
+                 lambda: F.layer_norm(x, (x.shape[-1],), weight, bias, eps).to(x.dtype))
+
+
+_layer_norm_op = torch.library.custom_op(
+    f"{_LIB}::layer_norm", mutates_args=(),
+    schema="(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor")(_layer_norm_impl)
+
+
+@_layer_norm_op.register_fake
+def _layer_norm_fake(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float) -> Tensor:
+    _check_norm("layer_norm", x, weight, bias)
+    return x.new_empty(x.shape)
+
+
+def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    """RMSNorm over the last dim: ``x / sqrt(mean(x^2) + eps) * weight`` (statistics in fp32), in x's dtype.
+
+    ``weight`` is ``[N]`` (any float dtype: it is read as fp32) or None (no scale). Gemma's norm scales by
+    ``1 + weight``: pass that sum. Rows may have any stride between them; the last dim must have unit
+    stride (else torch runs, logged). Like ``F.rms_norm(x, (N,), weight, eps)``.
+    """
+    if _grad_needed(x, weight):
+        _check_norm("rms_norm", x, weight, None)
+        _autograd_fallback("rms_norm")
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    if _direct(x, weight):
+        return _rms_norm_impl(x, weight, float(eps))
+    out: Tensor = torch.ops.autoopt.rms_norm(x, weight, float(eps))
+    return out
+
+
+def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
+    """LayerNorm over the last dim (statistics in fp32), in x's dtype; like
+    ``F.layer_norm(x, (N,), weight, bias, eps)``. An absent weight/bias is a cached ones/zeros vector."""
+    if _grad_needed(x, weight, bias):
+        _check_norm("layer_norm", x, weight, bias)
+        _autograd_fallback("layer_norm")
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    if _direct(x, weight, bias):
+        return _layer_norm_impl(x, weight, bias, float(eps))
+    out: Tensor = torch.ops.autoopt.layer_norm(x, weight, bias, float(eps))
+    return out
+
+
+# -- gated activations ------------------------------------------------------------------------------------------
+
+def _gated(op: str, kind: str, gelu: bool, gate: Tensor, up: Tensor, torch_op: Callable[[], Tensor]) -> Tensor:
+    """``act(gate) * up`` for equal-shape ``gate``/``up`` (views of one ``gate_up`` for swiglu)."""
+    rows, n = _rows(gate)
+    if gate.numel() == 0:
+        return _fallback(op, f"{EMPTY} (gate {tuple(gate.shape)})", torch_op)
+    choice = choose(op, kind, (rows, n), gate.dtype, gate.device)
+    if choice.fallback is not None:
+        return _fallback(op, choice.fallback, torch_op)
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if gate.is_contiguous() and up.is_contiguous():
+        _run(choice, {"x": gate, "y": up}, out)  # the registry's kernel for the ranked kind, flat
+        return out
+    from autoopt.backend.kernels.gated import gated_prepare, rows_view
+
+    vg, vu = rows_view(gate), rows_view(up)
+    if vg is None or vu is None:
+        if op == "swiglu":
+            name, t = "gate_up", gate
+        else:
+            name, t = ("gate", gate) if vg is None else ("up", up)
+        return _fallback(op, f"{STRIDES} ({name} has shape {tuple(t.shape)} and strides {tuple(t.stride())}; "
+                             "the gated kernel reads rows with unit stride along the last dim and one stride "
+                             "between rows)", torch_op)
+    assert choice.config is not None
+    gated_prepare(gate, up, out, dict(choice.config.params), gelu=gelu)()
+    return out
+
+
+def _silu_mul_impl(gate: Tensor, up: Tensor) -> Tensor:
+    _check_pair("silu_mul", "gate", gate, "up", up)
+    return _gated("silu_mul", "silu_mul", False, gate, up, lambda: F.silu(gate) * up)
+
+
+_silu_mul_op = torch.library.custom_op(
+    f"{_LIB}::silu_mul", mutates_args=(), schema="(Tensor gate, Tensor up) -> Tensor")(_silu_mul_impl)
+
+
+@_silu_mul_op.register_fake
+def _silu_mul_fake(gate: Tensor, up: Tensor) -> Tensor:
+    _check_pair("silu_mul", "gate", gate, "up", up)
+    return gate.new_empty(gate.shape)
+
+
+def _gelu_tanh_mul_impl(gate: Tensor, up: Tensor) -> Tensor:
+    _check_pair("gelu_tanh_mul", "gate", gate, "up", up)
+    return _gated("gelu_tanh_mul", "gelu_tanh_mul", True, gate, up,
+                  lambda: F.gelu(gate, approximate="tanh") * up)
+
+
+_gelu_tanh_mul_op = torch.library.custom_op(
+    f"{_LIB}::gelu_tanh_mul", mutates_args=(), schema="(Tensor gate, Tensor up) -> Tensor")(_gelu_tanh_mul_impl)
+
+
+@_gelu_tanh_mul_op.register_fake
+def _gelu_tanh_mul_fake(gate: Tensor, up: Tensor) -> Tensor:
+    _check_pair("gelu_tanh_mul", "gate", gate, "up", up)
+    return gate.new_empty(gate.shape)
+
+
+def _halves(gate_up: Tensor) -> tuple[Tensor, Tensor]:
+    i = gate_up.shape[-1] // 2
+    return gate_up[..., :i], gate_up[..., i:]
+
+
+def _swiglu_impl(gate_up: Tensor) -> Tensor:
+    _check_swiglu(gate_up)
+    gate, up = _halves(gate_up)
+    return _gated("swiglu", "silu_mul", False, gate, up, lambda: F.silu(gate) * up)
+
+
+_swiglu_op = torch.library.custom_op(
+    f"{_LIB}::swiglu", mutates_args=(), schema="(Tensor gate_up) -> Tensor")(_swiglu_impl)
+
+
+@_swiglu_op.register_fake
+def _swiglu_fake(gate_up: Tensor) -> Tensor:
+    _check_swiglu(gate_up)
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """``silu(gate) * up`` (the SwiGLU activation of Llama's MLP), fused: one pass, math in fp32.
+
+    ``gate`` and ``up`` must have the same shape, dtype and device. Contiguous inputs take the
+    ``silu_mul`` kernel; row-strided ones (unit stride along the last dim) a strided variant of it;
+    anything else runs torch (logged).
+    """
+    if _grad_needed(gate, up):
+        _check_pair("silu_mul", "gate", gate, "up", up)
+        _autograd_fallback("silu_mul")
+        return F.silu(gate) * up
+    if _direct(gate, up):
+        return _silu_mul_impl(gate, up)
+    out: Tensor = torch.ops.autoopt.silu_mul(gate, up)
+    return out
+
+
+def gelu_tanh_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """``gelu(gate, approximate="tanh") * up`` (GeGLU: Gemma's MLP activation), fused like :func:`silu_mul`."""
+    if _grad_needed(gate, up):
+        _check_pair("gelu_tanh_mul", "gate", gate, "up", up)
+        _autograd_fallback("gelu_tanh_mul")
+        return F.gelu(gate, approximate="tanh") * up
+    if _direct(gate, up):
+        return _gelu_tanh_mul_impl(gate, up)
+    out: Tensor = torch.ops.autoopt.gelu_tanh_mul(gate, up)
+    return out
+
+
+def swiglu(gate_up: Tensor) -> Tensor:
+    """``silu(gate) * up`` of a fused gate/up projection's output ``gate_up = [..., 2I]``: gate is the first
+    I columns, up the last I (the order of ``torch.cat([gate_proj.weight, up_proj.weight])``).
+
+    The two halves are read in place as row-strided views (no copy, no split): one pass, the output
+    ``[..., I]`` contiguous. The config is the one ranked for ``silu_mul`` of ``[rows, I]``.
+    """
+    if _grad_needed(gate_up):
+        _check_swiglu(gate_up)
+        _autograd_fallback("swiglu")
+        gate, up = _halves(gate_up)
+        return F.silu(gate) * up
+    if _direct(gate_up):
+        return _swiglu_impl(gate_up)
+    out: Tensor = torch.ops.autoopt.swiglu(gate_up)
+    return out
+
+
+# -- add ----------------------------------------------------------------------------------------------------------
+
+def _add_impl(x: Tensor, y: Tensor) -> Tensor:
+    _check_add(x, y)
+    if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
+        return _fallback("add", f"{BROADCAST} (x {tuple(x.shape)} {x.dtype}, y {tuple(y.shape)} {y.dtype}; "
+                                "the add kernel takes equal shapes and dtypes)", lambda: x + y)
+    if x.numel() == 0:
+        return _fallback("add", f"{EMPTY} (x {tuple(x.shape)})", lambda: x + y)
+    choice = choose("add", "add", _rows(x), x.dtype, x.device)
+    if choice.fallback is not None:
+        return _fallback("add", choice.fallback, lambda: x + y)
+    if not (x.is_contiguous() and y.is_contiguous()):
+        bad, t = ("x", x) if not x.is_contiguous() else ("y", y)
+        return _fallback("add", f"{STRIDES} ({bad} has strides {tuple(t.stride())}; the add kernel takes "
+                                "contiguous tensors)", lambda: x + y)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _run(choice, {"x": x, "y": y}, out)
+    return out
+
+
+_add_op = torch.library.custom_op(
+    f"{_LIB}::add", mutates_args=(), schema="(Tensor x, Tensor y) -> Tensor")(_add_impl)
+
+
+@_add_op.register_fake
+def _add_fake(x: Tensor, y: Tensor) -> Tensor:
+    _check_add(x, y)
+    return (x + y).contiguous()  # torch's own shape, dtype and device rules, on fake tensors
+
+
+def add(x: Tensor, y: Tensor) -> Tensor:
+    """``x + y`` (the residual add). Equal shapes and dtypes run the ``add`` kernel (contiguous inputs);
+    broadcasting and type promotion run torch (logged), giving what ``x + y`` gives."""
+    if _grad_needed(x, y):
+        _check_add(x, y)
+        _autograd_fallback("add")
+        return x + y
+    if _direct(x, y):
+        return _add_impl(x, y)
+    out: Tensor = torch.ops.autoopt.add(x, y)
+    return out
+
+
+#: the public functions by custom-op name (tests, reports).
+OPS: dict[str, Callable[..., Tensor]] = {"linear": linear, "rms_norm": rms_norm, "layer_norm": layer_norm,
+                                         "silu_mul": silu_mul, "gelu_tanh_mul": gelu_tanh_mul, "swiglu": swiglu,
+                                         "add": add}

@@ -1,0 +1,496 @@
+"""``autoopt.optimize(model)``: swap a model's linears, norms and gated MLPs for autoopt's kernels.
+
+::
+
+    report = autoopt.optimize(model)          # in place; returns an OptimizeReport
+    print(report)                             # what was replaced, what was not and why, the kernels
+    autoopt.restore(model)                    # the original modules back (or: with autoopt.optimize(model): ...)
+
+The walk goes down the module tree from the root. At each child it tries, in order:
+
+1. a **gated MLP** (``gate_proj``/``up_proj``/``down_proj`` + a SiLU or tanh-GELU ``act_fn``, checked
+   to compute ``down(act(gate(x)) * up(x))``): replaced by :class:`~autoopt.nn.modules.AutooptGatedMLP`,
+   one ``gate_up`` GEMM + fused ``swiglu``/``gelu_tanh_mul`` + the down GEMM; its children are not
+   visited further (gate/up are *fused*, down is a replaced linear);
+2. a **norm** (a 1-D weight + an epsilon attribute, checked against the RMSNorm, Gemma ``1 + weight``
+   RMSNorm and LayerNorm formulas): :class:`~autoopt.nn.modules.AutooptRMSNorm` /
+   :class:`~autoopt.nn.modules.AutooptLayerNorm`;
+3. a plain **linear**: :class:`~autoopt.nn.modules.AutooptLinear`;
+
+and otherwise descends into the child. Attention modules are left as the model's own (SDPA,
+FlashAttention): only their projections are replaced. Recognition rules: :mod:`autoopt.nn.recognize`.
+
+``check=True`` (the default) runs, once per distinct (kind, shape, dtype, device, variant), the
+original and the replacement on two samples, ``[2, 8, features]`` and ``[2, 32, features]`` (16 rows:
+the decode GEMV kernels; 64 rows: the tiled GEMMs), and compares them (relative error
+within 1e-4 fp32, 5e-3 fp16, 2e-2 bf16; 5e-3 for fp32 matmuls when torch allows TF32); a mismatch
+or an exception keeps the original and is reported. With ``check=False`` recognition still runs its
+torch-only probes, but the replacements are not run.
+
+``keep_original=False`` (the default) builds each gated MLP's ``gate_up`` once and re-points the
+original ``gate_proj``/``up_proj`` weights at its halves: no weight exists twice (see
+:class:`~autoopt.nn.modules.AutooptGatedMLP`); ``keep_original=True`` leaves the original tensors
+untouched and costs ``2 * intermediate * hidden`` elements per MLP.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from autoopt.errors import OpError
+from autoopt.nn import dispatch
+from autoopt.nn.modules import AutooptGatedMLP, AutooptLayerNorm, AutooptLinear, AutooptRMSNorm, Replacement
+from autoopt.nn.recognize import (
+    FLOAT_DTYPES,
+    GatedMLPMatch,
+    NormMatch,
+    gated_mlp_parts,
+    linear_problem,
+    match_gated_mlp,
+    match_norm,
+    norm_parts,
+    rel_error,
+    sample,
+    tolerance,
+)
+from autoopt.nn.report import OptimizeReport, Row
+
+log = logging.getLogger(__name__)
+
+__all__ = ["OPS", "optimize", "restore"]
+
+#: what ``ops=`` can name: the kinds of module optimize() replaces.
+OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp")
+_ATTENTION_CHILDREN = (("q_proj", "k_proj", "v_proj"), ("qkv_proj",), ("query_key_value",), ("c_attn",))
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _unwrap(model: Any, what: str) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"autoopt.{what}() takes a torch.nn.Module, got {type(model).__name__}")
+    inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule wraps the model
+    return inner if isinstance(inner, nn.Module) else model
+
+
+def _ops_set(ops: Any) -> tuple[str, ...]:
+    if ops is None:
+        return OPS
+    if isinstance(ops, str):
+        ops = (ops,)
+    if not isinstance(ops, Iterable):
+        raise TypeError(f"autoopt.optimize(): ops= takes op names (a str or an iterable of str), got "
+                        f"{type(ops).__name__}")
+    names = list(ops)
+    bad = [n for n in names if not isinstance(n, str) or n not in OPS]
+    if bad:
+        raise OpError(f"autoopt.optimize(): unknown op name(s) in ops=: {', '.join(map(repr, bad))}; "
+                      f"choose from {', '.join(OPS)}")
+    return tuple(n for n in OPS if n in names)
+
+
+def _patterns(skip: Any) -> tuple[str, ...]:
+    if isinstance(skip, str):
+        return (skip,)
+    items = tuple(skip)
+    if not all(isinstance(s, str) for s in items):
+        raise TypeError("autoopt.optimize(): skip= takes module-path patterns (fnmatch, e.g. 'lm_head' or "
+                        "'model.layers.0.*'), as a str or an iterable of str")
+    return items
+
+
+# -- kernels: what the dispatch picks for a replacement's ops at the sample's size ---------------------------
+
+#: tokens of the two check samples ``[2, tokens, features]``: 16 rows (GEMV kind) and 64 rows (GEMM kind).
+CHECK_TOKENS = (8, 32)
+
+
+def _describe(choice: dispatch.Choice, extra: str | None = None) -> str:
+    if extra is not None:
+        return f"torch ({extra})"
+    if choice.fallback is not None:
+        return f"torch ({choice.fallback})"
+    assert choice.config is not None
+    where = ", interpreter" if dispatch.interpreter_active() and choice.device.startswith("cpu") else ""
+    return f"{choice.kernel} {choice.config.describe()} [{choice.source or 'predicted'}{where}]"
+
+
+def _linear_choice(m: int, n: int, k: int, dtype: Any, device: Any) -> str:
+    choice = dispatch.choose("linear", dispatch.matmul_kind(m), (m, n, k), dtype, device)
+    extra = None
+    if choice.fallback is None:
+        extra = dispatch.tf32_problem(dtype, device, torch.get_float32_matmul_precision())
+    return _describe(choice, extra)
+
+
+def _kernels_at(rep: Replacement, m: int) -> dict[str, str]:
+    """``op -> what runs it`` for ``rep`` on ``m`` rows, from the dispatch (cached; ranks if new)."""
+    if isinstance(rep, AutooptLinear):
+        w = rep.weight
+        return {"linear": _linear_choice(m, w.shape[0], w.shape[1], w.dtype, w.device)}
+    if isinstance(rep, (AutooptRMSNorm, AutooptLayerNorm)):
+        w = rep.weight
+        op, kind = ("rms_norm", "rmsnorm") if isinstance(rep, AutooptRMSNorm) else ("layer_norm", "layernorm")
+        return {op: _describe(dispatch.choose(op, kind, (m, w.shape[0]), w.dtype, w.device))}
+    if isinstance(rep, AutooptGatedMLP):
+        w = rep.gate_proj.weight
+        i, h = rep.intermediate, rep.gate_proj.in_features
+        out = {"gate_up": _linear_choice(m, 2 * i, h, w.dtype, w.device) if rep.use_linear_op
+               else "torch (linear not in ops=)"}
+        op, kind = ("swiglu", "silu_mul") if rep.activation == "silu" else ("gelu_tanh_mul", "gelu_tanh_mul")
+        out[op] = _describe(dispatch.choose(op, kind, (m, i), w.dtype, w.device))
+        down = rep.down_proj
+        out["down"] = (_linear_choice(m, h, i, w.dtype, w.device) if isinstance(down, AutooptLinear)
+                       else "torch (nn.Linear kept)")
+        return out
+    return {}
+
+
+def _kernels(rep: Replacement) -> dict[str, str]:
+    """What runs ``rep``'s ops at the check samples' sizes: ``op`` when one choice serves both, else
+    ``op@16`` and ``op@64`` (rows)."""
+    sizes = [2 * t for t in CHECK_TOKENS]
+    per = [_kernels_at(rep, m) for m in sizes]
+    out: dict[str, str] = {}
+    for op in per[0]:
+        descs = [p[op] for p in per]
+        if all(d == descs[0] for d in descs):
+            out[op] = descs[0]
+        else:
+            out.update({f"{op}@{m}": d for m, d in zip(sizes, descs, strict=True)})
+    return out
+
+
+def _backend(rows: list[Row]) -> str:
+    runs = [k for r in rows if r.status == "replaced" for k in r.kernels.values()]
+    if not runs:
+        return "nothing replaced"
+    triton = [k for k in runs if not k.startswith("torch")]
+    if not triton:
+        return "torch fallback"
+    label = "triton-interpreter" if any(", interpreter]" in k for k in triton) else "triton"
+    return label if len(triton) == len(runs) else f"{label} + torch fallback"
+
+
+# -- the walk ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Checked:
+    ok: bool
+    reason: str = ""
+    error: float | None = None
+    tolerance: float | None = None
+
+
+def _compare(original: nn.Module, rep: nn.Module, x: torch.Tensor, tol: float) -> _Checked:
+    """Run both forwards (hooks not fired) on ``x``; the verdict."""
+    try:
+        with torch.no_grad():
+            ref = original.forward(x)
+            out = rep.forward(x)
+    except Exception as exc:
+        return _Checked(ok=False, reason=f"check: the replacement raised {type(exc).__name__}: {exc}")
+    if not isinstance(out, torch.Tensor) or out.dtype != getattr(ref, "dtype", None):
+        return _Checked(ok=False, reason=f"check: output dtype {getattr(out, 'dtype', type(out))} differs from "
+                                         f"the original's {getattr(ref, 'dtype', type(ref))}")
+    err = rel_error(out, ref)
+    if err <= tol:
+        return _Checked(ok=True, error=err, tolerance=tol)
+    return _Checked(ok=False, error=err, tolerance=tol,
+                    reason=f"check failed: relative error {err:.3g} > {tol:g} on a {tuple(x.shape)} "
+                           f"{_dtype_name(x.dtype)} sample")
+
+
+@dataclass
+class _Walk:
+    ops: tuple[str, ...]
+    check: bool
+    keep_original: bool
+    skip: tuple[str, ...]
+    rows: list[Row] = field(default_factory=list)
+    patches: list[tuple[Any, str, Replacement]] = field(default_factory=list)
+    done: dict[int, nn.Module] = field(default_factory=dict)
+    checked: dict[tuple[Any, ...], _Checked] = field(default_factory=dict)
+
+    # -- checking ---------------------------------------------------------------------------------
+
+    def _verify(self, key: tuple[Any, ...], original: nn.Module, rep: nn.Module,
+                make: Callable[[int], torch.Tensor], tol: float) -> _Checked:
+        """Run ``original`` and ``rep`` on ``make(tokens)`` for each of :data:`CHECK_TOKENS`, once per
+        ``key``; the cached verdict after that. The error reported is the largest."""
+        if not self.check:
+            return _Checked(ok=True)
+        if key in self.checked:
+            return self.checked[key]
+        verdict = _Checked(ok=True, error=0.0, tolerance=tol)
+        for tokens in CHECK_TOKENS:
+            x = make(tokens)
+            one = _compare(original, rep, x, tol)
+            if not one.ok:
+                verdict = one
+                break
+            verdict.error = max(verdict.error or 0.0, one.error or 0.0)
+        self.checked[key] = verdict
+        if not verdict.ok:
+            log.warning("autoopt.optimize: keeping %s modules of %s: %s", key[0], key[1:], verdict.reason)
+        return verdict
+
+    # -- one module -------------------------------------------------------------------------------
+
+    def _swap(self, parent: nn.Module, name: str, original: nn.Module, rep: nn.Module) -> None:
+        assert isinstance(rep, Replacement)
+        parent._modules[name] = rep
+        self.done[id(original)] = rep
+        self.patches.append((weakref.ref(parent), name, rep))
+
+    def _row(self, path: str, kind: str, status: str, module: nn.Module, reason: str = "", *,
+             shape: str = "", dtype: Any = None, verdict: _Checked | None = None,
+             kernels: dict[str, str] | None = None) -> Row:
+        w = getattr(module, "weight", None)
+        dt = dtype if dtype is not None else (w.dtype if isinstance(w, torch.Tensor) else None)
+        row = Row(path=path, kind=kind, status=status, reason=reason, module=type(module).__name__, shape=shape,
+                  dtype=_dtype_name(dt) if dt is not None else "", kernels=kernels or {},
+                  error=verdict.error if verdict is not None else None,
+                  tolerance=verdict.tolerance if verdict is not None else None)
+        self.rows.append(row)
+        return row
+
+    def linear(self, parent: nn.Module, name: str, m: nn.Linear, path: str) -> AutooptLinear | None:
+        shape = f"{m.in_features}->{m.out_features}"
+        if "linear" not in self.ops:
+            self._row(path, "linear", "kept", m, "linear not in ops=", shape=shape)
+            return None
+        problem = linear_problem(m)
+        if problem is not None:
+            self._row(path, "linear", "kept", m, problem, shape=shape)
+            return None
+        w = m.weight
+        rep = AutooptLinear(m)
+        key = ("linear", m.in_features, m.out_features, m.bias is not None, w.dtype, w.device)
+        verdict = self._verify(key, m, rep, lambda t: sample(m.in_features, w.dtype, w.device, tokens=t),
+                               tolerance(w.dtype, matmul=True))
+        if not verdict.ok:
+            self._row(path, "linear", "kept", m, verdict.reason, shape=shape, verdict=verdict)
+            return None
+        self._swap(parent, name, m, rep)
+        self._row(path, "linear", "replaced", m, shape=shape, verdict=verdict, kernels=_kernels(rep))
+        return rep
+
+    def norm(self, parent: nn.Module, name: str, m: nn.Module, path: str, match: NormMatch, w: torch.Tensor) -> bool:
+        shape = f"{w.shape[0]}"
+        if match.kind not in self.ops:
+            self._row(path, match.kind, "kept", m, f"{match.kind} not in ops=", shape=shape)
+            return False
+        rep: nn.Module
+        if match.kind == "rms_norm":
+            rep = AutooptRMSNorm(m, eps=match.eps, unit_offset=match.unit_offset)
+        else:
+            rep = AutooptLayerNorm(m, eps=match.eps)
+        key = (match.kind, w.shape[0], match.unit_offset, match.has_bias, match.eps, w.dtype, w.device)
+        verdict = self._verify(key, m, rep, lambda t: sample(w.shape[0], w.dtype, w.device, tokens=t, offset=0.5),
+                               tolerance(w.dtype))
+        variant = " (1 + weight)" if match.unit_offset else ""
+        if not verdict.ok:
+            self._row(path, match.kind, "kept", m, verdict.reason, shape=shape + variant, verdict=verdict)
+            return False
+        self._swap(parent, name, m, rep)
+        self._row(path, match.kind, "replaced", m, shape=shape + variant, verdict=verdict, kernels=_kernels(rep))
+        return True
+
+    def gated_mlp(self, parent: nn.Module, name: str, m: nn.Module, path: str, match: GatedMLPMatch) -> bool:
+        gate, up, down, _ = gated_mlp_parts(m) or (None, None, None, None)
+        assert isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)
+        shape = f"{match.hidden}->2x{match.intermediate}->{match.hidden}"
+        w = gate.weight
+        down_rep: nn.Module = down
+        if "linear" in self.ops and id(down) in self.done:
+            down_rep = self.done[id(down)]
+        elif "linear" in self.ops:
+            # down's own check (cached per shape); it runs inside the MLP either way
+            key: tuple[Any, ...] = ("linear", down.in_features, down.out_features, down.bias is not None, w.dtype,
+                                    w.device)
+            cand = AutooptLinear(down)
+            if self._verify(key, down, cand, lambda t: sample(down.in_features, w.dtype, w.device, tokens=t),
+                            tolerance(w.dtype, matmul=True)).ok:
+                down_rep = cand
+        rep = AutooptGatedMLP(m, activation=match.activation, down_proj=down_rep, use_linear_op="linear" in self.ops)
+        key = ("gated_mlp", match.hidden, match.intermediate, match.activation, match.has_bias,
+               isinstance(down_rep, AutooptLinear), w.dtype, w.device)
+        verdict = self._verify(key, m, rep, lambda t: sample(match.hidden, w.dtype, w.device, tokens=t, seed=2),
+                               tolerance(w.dtype, matmul=True))
+        if not verdict.ok:
+            rep.untie()  # drops the gate_up copy
+            self._row(path, "gated_mlp", "kept", m, verdict.reason + "; its linears are tried one by one",
+                      shape=shape, dtype=w.dtype, verdict=verdict)
+            return False
+        if not self.keep_original:
+            rep.tie()
+        self._swap(parent, name, m, rep)
+        self._row(path, "gated_mlp", "replaced", m, shape=shape, dtype=w.dtype, verdict=verdict,
+                  kernels=_kernels(rep))
+        for child, lin in (("gate_proj", gate), ("up_proj", up)):
+            self._row(f"{path}.{child}", "linear", "fused", lin, f"runs in {path}'s gate_up GEMM "
+                      f"({'halves of gate_up' if rep.tied else 'gate_up is a copy'})",
+                      shape=f"{lin.in_features}->{lin.out_features}")
+        if isinstance(down_rep, AutooptLinear):
+            if id(down) not in self.done:
+                self.done[id(down)] = down_rep
+            self._row(f"{path}.down_proj", "linear", "replaced", down,
+                      shape=f"{down.in_features}->{down.out_features}", kernels=_kernels(down_rep))
+        else:
+            self._row(f"{path}.down_proj", "linear", "kept", down,
+                      "linear not in ops=" if "linear" not in self.ops else "check failed for this shape",
+                      shape=f"{down.in_features}->{down.out_features}")
+        return True
+
+    def visit(self, parent: nn.Module, prefix: str) -> None:
+        for name, child in list(parent._modules.items()):
+            if child is None:
+                continue
+            path = f"{prefix}.{name}" if prefix else name
+            if self.step(parent, name, child, path):
+                continue
+            self.visit(child, path)
+
+    def step(self, parent: nn.Module, name: str, m: nn.Module, path: str) -> bool:
+        """Handle ``m`` (at ``parent.name``); True when its subtree is done (do not descend)."""
+        shared = self.done.get(id(m))
+        if shared is not None:  # the same module object reached again (shared): the same replacement
+            assert isinstance(shared, Replacement)
+            parent._modules[name] = shared
+            self.patches.append((weakref.ref(parent), name, shared))
+            self._row(path, shared.kind, "replaced", m, "shared with another path")
+            return True
+        if isinstance(m, Replacement):
+            self._row(path, m.kind, "skipped", m, "already optimised")
+            return True
+        hit = next((p for p in self.skip if fnmatch.fnmatchcase(path, p)), None)
+        if hit is not None:
+            self._row(path, _kind_of(m), "skipped", m, f"matches skip= pattern {hit!r}")
+            return True
+        if ("forward" in m.__dict__ or hasattr(m, "_hf_hook")) and _kind_of(m) != "module":
+            self._row(path, _kind_of(m), "kept", m, "its forward is patched on the instance (an accelerate "
+                      "offload hook?): replacing it would drop that")
+            return True
+        if gated_mlp_parts(m) is not None:
+            if "gated_mlp" not in self.ops:
+                self._row(path, "gated_mlp", "kept", m, "gated_mlp not in ops=")
+                return False
+            match = match_gated_mlp(m)
+            if isinstance(match, str):
+                self._row(path, "gated_mlp", "kept", m, match + "; its linears are tried one by one")
+                return False
+            return self.gated_mlp(parent, name, m, path, match)
+        if isinstance(m, nn.Linear):
+            self.linear(parent, name, m, path)
+            return True
+        parts = norm_parts(m)
+        if parts is not None:
+            w = parts[2]
+            if w.dtype not in FLOAT_DTYPES:
+                self._row(path, "norm", "kept", m, f"weight dtype {w.dtype} (kernels serve float16, bfloat16, "
+                          "float32)")
+                return True
+            norm_match = match_norm(m)
+            if isinstance(norm_match, str):
+                self._row(path, "norm", "kept", m, norm_match)
+                return True
+            self.norm(parent, name, m, path, norm_match, w)
+            return True
+        if any(all(hasattr(m, c) for c in names) for names in _ATTENTION_CHILDREN):
+            impl = getattr(getattr(m, "config", None), "_attn_implementation", None)
+            self._row(path, "attention", "kept", m, f"attention stays the model's own ({impl or type(m).__name__}); "
+                      "its projections are replaced as linears")
+            return False
+        if next(iter(m.children()), None) is None and any(True for _ in m.parameters(recurse=False)):
+            self._row(path, "other", "kept", m, f"{type(m).__name__}: no autoopt kernel for it")
+            return True
+        return False
+
+
+def _kind_of(m: nn.Module) -> str:
+    if isinstance(m, nn.Linear):
+        return "linear"
+    if gated_mlp_parts(m) is not None:
+        return "gated_mlp"
+    if norm_parts(m) is not None:
+        return "norm"
+    return "module"
+
+
+def _restore_patches(patches: list[tuple[Any, str, Replacement]]) -> int:
+    n = 0
+    for parent_ref, name, rep in reversed(patches):
+        parent = parent_ref()
+        if parent is not None and parent._modules.get(name) is rep:
+            parent._modules[name] = rep.restore_original()
+            n += 1
+    return n
+
+
+def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] | None = None, check: bool = True,
+             keep_original: bool = False, skip: str | Iterable[str] = ()) -> OptimizeReport:
+    """Swap ``model``'s linears, norms and gated MLPs for autoopt kernels, in place; returns the report.
+
+    ``profile``: the hardware the kernel configs are ranked for (a profile, a known profile name or
+    file); None keeps :mod:`autoopt.nn.dispatch`'s (the detected GPU, or a stand-in under Triton's
+    interpreter). It is process-wide: it also applies to other models' autoopt ops.
+    ``ops``: the kinds to replace, a subset of :data:`OPS` (all by default); without ``linear`` the
+    gated MLP's two GEMMs run through torch. ``check``: compare each distinct replacement with its
+    original on a sample first, keeping the original on a mismatch. ``keep_original``: leave the
+    gate/up weights untouched and hold a copy in ``gate_up`` (doubles those weights' memory).
+    ``skip``: module-path patterns (``fnmatch``) to leave alone, e.g. ``"lm_head"``.
+
+    Call it after moving the model to its device and dtype and before ``torch.compile``. The
+    replacements run only their forward through the kernels when no input needs grad (inference);
+    with grad enabled the ops run torch. Raises TypeError for a non-module, OpError for an unknown op.
+    """
+    root = _unwrap(model, "optimize")
+    if not isinstance(check, bool) or not isinstance(keep_original, bool):
+        raise TypeError("autoopt.optimize(): check= and keep_original= take a bool")
+    walk = _Walk(ops=_ops_set(ops), check=check, keep_original=keep_original, skip=_patterns(skip))
+    if profile is not None:
+        dispatch.set_profile(profile)
+    if isinstance(root, Replacement):
+        raise TypeError("autoopt.optimize(): this module is an autoopt replacement already; pass the model")
+    walk.visit(root, "")
+    extra = sum(rep.extra_bytes() for _, _, rep in walk.patches)
+    report = OptimizeReport(rows=walk.rows, ops=walk.ops, check=walk.check, keep_original=walk.keep_original,
+                            extra_bytes=extra, backend=_backend(walk.rows),
+                            choices=[c.to_dict() for c in dispatch.choices()],
+                            restore=_restorer(walk.patches), model=root)
+    log.info("autoopt.optimize: %s", report.summary())
+    return report
+
+
+def _restorer(patches: list[tuple[Any, str, Replacement]]) -> Callable[[], int]:
+    return lambda: _restore_patches(patches)
+
+
+def restore(model: nn.Module) -> int:
+    """Put back every original module that :func:`optimize` replaced in ``model`` (the same module
+    objects, with their own weight storage again); returns how many were put back."""
+    root = _unwrap(model, "restore")
+    count = 0
+
+    def visit(parent: nn.Module) -> None:
+        nonlocal count
+        for name, child in list(parent._modules.items()):
+            if isinstance(child, Replacement):
+                parent._modules[name] = child.restore_original()
+                count += 1
+            elif child is not None:
+                visit(child)
+
+    visit(root)
+    return count

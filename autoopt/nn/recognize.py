@@ -1,0 +1,287 @@
+"""Which modules of a model autoopt can serve, recognised by structure and checked by behaviour.
+
+A class name proves nothing (every model family names its RMSNorm differently, and a class called
+``...RMSNorm`` may compute something else), so each candidate is found by what it holds and then
+*run once* on a sample input against the formula it claims to compute:
+
+- **linear**: an ``nn.Linear`` (or a subclass) whose ``forward`` is ``nn.Linear.forward`` itself and
+  whose weight is a plain float16/bfloat16/float32 Parameter. A subclass with its own ``forward``
+  (quantised, LoRA) is not one: it computes something else.
+- **norm**: a leaf module with a 1-D ``weight`` Parameter of size ``hidden`` and an epsilon attribute
+  (``variance_epsilon``: Hugging Face Llama, Qwen2, Mistral; ``eps``: ``torch.nn.RMSNorm``,
+  ``nn.LayerNorm``, Gemma; ``epsilon``), optionally a ``bias`` of the same size. Its output on
+  ``x`` of shape ``[2, 8, hidden]`` (offset from zero, so that LayerNorm and RMSNorm differ) is
+  compared with RMSNorm ``x / rms(x) * w``, Gemma's RMSNorm ``x / rms(x) * (1 + w)`` and LayerNorm
+  ``(x - mean) / std * w + b``; the first within tolerance is what the module is.
+- **gated MLP**: a module with ``gate_proj``, ``up_proj`` and ``down_proj`` linears (above) of
+  matching shapes and an ``act_fn`` that computes SiLU or tanh-GELU (checked on a sample: exact
+  erf-GELU differs from the tanh form by ~1e-3 and is not taken for it), whose output is
+  ``down(act(gate(x)) * up(x))`` on a sample input.
+
+Probes run under ``torch.no_grad()`` on random inputs from a private generator (the global RNG is
+never touched), in the module's own dtype and device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = [
+    "EPS_ATTRS",
+    "FLOAT_DTYPES",
+    "GatedMLPMatch",
+    "NormMatch",
+    "activation_of",
+    "gated_mlp_parts",
+    "linear_problem",
+    "match_gated_mlp",
+    "match_norm",
+    "norm_parts",
+    "rel_error",
+    "sample",
+    "tolerance",
+]
+
+#: epsilon attribute names, in the order they are looked for.
+EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
+#: dtypes the kernels serve.
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: relative Frobenius error ``||out - ref|| / ||ref||`` allowed, by dtype.
+_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+#: fp32 matmuls at float32_matmul_precision 'high'/'medium' run as TF32 (10-bit mantissa).
+_TOL_TF32 = 5e-3
+
+
+def tolerance(dtype: torch.dtype, *, matmul: bool = False) -> float:
+    """The relative error allowed for a module of ``dtype`` (looser for fp32 matmuls allowed to use TF32)."""
+    tol = _TOL.get(dtype, 1e-4)
+    if matmul and dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        tol = max(tol, _TOL_TF32)
+    return tol
+
+
+def rel_error(out: Any, ref: Any) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (inf when shapes differ or anything is not finite)."""
+    if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor) or out.shape != ref.shape:
+        return math.inf
+    o, r = out.detach().double(), ref.detach().double()
+    if not (torch.isfinite(o).all() and torch.isfinite(r).all()):
+        return math.inf
+    denom = float(torch.linalg.vector_norm(r))
+    num = float(torch.linalg.vector_norm(o - r))
+    return num / denom if denom > 0 else num
+
+
+def sample(features: int, dtype: torch.dtype, device: torch.device, *, tokens: int = 8, offset: float = 0.0,
+           seed: int = 0) -> torch.Tensor:
+    """A ``[2, tokens, features]`` normal sample (plus ``offset``) from a private generator (the global
+    RNG is not touched), in ``dtype`` on ``device``."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(2, tokens, features, generator=gen, dtype=torch.float32) + offset
+    return x.to(device=device, dtype=dtype)
+
+
+def _plain_param(p: Any) -> str | None:
+    """Why ``p`` cannot be served (None when it can): a float Parameter on a real device."""
+    if not isinstance(p, nn.Parameter) or type(p.data) is not torch.Tensor:
+        return f"its weight is a {type(p).__name__}, not a plain Parameter (quantised or a tensor subclass?)"
+    if p.dtype not in FLOAT_DTYPES:
+        return f"weight dtype {p.dtype} (kernels serve float16, bfloat16 and float32)"
+    if p.device.type == "meta":
+        return "weights on the meta device (not loaded yet)"
+    return None
+
+
+def linear_problem(m: nn.Module) -> str | None:
+    """Why ``m`` is not a linear autoopt can serve; None when it is one."""
+    if not isinstance(m, nn.Linear):
+        return "not an nn.Linear"
+    if type(m).forward is not nn.Linear.forward or "forward" in m.__dict__:
+        return (f"{type(m).__name__} has its own forward (a quantised, LoRA or hooked linear computes "
+                "something else)")
+    problem = _plain_param(m.weight)
+    if problem is None and m.bias is not None:
+        problem = _plain_param(m.bias)
+        if problem is None and m.bias.dtype != m.weight.dtype:
+            problem = f"bias dtype {m.bias.dtype} differs from weight dtype {m.weight.dtype}"
+    return problem
+
+
+# -- norms -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NormMatch:
+    """A recognised norm: ``kind`` is ``rms_norm`` or ``layer_norm``; ``unit_offset``: output scaled by
+    ``1 + weight`` (Gemma); ``eps`` None means ``torch.finfo(dtype).eps`` (``torch.nn.RMSNorm(eps=None)``)."""
+
+    kind: str
+    eps_attr: str
+    eps: float | None
+    unit_offset: bool
+    has_bias: bool
+    error: float
+
+
+def norm_parts(m: nn.Module) -> tuple[str, float | None, nn.Parameter] | None:
+    """``(eps attribute, eps, weight)`` when ``m`` has a norm's structure (a leaf holding a 1-D weight
+    and an epsilon), else None. A norm without an affine weight (``elementwise_affine=False``) is not one."""
+    if next(iter(m.children()), None) is not None or isinstance(m, (nn.Linear, nn.Embedding)):
+        return None
+    w = getattr(m, "weight", None)
+    if not isinstance(w, nn.Parameter) or w.dim() != 1:
+        return None
+    for attr in EPS_ATTRS:
+        if hasattr(m, attr):
+            eps = getattr(m, attr, None)
+            if isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0:
+                return attr, float(eps), w
+            if eps is None and isinstance(m, getattr(nn, "RMSNorm", ())):
+                return attr, None, w
+    return None
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def match_norm(m: nn.Module) -> NormMatch | str:
+    """What norm ``m`` computes (a :class:`NormMatch`), or why it is not recognised as one."""
+    parts = norm_parts(m)
+    if parts is None:
+        return "not a norm: no 1-D weight with an epsilon attribute"
+    eps_attr, eps, w = parts
+    problem = _plain_param(w)
+    if problem is not None:
+        return problem
+    bias = getattr(m, "bias", None)
+    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.shape != w.shape):
+        return f"bias of shape {tuple(getattr(bias, 'shape', ()))} does not match weight {tuple(w.shape)}"
+    shape: Any = getattr(m, "normalized_shape", None)
+    if shape is not None and tuple(shape) != tuple(w.shape):
+        return f"normalised over {tuple(shape)}, not the last dimension alone"
+    x = sample(w.shape[0], w.dtype, w.device, offset=0.5)
+    try:
+        with torch.no_grad():
+            out = m.forward(x)
+    except Exception as exc:  # a module of another shape contract: not a norm autoopt knows
+        return f"probe on a {tuple(x.shape)} {x.dtype} input raised {type(exc).__name__}: {exc}"
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        return "probe output is not a tensor of the input's shape"
+    if out.dtype != x.dtype:
+        return f"output dtype {out.dtype} differs from input dtype {x.dtype} (weight and input dtypes mixed)"
+    xf, wf = x.float(), w.detach().float()
+    e = eps if eps is not None else torch.finfo(x.dtype).eps
+    tol = tolerance(x.dtype)
+    b = bias.detach().float() if bias is not None else None
+    candidates: list[tuple[str, bool, Callable[[], torch.Tensor]]] = [
+        ("layer_norm", False, lambda: F.layer_norm(xf, (xf.shape[-1],), wf, b, e)),
+    ]
+    if bias is None:  # an RMSNorm has no bias
+        candidates[:0] = [("rms_norm", False, lambda: _rms(xf, e) * wf),
+                          ("rms_norm", True, lambda: _rms(xf, e) * (1.0 + wf))]
+    errors = []
+    with torch.no_grad():
+        for kind, unit_offset, formula in candidates:
+            err = rel_error(out.float(), formula())
+            if err <= tol:
+                return NormMatch(kind=kind, eps_attr=eps_attr, eps=eps, unit_offset=unit_offset,
+                                 has_bias=bias is not None, error=err)
+            errors.append(f"{kind}{' (1 + weight)' if unit_offset else ''} {err:.2g}")
+    return (f"holds a norm's weight and {eps_attr} but its output matches no norm formula within {tol:g} "
+            f"(relative error: {', '.join(errors)})")
+
+
+# -- gated MLP -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GatedMLPMatch:
+    """A recognised gated MLP: ``down(act(gate(x)) * up(x))`` with ``activation`` ``silu`` or ``gelu_tanh``."""
+
+    activation: str
+    hidden: int
+    intermediate: int
+    has_bias: bool
+    error: float
+
+
+_ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu,
+    "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+}
+
+
+def gated_mlp_parts(m: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear, Any] | None:
+    """``(gate_proj, up_proj, down_proj, act_fn)`` when ``m`` has a gated MLP's structure, else None."""
+    parts = [getattr(m, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    act = getattr(m, "act_fn", None)
+    if not all(isinstance(p, nn.Linear) for p in parts) or act is None or not callable(act):
+        return None
+    gate, up, down = parts
+    assert isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)
+    return gate, up, down, act
+
+
+def activation_of(act: Any, device: torch.device) -> str | None:
+    """``silu`` or ``gelu_tanh`` when ``act`` computes it on a sample (within fp32 tolerance), else None."""
+    z = sample(64, torch.float32, device, seed=1) * 3.0
+    try:
+        with torch.no_grad():
+            out = act(z)
+    except Exception:
+        return None
+    for name, fn in _ACTS.items():
+        if rel_error(out, fn(z)) <= 1e-5:
+            return name
+    return None
+
+
+def match_gated_mlp(m: nn.Module) -> GatedMLPMatch | str:
+    """What gated MLP ``m`` is (a :class:`GatedMLPMatch`), or why it is not recognised as one."""
+    parts = gated_mlp_parts(m)
+    if parts is None:
+        return "not a gated MLP: needs gate_proj, up_proj, down_proj linears and an act_fn"
+    gate, up, down, act = parts
+    for name, lin in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
+        problem = linear_problem(lin)
+        if problem is not None:
+            return f"{name}: {problem}"
+    hidden, inter = gate.in_features, gate.out_features
+    if (up.in_features, up.out_features, down.in_features, down.out_features) != (hidden, inter, inter, hidden):
+        return (f"projection shapes do not chain (gate {hidden}->{inter}, up {up.in_features}->{up.out_features}, "
+                f"down {down.in_features}->{down.out_features})")
+    w = gate.weight
+    if any(p.weight.dtype != w.dtype or p.weight.device != w.device for p in (up, down)):
+        return "gate/up/down weights differ in dtype or device"
+    if (gate.bias is None) != (up.bias is None):
+        return "gate_proj and up_proj disagree on bias"
+    activation = activation_of(act, w.device)
+    if activation is None:
+        return (f"act_fn {type(act).__name__} computes neither SiLU nor tanh-GELU (exact erf-GELU and other "
+                "activations have no fused kernel)")
+    x = sample(hidden, w.dtype, w.device, seed=2)
+    fn = _ACTS[activation]
+    try:
+        with torch.no_grad():
+            out = m.forward(x)
+            ref = F.linear(fn(F.linear(x, gate.weight, gate.bias)) * F.linear(x, up.weight, up.bias),
+                           down.weight, down.bias)
+    except Exception as exc:
+        return f"probe on a {tuple(x.shape)} {x.dtype} input raised {type(exc).__name__}: {exc}"
+    if not isinstance(out, torch.Tensor) or out.dtype != x.dtype:
+        return "probe output is not a tensor of the input's dtype"
+    err = rel_error(out, ref)
+    tol = tolerance(w.dtype, matmul=True)
+    if err > tol:
+        return (f"has gate/up/down projections but its output is not down(act(gate(x)) * up(x)) "
+                f"(relative error {err:.2g} > {tol:g})")
+    return GatedMLPMatch(activation=activation, hidden=hidden, intermediate=inter,
+                         has_bias=gate.bias is not None or down.bias is not None, error=err)

@@ -1,0 +1,149 @@
+"""What :func:`autoopt.optimize` did to a model: one row per module it looked at, counts, the kernels.
+
+A :class:`Row` says where a module is (its dotted path), what autoopt took it for (``kind``), what
+happened (``status``: ``replaced``, ``fused`` into a replaced gated MLP's ``gate_up`` GEMM, ``kept``
+as it was, or ``skipped`` by ``skip=``/already optimised), why, and what runs it: the dispatch's
+choices for the sample input of the check (the kernel and config, or ``torch`` and the fallback
+reason). :class:`OptimizeReport` prints as a table and serialises with :meth:`~OptimizeReport.to_dict`;
+it is also the context manager that restores the model on exit::
+
+    with autoopt.optimize(model) as report:
+        print(report)
+        model.generate(...)
+    # the original modules are back here
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+__all__ = ["STATUSES", "OptimizeReport", "Row"]
+
+#: what can happen to a module.
+STATUSES = ("replaced", "fused", "kept", "skipped")
+
+
+@dataclass(slots=True, kw_only=True)
+class Row:
+    """One module: path, kind, status, reason, what runs it (``kernels``: ``op -> description``), the
+    check's relative error against the original (None when not checked) and its tolerance."""
+
+    path: str
+    kind: str
+    status: str
+    reason: str = ""
+    module: str = ""
+    shape: str = ""
+    dtype: str = ""
+    kernels: dict[str, str] = field(default_factory=dict)
+    error: float | None = None
+    tolerance: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "kind": self.kind, "status": self.status, "reason": self.reason,
+                "module": self.module, "shape": self.shape, "dtype": self.dtype, "kernels": dict(self.kernels),
+                "error": self.error, "tolerance": self.tolerance}
+
+
+class OptimizeReport:
+    """The outcome of one :func:`autoopt.optimize` call (see the module docstring).
+
+    ``rows`` (every module looked at), ``counts()`` (``kind -> status -> n``), ``replaced`` /
+    ``kept`` (the rows with that status), ``extra_bytes`` (memory the replacements hold beyond the
+    model's own tensors: 0 for tied gated MLPs), ``backend`` (what runs the replaced modules' ops
+    at the sample's size: ``triton``, ``triton-interpreter``, ``torch fallback``, or two of them
+    joined by `` + ``), ``choices`` (every dispatch :class:`~autoopt.nn.dispatch.Choice` made so
+    far, as dicts, at the time of the report).
+    """
+
+    def __init__(self, *, rows: Sequence[Row], ops: Sequence[str], check: bool, keep_original: bool,
+                 extra_bytes: int, backend: str, choices: Sequence[dict[str, Any]] = (),
+                 restore: Callable[[], int] | None = None, model: Any = None) -> None:
+        self.rows = list(rows)
+        self.ops = tuple(ops)
+        self.check = check
+        self.keep_original = keep_original
+        self.extra_bytes = extra_bytes
+        self.backend = backend
+        self.choices = list(choices)
+        self._restore = restore
+        self._model = weakref.ref(model) if model is not None else None
+
+    # -- queries ---------------------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """``kind -> status -> number of modules``."""
+        out: dict[str, Counter[str]] = {}
+        for r in self.rows:
+            out.setdefault(r.kind, Counter())[r.status] += 1
+        return {k: dict(v) for k, v in out.items()}
+
+    def count(self, kind: str, status: str = "replaced") -> int:
+        return sum(1 for r in self.rows if r.kind == kind and r.status == status)
+
+    @property
+    def replaced(self) -> list[Row]:
+        return [r for r in self.rows if r.status == "replaced"]
+
+    @property
+    def kept(self) -> list[Row]:
+        return [r for r in self.rows if r.status == "kept"]
+
+    def row(self, path: str) -> Row:
+        """The row of the module at ``path`` (KeyError naming the known paths' count if none)."""
+        for r in self.rows:
+            if r.path == path:
+                return r
+        raise KeyError(f"no module {path!r} in this report ({len(self.rows)} rows)")
+
+    # -- restore ---------------------------------------------------------------------------------------
+
+    def restore(self) -> int:
+        """Put back the original modules this call replaced; returns how many (0 when done already)."""
+        restore, self._restore = self._restore, None
+        return restore() if restore is not None else 0
+
+    def __enter__(self) -> OptimizeReport:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.restore()
+
+    # -- output ----------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ops": list(self.ops), "check": self.check, "keep_original": self.keep_original,
+                "backend": self.backend, "extra_bytes": self.extra_bytes, "counts": self.counts(),
+                "rows": [r.to_dict() for r in self.rows], "choices": list(self.choices)}
+
+    def summary(self) -> str:
+        parts = []
+        for kind, by_status in self.counts().items():
+            parts.append(f"{kind} " + ", ".join(f"{n} {s}" for s, n in sorted(by_status.items())))
+        return "; ".join(parts) or "nothing recognised"
+
+    def __str__(self) -> str:
+        headers = ("module", "kind", "status", "shape", "dtype", "check", "runs on / reason")
+        lines = []
+        for r in self.rows:
+            check = "-" if r.error is None else f"{r.error:.1e}"
+            how = "; ".join(f"{op}: {k}" for op, k in r.kernels.items()) if r.status == "replaced" else r.reason
+            lines.append((r.path, r.kind, r.status, r.shape, r.dtype, check, how))
+        widths = [max(len(h), *(len(str(c[i])) for c in lines)) if lines else len(h) for i, h in enumerate(headers)]
+        widths[-1] = len(headers[-1])  # the last column is not padded
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+        title = (f"autoopt.optimize: {self.summary()} (ops: {', '.join(self.ops)}; "
+                 f"check {'on' if self.check else 'off'}; kernels: {self.backend}; "
+                 f"extra memory {self.extra_bytes} B)")
+        out = [title, fmt.format(*headers).rstrip(), "  ".join("-" * w for w in widths)]
+        out += [fmt.format(*line).rstrip() for line in lines]
+        return "\n".join(out)
+
+    def __repr__(self) -> str:
+        return f"<OptimizeReport {self.summary()}>"

@@ -1,0 +1,407 @@
+"""autoopt.optimize / autoopt.restore on tiny real transformers models (CPU: Triton's interpreter, or torch).
+
+Each model is built from its config (hidden 64, 2 layers, vocab 128) with its weights nudged off their
+init values (Llama's norms start at 1, Gemma's at 0: a wrong formula would still pass on those).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from torch import nn  # noqa: E402
+
+import autoopt  # noqa: E402
+from autoopt.errors import AutooptError, OpError  # noqa: E402
+from autoopt.nn import dispatch  # noqa: E402
+from autoopt.nn import ops as aops  # noqa: E402
+from autoopt.nn.modules import AutooptGatedMLP, AutooptLinear, AutooptRMSNorm  # noqa: E402
+from autoopt.nn.optimize import optimize, restore  # noqa: E402
+
+LAYERS = 2
+COMMON = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64}
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),         # q/k/v with bias
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}),  # (1 + w) RMSNorm, tanh-GELU MLP
+}
+
+
+@pytest.fixture
+def torch_fallback(monkeypatch):
+    """The ops run torch (the dispatch's CPU fallback) instead of Triton's interpreter: whole-model
+    generate loops under the interpreter take seconds per family (its GEMV is ~0.1 s a call). The
+    swapping, the gate_up rewrite and the (1 + w) norm are the same code either way; the kernels run
+    under the interpreter in the other tests."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    dispatch.clear_cache()
+    yield
+    monkeypatch.undo()
+    dispatch.clear_cache()
+
+
+def build(family: str = "llama", dtype=torch.float32, **overrides):
+    config_cls, model_cls, extra = FAMILIES[family]
+    config = getattr(transformers, config_cls)(**{**COMMON, **extra, **overrides})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.to(dtype)
+
+
+def ids(n: int = 6):
+    return torch.randint(0, COMMON["vocab_size"], (1, n), generator=torch.Generator().manual_seed(1))
+
+
+def logits(model, x):
+    with torch.no_grad():
+        return model(x).logits
+
+
+def rel(a, b) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm())
+
+
+def snapshot(model):
+    return ({k: v.detach().clone() for k, v in model.state_dict().items()},
+            {name: (type(m), m) for name, m in model.named_modules()},
+            {name: p for name, p in model.named_parameters()})
+
+
+def assert_restored(model, snap):
+    state, modules, params = snap
+    now = model.state_dict()
+    assert list(now) == list(state)
+    assert all(torch.equal(now[k], state[k]) for k in state)
+    assert {n: (type(m), m) for n, m in model.named_modules()} == modules  # same types, same objects
+    assert {n: p for n, p in model.named_parameters()} == params          # same Parameter objects
+    assert not any(isinstance(m, (AutooptLinear, AutooptRMSNorm, AutooptGatedMLP)) for m in model.modules())
+    ptrs = [p.untyped_storage().data_ptr() for p in model.parameters()]
+    assert len(set(ptrs)) == len(ptrs)  # every Parameter has its own storage again (gate/up untied)
+
+
+# -- the families -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_is_replaced_matches_and_restores(family):
+    model = build(family)
+    x = ids()
+    ref = logits(model, x)
+    snap = snapshot(model)
+
+    report = optimize(model)
+    counts = report.counts()
+    assert counts["linear"] == {"replaced": 5 * LAYERS + 1, "fused": 2 * LAYERS}  # q k v o down + lm_head
+    assert counts["gated_mlp"] == {"replaced": LAYERS}
+    assert counts["rms_norm"] == {"replaced": 2 * LAYERS + 1}
+    assert counts["attention"] == {"kept": LAYERS}
+    assert not [r for r in report.rows if r.status == "kept" and r.kind != "attention" and r.kind != "other"]
+    mlp = model.model.layers[0].mlp
+    assert isinstance(mlp, AutooptGatedMLP)
+    assert mlp.activation == ("gelu_tanh" if family == "gemma" else "silu")
+    norm = model.model.layers[0].input_layernorm
+    assert isinstance(norm, AutooptRMSNorm) and norm.unit_offset == (family == "gemma")
+    assert isinstance(model.lm_head, AutooptLinear)
+    if family == "gemma":  # tied embeddings stay tied: the replacement holds the same Parameter
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+
+    assert rel(logits(model, x), ref) < 1e-4
+
+    assert restore(model) == (4 * LAYERS + 1) + LAYERS + (2 * LAYERS + 1)  # linears, MLPs, norms
+    assert_restored(model, snap)
+    assert torch.equal(logits(model, x), ref)
+
+
+def _generates_the_same_tokens(family: str) -> None:
+    model = build(family)
+    x = ids()
+    ref_tokens = model.generate(x, max_new_tokens=4, do_sample=False)
+    optimize(model)
+    assert torch.equal(model.generate(x, max_new_tokens=4, do_sample=False), ref_tokens)
+    restore(model)
+    assert torch.equal(model.generate(x, max_new_tokens=4, do_sample=False), ref_tokens)
+
+
+def test_generate_gives_the_same_greedy_tokens_through_the_kernels():
+    _generates_the_same_tokens("llama")  # under the interpreter on a CPU: every op a Triton kernel
+
+
+@pytest.mark.parametrize("family", ["gemma", "mistral", "qwen2"])
+def test_generate_gives_the_same_greedy_tokens(family, torch_fallback):
+    _generates_the_same_tokens(family)
+
+
+def test_fp16_model_matches():
+    model = build("llama", torch.float16)
+    x = ids()
+    ref = logits(model, x)
+    report = optimize(model)
+    assert report.count("gated_mlp") == LAYERS and report.count("rms_norm") == 2 * LAYERS + 1
+    assert all(r.tolerance == 5e-3 for r in report.rows if r.error is not None)
+    assert rel(logits(model, x), ref) < 5e-3
+
+
+def test_torch_compile_after_optimize_runs_the_autoopt_ops_in_the_graph(torch_fallback):
+    model = build("llama")
+    x = ids()
+    optimize(model)
+    expected = logits(model, x)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(model, backend=backend, fullgraph=False)
+        got = logits(compiled, x)
+        aot = logits(torch.compile(model, backend="aot_eager", fullgraph=False), x)
+    finally:
+        torch._dynamo.reset()
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5) and torch.allclose(aot, expected, rtol=1e-5, atol=1e-5)
+    targets = {str(n.target).removesuffix(".default") for gm in graphs for n in gm.graph.nodes
+               if n.op == "call_function"}
+    assert {"autoopt.linear", "autoopt.rms_norm", "autoopt.swiglu"} <= targets  # opaque custom ops, no break
+
+
+# -- restore, context manager, memory ------------------------------------------------------------------------
+
+def test_context_manager_restores_on_exit_and_report_restore_is_idempotent():
+    model = build("qwen2")
+    snap = snapshot(model)
+    with autoopt.optimize(model, check=False) as report:
+        assert isinstance(model.model.layers[1].mlp, AutooptGatedMLP)
+        assert report.check is False and all(r.error is None for r in report.rows)
+    assert_restored(model, snap)
+    assert report.restore() == 0
+
+
+def _storage_bytes(model) -> int:
+    seen = {}
+    for t in [*model.parameters(), *model.buffers()]:
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def test_gate_up_is_built_once_and_the_weights_are_not_doubled_by_default():
+    model = build("llama")
+    before = _storage_bytes(model)
+    gate_w = model.model.layers[0].mlp.gate_proj.weight
+    report = optimize(model)
+    mlp = model.model.layers[0].mlp
+    assert mlp.tied and mlp.is_tied() and mlp.gate_proj.weight is gate_w  # same Parameter, now a view
+    assert gate_w.untyped_storage().data_ptr() == mlp.gate_up_weight.untyped_storage().data_ptr()
+    extra_norms = 0  # Llama's norms need no derived weight
+    assert _storage_bytes(model) == before + extra_norms and report.extra_bytes == 0
+    assert list(model.state_dict()) == list(snapshot(build("llama"))[0])  # same keys: gate_up is not saved
+
+
+def test_keep_original_copies_gate_up_and_leaves_the_weights_untouched():
+    model = build("llama")
+    ptr = model.model.layers[0].mlp.up_proj.weight.data_ptr()
+    report = optimize(model, keep_original=True, ops=["gated_mlp", "linear"])
+    mlp = model.model.layers[0].mlp
+    assert not mlp.tied and mlp.up_proj.weight.data_ptr() == ptr
+    assert report.extra_bytes == LAYERS * 2 * 128 * 64 * 4
+    # load_state_dict refreshes the copy
+    sd = {k: v * 2 if k.endswith("mlp.up_proj.weight") else v for k, v in model.state_dict().items()}
+    model.load_state_dict(sd)
+    assert torch.equal(mlp.gate_up_weight[128:], mlp.up_proj.weight)
+
+
+def test_tied_gate_up_follows_load_state_dict_and_dtype_moves():
+    model = build("llama")
+    x = ids()
+    optimize(model)
+    mlp = model.model.layers[0].mlp
+    sd = model.state_dict()
+    sd = {k: (v * 2 if k.endswith("mlp.gate_proj.weight") else v) for k, v in sd.items()}
+    model.load_state_dict(sd)
+    assert mlp.is_tied() and torch.equal(mlp.gate_up_weight[:128], sd["model.layers.0.mlp.gate_proj.weight"])
+    model.load_state_dict(sd, assign=True)  # new tensors: gate_up is rebuilt and tied again
+    assert mlp.is_tied()
+    model.to(torch.float16)
+    assert mlp.is_tied() and mlp.gate_up_weight.dtype == torch.float16
+    ref = copy.deepcopy(model)
+    restore(ref)
+    assert rel(logits(model, x), logits(ref, x)) < 5e-3
+
+
+# -- check=True, ops=, skip= ------------------------------------------------------------------------------------
+
+def test_check_keeps_the_original_when_the_replacement_is_wrong(monkeypatch):
+    model = build("llama")
+    x = ids()
+    ref = logits(model, x)
+    monkeypatch.setattr(aops, "rms_norm", lambda x, w, eps: x * 2)
+    report = optimize(model)
+    assert report.count("rms_norm", "kept") == 2 * LAYERS + 1 and report.count("rms_norm") == 0
+    row = report.row("model.norm")
+    assert row.status == "kept" and "check failed" in row.reason and row.error > row.tolerance
+    assert not isinstance(model.model.norm, AutooptRMSNorm)
+    assert report.count("linear") == 5 * LAYERS + 1  # the others are unaffected
+    assert rel(logits(model, x), ref) < 1e-4
+    assert "check failed" in str(report)
+
+
+def test_check_keeps_the_original_when_the_replacement_raises(monkeypatch):
+    model = build("llama")
+
+    def broken(gate_up):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(aops, "swiglu", broken)
+    report = optimize(model)
+    row = report.row("model.layers.0.mlp")
+    assert row.status == "kept" and "kernel exploded" in row.reason
+    assert report.count("linear") == 7 * LAYERS + 1  # the kept MLPs' linears are replaced one by one
+    assert type(model.model.layers[0].mlp).__name__ == "LlamaMLP"
+
+
+def test_ops_subset_is_respected():
+    model = build("llama")
+    x = ids()
+    ref = logits(model, x)
+    report = optimize(model, ops=["linear"])
+    assert report.ops == ("linear",)
+    assert report.count("linear") == 7 * LAYERS + 1 and report.count("rms_norm") == 0
+    assert report.count("gated_mlp", "kept") == LAYERS and "not in ops=" in report.row("model.layers.0.mlp").reason
+    assert report.row("model.norm").status == "kept"
+    assert rel(logits(model, x), ref) < 1e-4
+    restore(model)
+
+    report = optimize(model, ops="gated_mlp")  # the MLP alone: gate_up through torch, fused activation
+    mlp = model.model.layers[0].mlp
+    assert isinstance(mlp, AutooptGatedMLP) and not mlp.use_linear_op and type(mlp.down_proj) is nn.Linear
+    assert report.count("linear") == 0 and rel(logits(model, x), ref) < 1e-4
+
+
+def test_skip_patterns_and_a_second_optimize_leave_modules_alone():
+    model = build("llama")
+    report = optimize(model, skip=["lm_head", "model.layers.1.*"])
+    assert report.row("lm_head").status == "skipped" and type(model.lm_head) is nn.Linear
+    assert report.row("model.layers.1.mlp").status == "skipped"
+    assert report.count("gated_mlp") == 1
+    again = optimize(model)
+    assert again.row("model.layers.0.mlp").status == "skipped"  # already optimised
+    assert again.row("lm_head").status == "replaced" and again.count("gated_mlp") == 1
+
+
+# -- recognition by structure and behaviour ------------------------------------------------------------------------
+
+class _Block(nn.Module):
+    def __init__(self, norm: nn.Module, act: nn.Module | None = None) -> None:
+        super().__init__()
+        self.norm = norm
+        self.mlp = _MLP(act or nn.SiLU())
+
+    def forward(self, x):
+        return self.mlp(self.norm(x))
+
+
+class _MLP(nn.Module):
+    def __init__(self, act: nn.Module) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(64, 96, bias=False)
+        self.up_proj = nn.Linear(64, 96, bias=False)
+        self.down_proj = nn.Linear(96, 64, bias=False)
+        self.act_fn = act
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _NotANorm(nn.Module):
+    """A weight and an eps, but not a norm's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(64) * 1.5)
+        self.eps = 1e-6
+
+    def forward(self, x):
+        return x * self.weight
+
+
+def _randomize(module):
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return module
+
+
+@pytest.mark.parametrize("norm, kind", [
+    (nn.RMSNorm(64, eps=None), "rms_norm"),
+    (nn.RMSNorm(64, eps=1e-5), "rms_norm"),
+    (nn.LayerNorm(64), "layer_norm"),
+])
+def test_torch_norm_modules_are_recognised(norm, kind):
+    block = _randomize(_Block(norm)).eval()
+    x = torch.randn(3, 5, 64)
+    with torch.no_grad():
+        ref = block(x)
+    report = optimize(block)
+    assert report.row("norm").kind == kind and report.row("norm").status == "replaced"
+    assert report.row("mlp").status == "replaced"
+    with torch.no_grad():
+        assert rel(block(x), ref) < 1e-4
+    assert restore(block) == 2  # the norm and the MLP (its down_proj lives inside it)
+
+
+def test_lookalikes_are_kept_with_the_reason():
+    block = _randomize(_Block(_NotANorm(), act=nn.GELU())).eval()  # exact erf-GELU: no fused kernel
+    report = optimize(block)
+    norm, mlp = report.row("norm"), report.row("mlp")
+    assert norm.status == "kept" and "matches no norm formula" in norm.reason
+    assert mlp.status == "kept" and "neither SiLU nor tanh-GELU" in mlp.reason
+    assert report.count("linear") == 3  # its projections are still plain linears
+
+
+# -- report and errors ------------------------------------------------------------------------------------------------
+
+def test_report_serialises_and_prints():
+    model = build("gemma")
+    report = optimize(model)
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["counts"]["gated_mlp"] == {"replaced": LAYERS} and data["keep_original"] is False
+    assert any(r["path"] == "model.layers.0.mlp" and "gelu_tanh_mul" in r["kernels"] for r in data["rows"])
+    text = str(report)
+    assert text.splitlines()[0].startswith("autoopt.optimize: ") and "model.layers.1.post_attention_layernorm" in text
+    assert "(1 + weight)" in text and "attention stays the model's own" in text
+    label = report.backend
+    assert label in ("triton-interpreter", "torch fallback", "triton") or "+" in label
+    assert repr(report).startswith("<OptimizeReport")
+
+
+def test_bad_input_raises_typed_errors():
+    with pytest.raises(TypeError, match=r"takes a torch\.nn\.Module, got str"):
+        autoopt.optimize("llama")
+    with pytest.raises(TypeError, match=r"takes a torch\.nn\.Module"):
+        autoopt.restore(42)
+    model = nn.Sequential(nn.Linear(8, 8))
+    with pytest.raises(OpError, match=r"unknown op name.*'conv'.*choose from linear, rms_norm") as exc:
+        autoopt.optimize(model, ops=["linear", "conv"])
+    assert isinstance(exc.value, AutooptError) and isinstance(exc.value, ValueError)
+    with pytest.raises(TypeError, match="check= and keep_original= take a bool"):
+        autoopt.optimize(model, check="yes")
+    with pytest.raises(TypeError, match="ops= takes op names"):
+        autoopt.optimize(model, ops=3)
+    assert type(model[0]) is nn.Linear  # nothing was touched
+
+
+def test_public_names_are_lazy_and_listed():
+    assert {"optimize", "restore", "OptimizeReport"} <= set(autoopt.__all__)
+    assert autoopt.optimize is optimize and autoopt.restore is restore
