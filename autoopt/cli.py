@@ -439,6 +439,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.seconds is not None and (not args.sweep or not 0 < args.seconds <= cal.MAX_SECONDS):
         raise UsageError(f"calibrate: --seconds goes with --sweep and must be in (0, {cal.MAX_SECONDS:g}], "
                          f"got {args.seconds}")
+    if (args.sweep or args.from_store) and not args.dry_run and stored.constants_dir() is None:
+        raise UsageError("calibrate: the results cache is off (AUTOOPT_CACHE_DIR=off), so fitted constants cannot "
+                         "be kept; pass --dry-run, or set AUTOOPT_CACHE_DIR to a folder")
     if args.sweep:
         cal.require_cuda()  # before detection: without a CUDA GPU, that is the one thing to say
     prof = _profile(args.profile)
@@ -447,6 +450,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UsageError("calibrate: no GPU in this profile; pass --profile NAME|FILE (see `autoopt profiles`)")
     if args.show or args.reset:
         path = stored.path_for(gpu)
+        if path is None:
+            _emit({"device": gpu.device_fingerprint, "gpu": gpu.name, "path": None, "stored": None}, args.format,
+                  "calibrated constants are off (AUTOOPT_CACHE_DIR=off): the ranking uses the defaults")
+            return 0
         if args.reset:
             removed = stored.remove(gpu)
             _emit({"device": gpu.device_fingerprint, "gpu": gpu.name, "removed": str(removed) if removed else None},
@@ -470,7 +477,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         samples = cal.sweep_samples(gpu, seconds=args.seconds or cal.DEFAULT_SECONDS, on_shape=progress)
     else:
         samples = cal.store_samples(gpu)
-    done = cal.calibrate_device(gpu, samples, profile=prof.name, names=names, save=not args.dry_run, started=t0)
+    done = cal.calibrate_device(gpu, samples, profile=prof.name, names=names, save=not args.dry_run, force=args.force,
+                                started=t0)
     data = done.to_dict()
     _emit(data, args.format, _calibration_text(data))
     return 0
@@ -657,6 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seconds", type=float, help="time budget of --sweep in seconds (default 150, at most 150)")
     sp.add_argument("--names", help="comma-separated constants to fit (default: the committed calibration's nine)")
     sp.add_argument("--dry-run", dest="dry_run", action="store_true", help="fit and report, write nothing")
+    sp.add_argument("--force", action="store_true", help="write the constants even if they rank no better")
     add_profile_arg(sp)
     sp.add_argument("--format", choices=FORMATS[:2], default="table")
     sp.set_defaults(func=cmd_calibrate)

@@ -464,3 +464,15 @@ def test_clear_cache_reloads_edited_files(tmp_path):
     path.write_text(MINIMAL.replace("sm_count: 2", "sm_count: 3"))
     library.clear_cache()
     assert get_known("tiny", [tmp_path]).gpu.sm_count == 3
+
+
+def test_a_profile_with_an_absurd_gpu_count_is_refused_before_it_is_built(tmp_path):
+    from autoopt.errors import ProfileError
+    from autoopt.hardware.library import MAX_GPUS
+    from autoopt.hardware.library import load_profile as load
+
+    text = (Path(__file__).resolve().parents[1] / "profiles" / "h100-sxm.yaml").read_text()
+    bad = tmp_path / "huge.yaml"
+    bad.write_text(text.replace("name: h100-sxm", "name: huge", 1) + f"\ncount: {MAX_GPUS + 1}\n")
+    with pytest.raises(ProfileError, match=r"count.*1\.\.1024|1\.\.1024"):
+        load(bad)

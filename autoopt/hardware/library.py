@@ -239,12 +239,17 @@ def _build(data: Mapping[str, Any], *, source: str, path: str) -> KnownDevice:
                        interconnect=spec.interconnect, virtual=spec.virtual, path=path)
 
 
+#: GPUs in one known machine: an NVL72 rack is the largest one-domain machine sold; a profile
+#: claiming more is a typo, and building it (a GPU record each, a link per pair) would not end
+MAX_GPUS = 1024
+
+
 def _check(spec: _Spec, gpu: GPUProfile, err: Any) -> None:
     """Semantic rules the type hints cannot say."""
     if not _NAME_RE.match(spec.name):
         raise err(f"{spec.name!r} must be lowercase letters, digits, '.' and '-' (e.g. 'h100-sxm')", "name")
-    if spec.count < 1:
-        raise err(f"must be at least 1, got {spec.count}", "count")
+    if not 1 <= spec.count <= MAX_GPUS:
+        raise err(f"must be in 1..{MAX_GPUS} GPUs, got {spec.count}", "count")
     seen: set[str] = set()
     for i, alias in enumerate(spec.aliases):
         key = alias.strip().lower()

@@ -23,7 +23,7 @@ from autoopt.nn import ops as _ops
 
 __all__ = ["AutooptGatedMLP", "AutooptLayerNorm", "AutooptLinear", "AutooptRMSNorm", "Replacement"]
 
-# nn.Module's own bookkeeping: never copied from the original onto its replacement.
+# the original's forward (pre-)hook tables: the replacement shares them, so hooks keep firing.
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
                "_forward_pre_hooks", "_forward_pre_hooks_with_kwargs")
 

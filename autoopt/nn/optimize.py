@@ -21,8 +21,8 @@ and otherwise descends into the child. Attention modules are left as the model's
 FlashAttention): only their projections are replaced. Recognition rules: :mod:`autoopt.nn.recognize`.
 
 ``check=True`` (the default) runs, once per distinct (kind, shape, dtype, device, variant), the
-original and the replacement on two samples, ``[2, 8, features]`` and ``[2, 32, features]`` (16 rows:
-the decode GEMV kernels; 64 rows: the tiled GEMMs), and compares them (relative error
+original and the replacement on two samples, ``[2, 8, features]`` and ``[2, 16, features]`` (16 rows:
+the decode GEMV kind; 32 rows: the tiled GEMM kind), and compares them (relative error
 within 1e-4 fp32, 5e-3 fp16, 2e-2 bf16; 5e-3 for fp32 matmuls when torch allows TF32); a mismatch
 or an exception keeps the original and is reported. With ``check=False`` recognition still runs its
 torch-only probes, but the replacements are not run.
@@ -111,8 +111,9 @@ def _patterns(skip: Any) -> tuple[str, ...]:
 
 # -- kernels: what the dispatch picks for a replacement's ops at the sample's size ---------------------------
 
-#: tokens of the two check samples ``[2, tokens, features]``: 16 rows (GEMV kind) and 64 rows (GEMM kind).
-CHECK_TOKENS = (8, 32)
+#: tokens of the two check samples ``[2, tokens, features]``: 16 rows (the GEMV kind, M <= 16) and 32
+#: rows (the GEMM kind). Small on purpose: under Triton's CPU interpreter every program costs.
+CHECK_TOKENS = (8, 16)
 
 
 def _describe(choice: dispatch.Choice, extra: str | None = None) -> str:
@@ -158,7 +159,7 @@ def _kernels_at(rep: Replacement, m: int) -> dict[str, str]:
 
 def _kernels(rep: Replacement) -> dict[str, str]:
     """What runs ``rep``'s ops at the check samples' sizes: ``op`` when one choice serves both, else
-    ``op@16`` and ``op@64`` (rows)."""
+    ``op@16`` and ``op@32`` (rows)."""
     sizes = [2 * t for t in CHECK_TOKENS]
     per = [_kernels_at(rep, m) for m in sizes]
     out: dict[str, str] = {}
@@ -218,7 +219,8 @@ class _Walk:
     keep_original: bool
     skip: tuple[str, ...]
     rows: list[Row] = field(default_factory=list)
-    patches: list[tuple[Any, str, Replacement]] = field(default_factory=list)
+    #: (parent, child name, replacement), both weakly: a report must not keep a deleted model alive.
+    patches: list[tuple[Any, str, Any]] = field(default_factory=list)
     done: dict[int, nn.Module] = field(default_factory=dict)
     checked: dict[tuple[Any, ...], _Checked] = field(default_factory=dict)
 
@@ -251,7 +253,7 @@ class _Walk:
         assert isinstance(rep, Replacement)
         parent._modules[name] = rep
         self.done[id(original)] = rep
-        self.patches.append((weakref.ref(parent), name, rep))
+        self.patches.append((weakref.ref(parent), name, weakref.ref(rep)))
 
     def _row(self, path: str, kind: str, status: str, module: nn.Module, reason: str = "", *,
              shape: str = "", dtype: Any = None, verdict: _Checked | None = None,
@@ -368,7 +370,7 @@ class _Walk:
         if shared is not None:  # the same module object reached again (shared): the same replacement
             assert isinstance(shared, Replacement)
             parent._modules[name] = shared
-            self.patches.append((weakref.ref(parent), name, shared))
+            self.patches.append((weakref.ref(parent), name, weakref.ref(shared)))
             self._row(path, shared.kind, "replaced", m, "shared with another path")
             return True
         if isinstance(m, Replacement):
@@ -410,7 +412,7 @@ class _Walk:
         if any(all(hasattr(m, c) for c in names) for names in _ATTENTION_CHILDREN):
             impl = getattr(getattr(m, "config", None), "_attn_implementation", None)
             self._row(path, "attention", "kept", m, f"attention stays the model's own ({impl or type(m).__name__}); "
-                      "its projections are replaced as linears")
+                      "its projections are rows of their own")
             return False
         if next(iter(m.children()), None) is None and any(True for _ in m.parameters(recurse=False)):
             self._row(path, "other", "kept", m, f"{type(m).__name__}: no autoopt kernel for it")
@@ -428,11 +430,11 @@ def _kind_of(m: nn.Module) -> str:
     return "module"
 
 
-def _restore_patches(patches: list[tuple[Any, str, Replacement]]) -> int:
+def _restore_patches(patches: list[tuple[Any, str, Any]]) -> int:
     n = 0
-    for parent_ref, name, rep in reversed(patches):
-        parent = parent_ref()
-        if parent is not None and parent._modules.get(name) is rep:
+    for parent_ref, name, rep_ref in reversed(patches):
+        parent, rep = parent_ref(), rep_ref()
+        if parent is not None and rep is not None and parent._modules.get(name) is rep:
             parent._modules[name] = rep.restore_original()
             n += 1
     return n
@@ -464,7 +466,8 @@ def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] 
     if isinstance(root, Replacement):
         raise TypeError("autoopt.optimize(): this module is an autoopt replacement already; pass the model")
     walk.visit(root, "")
-    extra = sum(rep.extra_bytes() for _, _, rep in walk.patches)
+    live = {id(r): r for _, _, ref in walk.patches if (r := ref()) is not None}
+    extra = sum(r.extra_bytes() for r in live.values())
     report = OptimizeReport(rows=walk.rows, ops=walk.ops, check=walk.check, keep_original=walk.keep_original,
                             extra_bytes=extra, backend=_backend(walk.rows),
                             choices=[c.to_dict() for c in dispatch.choices()],
@@ -473,7 +476,7 @@ def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] 
     return report
 
 
-def _restorer(patches: list[tuple[Any, str, Replacement]]) -> Callable[[], int]:
+def _restorer(patches: list[tuple[Any, str, Any]]) -> Callable[[], int]:
     return lambda: _restore_patches(patches)
 
 

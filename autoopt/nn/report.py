@@ -3,9 +3,13 @@
 A :class:`Row` says where a module is (its dotted path), what autoopt took it for (``kind``), what
 happened (``status``: ``replaced``, ``fused`` into a replaced gated MLP's ``gate_up`` GEMM, ``kept``
 as it was, or ``skipped`` by ``skip=``/already optimised), why, and what runs it: the dispatch's
-choices for the sample input of the check (the kernel and config, or ``torch`` and the fallback
-reason). :class:`OptimizeReport` prints as a table and serialises with :meth:`~OptimizeReport.to_dict`;
-it is also the context manager that restores the model on exit::
+choices at the sizes of the check's two samples, 16 and 32 rows (the kernel and config, or
+``torch`` and the fallback reason; ``op@16``/``op@32`` when the two differ). Decode (M = 1) and
+long-prefill shapes get their own choices when they first run: :func:`autoopt.nn.dispatch.choices`
+lists every choice made in the process.
+
+:class:`OptimizeReport` prints as a table and serialises with :meth:`~OptimizeReport.to_dict`; it
+is also the context manager that restores the model on exit::
 
     with autoopt.optimize(model) as report:
         print(report)

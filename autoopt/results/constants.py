@@ -23,7 +23,9 @@ an unknown constant name, a value that is not a finite number > 0 (fractions at 
 constant a newer autoopt added and the file lacks keeps this version's default.
 
 :func:`calibrated_constants` is the start-up lookup the ranking calls: cached per profile object
-(one dict probe warm), never raises, never imports torch; a bad file is logged once and ignored.
+(one dict probe warm, ~0.3 µs), never raises, never imports torch; a bad file is logged once and
+ignored. Like the results lookup, it reads ``AUTOOPT_CACHE_DIR`` once per profile object: after
+changing it, call :func:`clear_cache`.
 """
 
 from __future__ import annotations
@@ -266,8 +268,8 @@ def remove(gpu: GPUProfile | str) -> Path | None:
 # -- the start-up lookup -----------------------------------------------------------------------
 
 _lock = threading.Lock()
-#: (AUTOOPT_CACHE_DIR, id(profile)) -> (profile, constants or None): the warm path is one probe
-_by_object: dict[tuple[str | None, int], tuple[GPUProfile, CostConstants | None]] = {}
+#: id(profile) -> (profile, constants or None): the warm path is one dict probe (rank() pays it per call)
+_by_object: dict[int, tuple[GPUProfile, CostConstants | None]] = {}
 #: (AUTOOPT_CACHE_DIR, device fingerprint) -> constants or None: one file read per device
 _by_device: dict[tuple[str | None, str], CostConstants | None] = {}
 #: files already warned about (a bad file is logged once per process, then ignored)
@@ -294,12 +296,13 @@ def _quiet_load(gpu: GPUProfile) -> CostConstants | None:
 
 def calibrated_constants(gpu: GPUProfile) -> CostConstants | None:
     """The calibrated constants stored for ``gpu``'s device, or None. Never raises (a bad file is logged
-    once and ignored); cached per process, so a file written by another process is seen by the next
-    one (:func:`save`/:func:`remove` in this process clear the cache)."""
-    env = os.environ.get(CACHE_ENV)
-    hit = _by_object.get((env, id(gpu)))
+    once and ignored). Cached per process and profile object, like the results lookup: a file written by
+    another process is seen by the next one; :func:`save`/:func:`remove` in this process, and
+    :func:`clear_cache` after changing ``AUTOOPT_CACHE_DIR``, make it look again."""
+    hit = _by_object.get(id(gpu))
     if hit is not None and hit[0] is gpu:
         return hit[1]
+    env = os.environ.get(CACHE_ENV)
     with _lock:
         try:
             fp = gpu.device_fingerprint
@@ -311,12 +314,12 @@ def calibrated_constants(gpu: GPUProfile) -> CostConstants | None:
             consts = _by_device[(env, fp)] = _quiet_load(gpu)
         if len(_by_object) > 256:
             _by_object.clear()
-        _by_object[(env, id(gpu))] = (gpu, consts)
+        _by_object[id(gpu)] = (gpu, consts)
     return consts
 
 
 def clear_cache() -> None:
-    """Forget what :func:`calibrated_constants` read (after a file changed; tests)."""
+    """Forget what :func:`calibrated_constants` read (after a file changed or ``AUTOOPT_CACHE_DIR`` did)."""
     with _lock:
         _by_object.clear()
         _by_device.clear()

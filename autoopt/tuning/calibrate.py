@@ -18,8 +18,8 @@ Samples (``(gpu, op, config, measured_us)``) come from one of two places:
 :func:`calibrate_device` fits the constants (:func:`autoopt.search.calibration.calibrate`: held-out
 split per shape, fit near each shape's best, score before and after on the held-out configs) and
 keeps them for the device (:mod:`autoopt.results.constants`), where ``rank()`` picks them up. It
-refuses when the samples are too few (:data:`MIN_SAMPLES` over :data:`MIN_SHAPES` shapes) and does
-not replace the constants when the fit ranks the held-out configs worse on both measures.
+refuses when the samples are too few (:data:`MIN_SAMPLES` over :data:`MIN_SHAPES` shapes) and keeps
+the constants only when they rank the held-out configs better (:attr:`CalibrationReport.better`).
 """
 
 from __future__ import annotations
@@ -55,10 +55,14 @@ __all__ = ["DEFAULT_SECONDS", "MAX_SECONDS", "MIN_PER_SHAPE", "MIN_SAMPLES", "MI
 #: fit (<= FIT_SECONDS) and scoring, the whole command stays under 3 minutes on one GPU
 DEFAULT_SECONDS = 150.0
 MAX_SECONDS = 150.0
-#: the fit stops after this long (it converges in ~10 s for ~400 samples on one core)
-FIT_SECONDS = 20.0
-#: per shape: the ranking's top configs, then one config from each of this many bands of predicted time
-TOP, SPREAD = 8, 40
+#: the fit stops after this long (it converges in ~10 s for ~480 samples on one core), and sooner when
+#: the whole command would otherwise pass TOTAL_SECONDS
+FIT_SECONDS, TOTAL_SECONDS = 20.0, 175.0
+#: per shape: the ranking's top configs, then one config from each of this many bands of predicted time.
+#: On an H100 a timed config costs ~65 ms once compiled (48 per shape took 41 s for all 12 shapes), so
+#: 160 per shape is about what 150 s holds; with less time each shape stops at its share, and the
+#: bands' order (see plan_sweep) keeps what was timed spread over the whole space.
+TOP, SPREAD = 8, 152
 #: M of the swept GEMMs (decode, small and large prefill batches)
 SWEEP_MS = (16, 256, 4096)
 #: do_bench windows (ms): short, since the sweep orders configs, and 2% noise does not reorder many
@@ -331,7 +335,7 @@ class DeviceCalibration:
     samples: SampleSet
     report: CalibrationReport
     saved: str | None = None
-    #: why the constants were not written (dry run, or the fit made the held-out ranking worse)
+    #: why the constants were not written (dry run, or the fit did not rank the held-out configs better)
     not_saved: str = ""
     elapsed_s: float = 0.0
 
@@ -356,31 +360,37 @@ def check_enough(samples: SampleSet) -> None:
         return
     where = {"store": f"in the results store ({samples.detail.get('store') or 'off'})",
              "sweep": "from the sweep"}.get(samples.source, "")
-    skipped = sum(samples.skipped.values())
+    skipped = ", ".join(f"{k} {why}" for why, k in samples.skipped.items())
     raise AutooptError(
         f"calibrate: found {n} measured samples over {shapes} shapes (with >= {MIN_PER_SHAPE} each) {where}"
-        f"{f', {skipped} rows skipped' if skipped else ''}; need at least {MIN_SAMPLES} samples over "
+        f"{f' (left out: {skipped})' if skipped else ''}; need at least {MIN_SAMPLES} samples over "
         f"{MIN_SHAPES} shapes (measure more: `autoopt tune --suite llm` or `autoopt calibrate --sweep` on this GPU)")
 
 
 def calibrate_device(gpu: GPUProfile, samples: SampleSet, *, profile: str = "", names: Sequence[str] | None = None,
-                     save: bool = True, fit_seconds: float | None = FIT_SECONDS,
+                     save: bool = True, force: bool = False, fit_seconds: float | None = FIT_SECONDS,
                      started: float | None = None) -> DeviceCalibration:
-    """Fit ``gpu``'s constants to ``samples`` from the defaults and keep them (unless ``save`` is False or
-    the fit ranks the held-out configs worse on both measures). AutooptError when the samples are too few."""
+    """Fit ``gpu``'s constants to ``samples`` from the defaults and keep them when they rank the held-out
+    configs better (``force``: keep them anyway; ``save=False``: never). ``started``: when the command
+    began (``time.perf_counter()``), so the fit ends in time for the whole to stay under
+    :data:`TOTAL_SECONDS`. AutooptError when the samples are too few."""
     t0 = started if started is not None else time.perf_counter()
     check_enough(samples)
     counts = samples.per_shape()
     usable = [s for s in samples.samples if counts.get(s[1].label(), 0) >= MIN_PER_SHAPE]
+    if fit_seconds is not None:
+        fit_seconds = max(5.0, min(fit_seconds, TOTAL_SECONDS - (time.perf_counter() - t0)))
     report = calibrate(usable, start=DEFAULT_CONSTANTS, names=list(names) if names else DEFAULT_NAMES,
                        max_seconds=fit_seconds)
     saved: Path | None = None
     why = ""
     if not save:
         why = "dry run"
-    elif report.worse:
-        why = ("the fitted constants rank the held-out configs worse on both measures; the stored ones "
-               "(if any) are kept")
+    elif not report.better and not force:
+        why = ("the fitted constants do not rank the held-out configs better than the defaults (median rho "
+               f"{report.before.median_spearman:.3f} -> {report.after.median_spearman:.3f}, geomean top-1 "
+               f"{report.before.geomean_top1:.3f} -> {report.after.geomean_top1:.3f}); stored constants, if any, "
+               "are kept (--force writes them anyway)")
     else:
         summary = {"source": samples.source, "samples": report.n_samples, "shapes": report.n_shapes,
                    "n_train": report.n_train, "n_heldout": report.n_heldout,
