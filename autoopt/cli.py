@@ -192,7 +192,44 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_model(args: argparse.Namespace) -> int:
+    """``autoopt bench --model NAME``: the end-to-end comparison of autoopt.nn.e2e (GPU), or on a machine
+    without one, the same code path on a tiny config of the family, labelled as such."""
+    from autoopt.planning.catalog import model_names
+
+    if args.model not in model_names():
+        raise UsageError(f"bench: --model must be a catalog model ({', '.join(model_names())}), got {args.model!r}")
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"bench --model needs torch and transformers ({exc.name} is missing)") from None
+    from autoopt.nn.e2e import run
+
+    gpu = torch.cuda.is_available()
+    if gpu:
+        result = run(args.model, profile=_profile(args.profile))
+    else:
+        print("autoopt: no CUDA GPU: running a tiny config of the same family on the CPU (the code path only; "
+              "its times say nothing about the real model)", file=sys.stderr)
+        result = run(args.model, device="cpu", tiny=True, variants=("eager", "optimize"), prefill=((1, 32),),
+                     decode_batches=(1,), new_tokens=8, prompts=4, reps=1)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    rows = [(v, json.dumps(r["prefill_ms"]), json.dumps(r["decode_ms_per_token"]),
+             f"{r['agreement_vs_eager']['top1_agreement']:.3f}", f"{r['agreement_vs_eager']['rel_err']:.2e}")
+            for v, r in result["variants"].items()]
+    from autoopt.report import format_table
+
+    _emit(result, args.format, format_table(("variant", "prefill ms", "decode ms/token", "top-1 vs eager",
+                                             "rel err"), rows, title=f"{args.model} end to end (measured)"
+                                            + ("" if gpu else " - tiny config on the CPU")))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.model:
+        return _bench_model(args)
     from autoopt.backend import bench
     from autoopt.kernels.ops import OpSpec, parse_shape
     from autoopt.kernels.suite import suite
@@ -577,6 +614,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=FORMATS[:2], default="table")
     sp.add_argument("--out", metavar="FILE", help="write the results as JSON")
     sp.add_argument("--plot", metavar="FILE", help="write a roofline chart (PNG)")
+    sp.add_argument("--model", help="end to end on a catalog model: eager, torch.compile, autoopt.optimize, both")
     sp.set_defaults(func=cmd_bench)
 
     sp = sub.add_parser("recommend", help="whole-model plan: kernels, quant format, memory, split")

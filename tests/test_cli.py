@@ -165,3 +165,22 @@ def test_profile_of_a_partly_known_gpu_still_shows_the_profile(tmp_path):
     assert data["profile"]["gpus"][0]["sm_count"] == 100
     assert "bandwidth" in data["recommendation_error"]
     assert all("error" in k for k in data["kernels"])
+
+
+def test_bench_model_without_a_gpu_runs_the_tiny_config_and_says_so(tmp_path, capsys):
+    from autoopt.cli import main
+
+    out = tmp_path / "e2e.json"
+    assert main(["bench", "--model", "llama-3-8b", "--format", "json", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "tiny config" in err
+    data = json.loads(out.read_text())
+    assert data["tiny"] is True and set(data["variants"]) == {"eager", "optimize"}
+    assert data["variants"]["optimize"]["agreement_vs_eager"]["top1_agreement"] == 1.0
+
+
+def test_bench_model_unknown_is_one_line_exit_2(capsys):
+    from autoopt.cli import main
+
+    assert main(["bench", "--model", "no-such-model"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
