@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +191,34 @@ def test_torch_module_is_walked_without_running():
             spec.intermediate_size, spec.vocab_size, spec.tied_embeddings) == (64, 3, 4, 2, 16, 160, 1000, False)
     # walk count equals the module's own parameter count
     assert spec.num_params == sum(p.numel() for p in m.parameters()) + 64  # + final norm the module lacks
+
+
+@pytest.mark.parametrize("make", [lambda tmp: Path("/dev/urandom"), lambda tmp: tmp,
+                                  lambda tmp: _fifo(tmp), lambda tmp: _huge(tmp), lambda tmp: _binary(tmp)])
+def test_a_config_path_that_is_not_a_small_regular_json_file_is_refused_without_reading_it(tmp_path, make):
+    from autoopt.errors import ModelError
+    from autoopt.planning.model import from_hf_config as read
+
+    with pytest.raises(ModelError, match=r"regular file|at most|not UTF-8|no config file"):
+        read(make(tmp_path))
+
+
+def _fifo(tmp):
+    import os
+
+    path = tmp / "config.json"
+    os.mkfifo(path)
+    return path
+
+
+def _huge(tmp):
+    path = tmp / "big.json"
+    with path.open("wb") as f:
+        f.truncate(64 << 20)  # sparse: 64 MiB of nothing
+    return path
+
+
+def _binary(tmp):
+    path = tmp / "bin.json"
+    path.write_bytes(b"\xff\xfe\x00junk")
+    return path

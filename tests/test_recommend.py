@@ -115,3 +115,16 @@ def test_hf_config_and_profile_file_are_accepted(tmp_path):
 def test_bad_model_is_a_model_error():
     with pytest.raises(ModelError):
         recommend("h100-sxm", "no-such-model")
+
+
+@pytest.mark.parametrize("kwargs, field", [({"batch": 10**12}, "batch"), ({"batch": 0}, "batch"),
+                                           ({"prompt_len": -1}, "prompt_len"), ({"context": 10**9}, "context"),
+                                           ({"gen_len": 2.5}, "gen_len")])
+def test_an_out_of_range_request_names_the_option_and_the_accepted_range(kwargs, field):
+    from autoopt.errors import ModelError
+    from autoopt.hardware.library import load_profile as load
+    from autoopt.planning.recommendation import recommend as rec
+
+    with pytest.raises(ModelError, match=rf"{field} must be an integer in 1\.\.\d+") as info:
+        rec(load("h100-sxm"), "llama-3-8b", **kwargs)
+    assert info.value.field == field

@@ -439,6 +439,38 @@ def _req(cfg: Mapping[str, Any], key: str) -> Any:
     return cfg[key]
 
 
+#: the largest config.json accepted: published ones are 1-10 KB (DeepSeek-V3's is 1.7 KB); a
+#: bigger file is not a model config, and /dev/urandom or a FIFO would never end
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def _read_config_text(path: Path) -> str:
+    """The text of a config file, checked first: a regular file of at most 1 MiB, UTF-8."""
+    import stat
+
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ModelError(f"no config file at {path}") from None
+    except OSError as exc:
+        raise ModelError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelError(f"{path} is not a regular file; pass a config.json (or the folder holding one)")
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ModelError(f"{path} is {st.st_size} bytes; a model config.json is at most {MAX_CONFIG_BYTES} bytes")
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ModelError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ModelError(f"{path} grew past {MAX_CONFIG_BYTES} bytes while being read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelError(f"{path} is not UTF-8 text (byte {exc.start}); a config.json is JSON") from None
+
+
 def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face ``config.json`` (a mapping, a file, or a folder holding one)."""
     source = ""
@@ -448,10 +480,9 @@ def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None =
             path = path / "config.json"
         import json  # a HF config file only: not at import
 
+        text = _read_config_text(path)
         try:
-            config = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ModelError(f"no config file at {path}") from None
+            config = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ModelError(f"{path} is not valid JSON: {exc}") from None
         source = str(path)

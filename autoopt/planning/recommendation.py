@@ -231,6 +231,12 @@ def _profile(profile: HardwareProfile | str | Path) -> HardwareProfile:
                        f"got {type(profile).__name__}")
 
 
+#: the request sizes recommend() plans for: far past any served batch (vLLM's default max_num_seqs is
+#: 256) or context window (10M tokens, Llama 4 Scout's); beyond them the answer is a typo, not a plan
+MAX_BATCH = 1 << 20
+MAX_TOKENS = 10_000_000
+
+
 def _workload(gpu: GPUProfile | None, preference: str, *, batch: int, prompt_len: int, gen_len: int,
               context: int | None, phase: str, kv_dtype: str | None) -> Workload:
     """The request as asked. The KV cache defaults to fp8 for speed where the GPU has fp8, else to the
@@ -238,6 +244,12 @@ def _workload(gpu: GPUProfile | None, preference: str, *, batch: int, prompt_len
     if kv_dtype is None:
         kv_dtype = "fp8" if preference == "speed" and gpu is not None and gpu.features.fp8 else \
             ("bf16" if gpu is None or gpu.features.bf16 else "fp16")
+    for name, value, top in (("batch", batch, MAX_BATCH), ("prompt_len", prompt_len, MAX_TOKENS),
+                             ("gen_len", gen_len, MAX_TOKENS), ("context", context, MAX_TOKENS)):
+        if value is None and name == "context":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+            raise ModelError(f"{name} must be an integer in 1..{top}, got {value!r}", field=name)
     if context is not None and context < prompt_len:
         raise ModelError(f"context {context} is shorter than the prompt ({prompt_len} tokens)", field="context")
     return Workload(batch=batch, prompt_len=prompt_len, gen_len=gen_len, phase=phase, kv_dtype=kv_dtype,
