@@ -476,3 +476,22 @@ def test_a_profile_with_an_absurd_gpu_count_is_refused_before_it_is_built(tmp_pa
     bad.write_text(text.replace("name: h100-sxm", "name: huge", 1) + f"\ncount: {MAX_GPUS + 1}\n")
     with pytest.raises(ProfileError, match=r"count.*1\.\.1024|1\.\.1024"):
         load(bad)
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "huge", "binary"])
+def test_a_profile_path_that_is_not_a_small_regular_text_file_is_refused_without_reading_it(tmp_path, kind):
+    import os
+
+    from autoopt.hardware.library import load_profile as load
+
+    path = {"device": Path("/dev/urandom"), "fifo": tmp_path / "p.yaml", "huge": tmp_path / "h.yaml",
+            "binary": tmp_path / "b.yaml"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "huge":
+        with path.open("wb") as f:
+            f.truncate(64 << 20)
+    elif kind == "binary":
+        path.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ProfileError, match=r"regular file|at most|not UTF-8"):
+        load(path)

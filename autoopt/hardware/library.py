@@ -303,12 +303,39 @@ def _check(spec: _Spec, gpu: GPUProfile, err: Any) -> None:
 
 # --------------------------------------------------------------------------- loading
 
-def _load_file(path: Path) -> KnownDevice:
+#: the largest profile file read: the shipped ones are 2-4 KB; anything far bigger is not a profile
+MAX_PROFILE_BYTES = 1 << 20
+
+
+def _read_text(path: Path) -> str:
+    """A profile file's text, checked first: a regular file of at most 1 MiB, UTF-8 (never a device,
+    a pipe or a huge file, whose read would not end or would fill memory)."""
+    import stat
+
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"cannot read: {exc}", source=source) from None
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ProfileError("is not a regular file (a device, pipe or socket); expected a .yaml or .json "
+                               "profile file", source=source)
+        if st.st_size > MAX_PROFILE_BYTES:
+            raise ProfileError(f"is {st.st_size} bytes; a profile file is at most {MAX_PROFILE_BYTES} bytes",
+                               source=source)
+        with path.open("rb") as f:
+            data = f.read(MAX_PROFILE_BYTES + 1)
+    except OSError as exc:
+        raise ProfileError(f"cannot read: {exc.strerror or exc}", source=source) from None
+    if len(data) > MAX_PROFILE_BYTES:
+        raise ProfileError(f"grew past {MAX_PROFILE_BYTES} bytes while being read", source=source)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(f"is not UTF-8 text (byte {exc.start}); expected YAML or JSON", source=source) from None
+
+
+def _load_file(path: Path) -> KnownDevice:
+    source = str(path)
+    text = _read_text(path)
     dev = _parse_fast(text, source=source)
     if path.stem != dev.name:
         raise ProfileError(f"{dev.name!r} must match the file name ({path.stem!r})", source=source,
@@ -450,10 +477,7 @@ def _load_path(path: Path) -> HardwareProfile:
                            ".yaml/.json file)", source=source)
     if path.is_dir():
         raise ProfileError("is a directory; expected a .yaml or .json profile file", source=source)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"cannot read: {exc}", source=source) from None
+    text = _read_text(path)
     if path.suffix.lower() == ".json":
         import json
 
