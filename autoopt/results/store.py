@@ -189,6 +189,14 @@ def _check_file(path: Path) -> bool:
     return True
 
 
+class _Locked(Exception):
+    """Opening met a lock another process held; :meth:`ResultStore._connect` retries."""
+
+    def __init__(self, error: sqlite3.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class ResultStore:
     """One results store file: put rows, ask for the best and the failed configs of a key, prune.
 
@@ -218,6 +226,23 @@ class ResultStore:
     # -- connection --------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        """A prepared connection. Opening races other processes creating the store or switching it to WAL,
+        and SQLite answers some of those races with an immediate "database is locked" that the busy
+        handler never waits on (a journal-mode change, a read lock upgraded mid-check), seen here as 1 of
+        8 writers failing to open on a loaded 2-core machine; so opening is retried, with jitter, until
+        the busy timeout."""
+        import random
+
+        deadline = time.monotonic() + self._busy_timeout_s
+        while True:
+            try:
+                return self._connect_once()
+            except _Locked as exc:
+                if time.monotonic() >= deadline:
+                    raise self._error(exc.error) from None
+                time.sleep(random.uniform(0.005, 0.05))
+
+    def _connect_once(self) -> sqlite3.Connection:
         try:
             # isolation_level=None: no implicit transactions; every write below says BEGIN IMMEDIATE
             conn = sqlite3.connect(str(self.path), timeout=self._busy_timeout_s, isolation_level=None,
@@ -233,13 +258,26 @@ class ResultStore:
             raise
         except sqlite3.Error as exc:
             conn.close()
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise _Locked(exc) from None
             raise self._error(exc) from None
         return conn
 
+    @staticmethod
+    def _header(conn: sqlite3.Connection) -> tuple[int, set[str]]:
+        """(application_id, table names) read in one transaction: read apart, another process creating
+        the store could commit between the two reads (seen: id 0 with the tables already there)."""
+        conn.execute("BEGIN")
+        try:
+            app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.execute("COMMIT")
+        return app_id, tables
+
     def _prepare(self, conn: sqlite3.Connection) -> None:
         """Check the file is an autoopt store of a schema we read; make a fresh file one."""
-        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        app_id, tables = self._header(conn)
         if app_id == 0 and not tables:
             # WAL is persistent (set once, in the file); switching needs a moment alone with the file,
             # which the busy timeout waits for when several processes create the store at once
@@ -261,8 +299,7 @@ class ResultStore:
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
-            app_id = conn.execute("PRAGMA application_id").fetchone()[0]
-            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            app_id, tables = self._header(conn)
         if app_id != APPLICATION_ID or not {"meta", "results"} <= tables:
             raise StoreError(f"is an SQLite database but not an autoopt results store (application_id "
                              f"{app_id:#x}, tables {sorted(tables) or 'none'}); move it away",
