@@ -14,8 +14,9 @@ Errors all derive from :class:`AutooptError` (tree in :mod:`autoopt.errors`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from autoopt._lazy import lazy_attributes
 from autoopt._moved import install as _install_moved_paths
 from autoopt.errors import (
     AutooptError,
@@ -33,24 +34,24 @@ __version__ = "0.2.0"
 _install_moved_paths()  # 0.1 module paths (autoopt.ops, autoopt.ranking, ...) still import, with a warning
 
 _LAZY = {
-    "detect": ("autoopt.hardware.detection", "detect"),
-    "load_profile": ("autoopt.api", "load_profile"),
-    "known_profiles": ("autoopt.api", "known_profiles"),
-    "rank": ("autoopt.search.ranking", "rank"),
-    "recommend": ("autoopt.planning.recommendation", "recommend"),
-    "HardwareProfile": ("autoopt.hardware.profile", "HardwareProfile"),
-    "GPUProfile": ("autoopt.hardware.profile", "GPUProfile"),
-    "CPUProfile": ("autoopt.hardware.profile", "CPUProfile"),
-    "OpSpec": ("autoopt.kernels.ops", "OpSpec"),
-    "KernelConfig": ("autoopt.kernels.config", "KernelConfig"),
-    "Candidate": ("autoopt.kernels.config", "Candidate"),
-    "Template": ("autoopt.kernels.template", "Template"),
-    "Recommendation": ("autoopt.planning.recommendation", "Recommendation"),
-    "ModelSpec": ("autoopt.planning.model", "ModelSpec"),
-    "autotune": ("autoopt.tuning.autotune", "autotune"),
-    "optimize": ("autoopt.nn.optimize", "optimize"),
-    "restore": ("autoopt.nn.optimize", "restore"),
-    "OptimizeReport": ("autoopt.nn.report", "OptimizeReport"),
+    "detect": "autoopt.hardware.detection",
+    "load_profile": "autoopt.api",
+    "known_profiles": "autoopt.api",
+    "rank": "autoopt.search.ranking",
+    "recommend": "autoopt.planning.recommendation",
+    "HardwareProfile": "autoopt.hardware.profile",
+    "GPUProfile": "autoopt.hardware.profile",
+    "CPUProfile": "autoopt.hardware.profile",
+    "OpSpec": "autoopt.kernels.ops",
+    "KernelConfig": "autoopt.kernels.config",
+    "Candidate": "autoopt.kernels.config",
+    "Template": "autoopt.kernels.template",
+    "Recommendation": "autoopt.planning.recommendation",
+    "ModelSpec": "autoopt.planning.model",
+    "autotune": "autoopt.tuning.autotune",
+    "optimize": "autoopt.nn.optimize",
+    "restore": "autoopt.nn.optimize",
+    "OptimizeReport": "autoopt.nn.report",
 }
 
 __all__ = [
@@ -80,17 +81,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from autoopt.tuning.autotune import autotune as autotune
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module_name, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'autoopt' has no attribute {name!r}") from None
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes("autoopt", _LAZY, globals(), __all__)

@@ -32,7 +32,7 @@ LAYERS: tuple[str, ...] = (
     "autoopt.plugins | autoopt.results",
     "autoopt.kernels",
     "autoopt.hardware",
-    "autoopt._paths | autoopt._serde | autoopt.errors",
+    "autoopt._lazy | autoopt._paths | autoopt._serde | autoopt.errors",
 )
 
 

@@ -15,8 +15,9 @@ below load lazily: ``import autoopt.nn`` imports neither torch nor triton, the f
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from autoopt._lazy import lazy_attributes
 
 _LAZY = {
     "linear": "autoopt.nn.ops",
@@ -46,15 +47,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from autoopt.nn.ops import swiglu as swiglu
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'autoopt.nn' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes("autoopt.nn", _LAZY, globals(), __all__)

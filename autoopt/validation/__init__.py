@@ -15,17 +15,19 @@ Everything is imported lazily: ``import autoopt.validation`` imports neither tor
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from autoopt._lazy import lazy_attributes
 
 _LAZY = {
-    "CheckOptions": ("autoopt.validation.workload", "CheckOptions"),
-    "check_memory": ("autoopt.validation.memory", "check_memory"),
-    "MemoryCheck": ("autoopt.validation.memory", "MemoryCheck"),
-    "check_pipeline": ("autoopt.validation.pipeline", "check_pipeline"),
-    "PipelineCheck": ("autoopt.validation.pipeline", "PipelineCheck"),
-    "run_checks": ("autoopt.validation.run", "run_checks"),
-    "CheckRun": ("autoopt.validation.run", "CheckRun"),
-    "summary_table": ("autoopt.validation.table", "summary_table"),
+    "CheckOptions": "autoopt.validation.workload",
+    "check_memory": "autoopt.validation.memory",
+    "MemoryCheck": "autoopt.validation.memory",
+    "check_pipeline": "autoopt.validation.pipeline",
+    "PipelineCheck": "autoopt.validation.pipeline",
+    "run_checks": "autoopt.validation.run",
+    "CheckRun": "autoopt.validation.run",
+    "summary_table": "autoopt.validation.table",
 }
 
 __all__ = ["CheckOptions", "CheckRun", "MemoryCheck", "PipelineCheck", "check_memory", "check_pipeline",
@@ -39,17 +41,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from autoopt.validation.workload import CheckOptions
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module_name, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'autoopt.validation' has no attribute {name!r}") from None
-    import importlib
-
-    value = getattr(importlib.import_module(module_name), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes("autoopt.validation", _LAZY, globals(), __all__)
