@@ -437,3 +437,17 @@ def test_an_unknown_argument_name_is_refused_with_the_kernels_arguments(kwargs: 
 def test_autotune_is_public_and_lazy() -> None:
     assert "autotune" in autoopt.__all__
     assert autoopt.autotune is sys.modules["autoopt.tuning.autotune"].autotune
+
+
+def test_a_winners_path_that_is_a_fifo_or_huge_is_ignored_without_reading_it(tmp_path):
+    import os
+
+    from autoopt.tuning.winners import MAX_FILE_BYTES, JsonWinnerStore
+
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    assert JsonWinnerStore(fifo).get("k") is None
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as f:
+        f.truncate(MAX_FILE_BYTES + 1)
+    assert JsonWinnerStore(huge).get("k") is None

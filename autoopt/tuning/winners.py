@@ -70,6 +70,10 @@ def winner_key(*, kernel: str, source: str, key: Sequence[Any], device: str, tri
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
+#: a winners file holds a few hundred bytes per tuned key; far more is not one of ours
+MAX_FILE_BYTES = 64 << 20
+
+
 class JsonWinnerStore:
     """Winners in one JSON file (see the module docstring for the write protocol)."""
 
@@ -82,11 +86,20 @@ class JsonWinnerStore:
         return f"JsonWinnerStore({str(self.path)!r})"
 
     def _read(self) -> dict[str, Any]:
+        import stat
+
         try:
-            text = self.path.read_text()
+            st = self.path.stat()
+            if not stat.S_ISREG(st.st_mode):  # a FIFO or device here would block or never end
+                self._warn(f"{self.path} is not a regular file; ignoring it")
+                return {}
+            if st.st_size > MAX_FILE_BYTES:
+                self._warn(f"{self.path} is {st.st_size} bytes (at most {MAX_FILE_BYTES}); ignoring it")
+                return {}
+            text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return {}
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
             self._warn(f"cannot read {self.path}: {exc}")
             return {}
         try:
