@@ -216,8 +216,7 @@ def _bench_model(args: argparse.Namespace) -> int:
                      decode_batches=(1,), new_tokens=8, prompts=4, reps=1)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    rows = [(v, json.dumps(r["prefill_ms"]), json.dumps(r["decode_ms_per_token"]),
-             f"{r['agreement_vs_eager']['top1_agreement']:.3f}", f"{r['agreement_vs_eager']['rel_err']:.2e}")
+    rows = [(v, json.dumps(r["prefill_ms"]), json.dumps(r["decode_ms_per_token"]), *_agreement_cells(r))
             for v, r in result["variants"].items()]
     from autoopt.report import format_table
 
@@ -225,6 +224,15 @@ def _bench_model(args: argparse.Namespace) -> int:
                                              "rel err"), rows, title=f"{args.model} end to end (measured)"
                                             + ("" if gpu else " - tiny config on the CPU")))
     return 0
+
+
+def _agreement_cells(row: dict[str, Any]) -> tuple[str, str]:
+    """top-1 and relative error vs eager (eager-mode variants), else the greedy-token agreement."""
+    agree = row.get("agreement_vs_eager")
+    if agree is None:
+        tokens = row.get("decode_token_agreement_vs_eager", {})
+        return f"tokens {min(tokens.values()):.3f}" if tokens else "-", "-"
+    return f"{agree['top1_agreement']:.3f}", f"{agree['rel_err']:.2e}"
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -30,23 +31,29 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     profile = detect()
     if profile.gpu is None:
         print("e2e: no CUDA GPU detected", file=sys.stderr)
         return 2
-    result = run(args.model, variants=args.variants.split(","), prompts=args.prompts, reps=args.reps,
-                 new_tokens=args.new_tokens, profile=profile)
-    result["gpu"] = profile.gpu.name
-    result["driver"] = profile.gpu.driver_version
-    result["versions"] = _versions()
     import transformers
 
-    result["versions"]["transformers"] = transformers.__version__
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    meta = {"gpu": profile.gpu.name, "driver": profile.gpu.driver_version,
+            "versions": {**_versions(), "transformers": transformers.__version__}}
+    out = Path(args.out)
+
+    def save(result: dict) -> None:
+        out.write_text(json.dumps({**result, **meta}, indent=1) + "\n")
+
+    result = run(args.model, variants=args.variants.split(","), prompts=args.prompts, reps=args.reps,
+                 new_tokens=args.new_tokens, profile=profile, on_variant=save)
+    save(result)
     for variant, row in result["variants"].items():
         peak_gib = row.get("memory_peak_bytes", 0) / 2**30
+        top1 = row.get("agreement_vs_eager", {}).get("top1_agreement")
         print(f"{variant:18s} prefill {row['prefill_ms']}  decode ms/token {row['decode_ms_per_token']}  "
-              f"top1 {row['agreement_vs_eager']['top1_agreement']:.3f}  peak {peak_gib:.1f} GiB")
+              f"top1 {top1}  tokens {row['decode_token_agreement_vs_eager']}  peak {peak_gib:.1f} GiB")
+        print(f"{'':18s} kernel us/token (batch 1): {row.get('kernel_us_per_token_batch1')}")
     print("predicted", result.get("predicted"))
     return 0
 

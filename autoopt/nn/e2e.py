@@ -72,40 +72,103 @@ def _median_ms(fn: Callable[[], Any], device: str, reps: int) -> float:
     return statistics.median(times)
 
 
-def _prefill_ms(model: Any, batch: int, seq: int, device: str, reps: int) -> float:
+def _prefill_ms(forward: Callable[..., Any], vocab: int, batch: int, seq: int, device: str, reps: int) -> float:
+    """Median latency of one forward over ``batch x seq`` tokens (no cache; last-position logits only)."""
     import torch
 
-    ids = torch.randint(0, model.config.vocab_size, (batch, seq), device=device)
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
 
     def step() -> Any:
         with torch.inference_mode():
-            return model(ids, use_cache=False).logits[:, -1]
+            return forward(input_ids=ids, use_cache=False, logits_to_keep=1).logits
     return _median_ms(step, device, reps)
 
 
-def _decode_ms_per_token(model: Any, batch: int, prompt: int, new_tokens: int, device: str, reps: int) -> float:
-    """(time for ``new_tokens`` - time for ``short``) / the difference, static cache, greedy."""
-    import torch
+class _Generation:
+    """Greedy ``model.generate`` into one pre-built static KV cache (``prompt + new_tokens`` long).
 
-    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=device)
+    One cache for every length keeps the shapes fixed, so a compiled decode step (transformers
+    compiles it itself for a static cache: fullgraph, CUDA graphs) is built once per batch size, not
+    once per generation length. ``compiled=False`` passes ``disable_compile`` so the eager variants
+    stay eager (transformers would otherwise compile them too).
+    """
+
+    def __init__(self, model: Any, batch: int, prompt: int, new_tokens: int, device: str, compiled: bool) -> None:
+        import torch
+        from transformers import StaticCache
+
+        self.model, self.compiled = model, compiled
+        gen = torch.Generator(device="cpu").manual_seed(2)
+        self.ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=gen).to(device)
+        self.cache = StaticCache(config=model.config, max_cache_len=prompt + new_tokens)
+
+    def __call__(self, n: int) -> Any:
+        import torch
+
+        with torch.inference_mode():  # the cache's tensors were made in inference mode
+            if self.cache.is_initialized:
+                self.cache.reset()
+            return self.model.generate(self.ids, past_key_values=self.cache, max_new_tokens=n, min_new_tokens=n,
+                                       do_sample=False, pad_token_id=0, disable_compile=not self.compiled)
+
+
+def _decode(model: Any, batch: int, prompt: int, new_tokens: int, device: str, reps: int, compiled: bool
+            ) -> tuple[float, Any]:
+    """Decode time per token, ``(t(new_tokens) - t(short)) / (new_tokens - short)`` so prefill and
+    set-up cancel, and the ``new_tokens`` generated (greedy) for the agreement check."""
+    gen = _Generation(model, batch, prompt, new_tokens, device, compiled)
     short = max(2, new_tokens // 8)
+    last: list[Any] = []
+    long_ms = _median_ms(lambda: last.append(gen(new_tokens)), device, reps)
+    short_ms = _median_ms(lambda: gen(short), device, reps)
+    return (long_ms - short_ms) / (new_tokens - short), last[-1][:, prompt:].cpu()
 
-    def gen(n: int) -> Callable[[], Any]:
-        def call() -> Any:
-            with torch.inference_mode():
-                return model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                      cache_implementation="static", pad_token_id=0)
-        return call
-    long_ms = _median_ms(gen(new_tokens), device, reps)
-    short_ms = _median_ms(gen(short), device, reps)
-    return (long_ms - short_ms) / (new_tokens - short)
+
+def _graphed_decode_ms(model: Any, batch: int, prompt: int, steps: int) -> float:
+    """GPU time per decode step with the whole step (forward over a static cache + greedy argmax)
+    captured in one CUDA graph and replayed ``steps`` times, as a serving runtime runs decode: no
+    Python between steps. For the eager-mode variants only (a compiled model has its own graphs)."""
+    import torch
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=prompt + steps + 8)
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device="cuda")
+    with torch.inference_mode():
+        tok = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits.argmax(-1)
+        pos = torch.tensor([prompt], device="cuda")
+
+        def step() -> None:
+            logits = model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+            tok.copy_(logits[:, -1:].argmax(-1))
+            pos.add_(1)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
+            for _ in range(3):
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        graph.replay()  # first replay uploads the graph
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps - 1):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+    del graph
+    return start.elapsed_time(end) / (steps - 1)
 
 
 def _last_logits(model: Any, prompts: Any) -> Any:
+    """Last-position logits of each prompt run alone (batch 1: M = its length, so short prompts take
+    the GEMV path and long ones the GEMM path)."""
     import torch
 
     with torch.inference_mode():
-        return torch.cat([model(p[None], use_cache=False).logits[:, -1].float() for p in prompts])
+        return torch.cat([model(p[None], use_cache=False, logits_to_keep=1).logits[:, -1].float() for p in prompts])
 
 
 def _agreement(ref: Any, got: Any) -> dict[str, float]:
@@ -117,33 +180,106 @@ def _agreement(ref: Any, got: Any) -> dict[str, float]:
             "nan": bool(torch.isnan(got).any())}
 
 
-def _compile(model: Any) -> None:
+def _token_agreement(ref: Any, got: Any) -> float:
+    """Mean fraction of greedy tokens equal to the reference's before the first difference (after a
+    difference the two generations continue from different text, so later tokens say nothing)."""
+    same = (ref == got).int().cumprod(dim=1)
+    return round(float(same.sum()) / ref.numel(), 4)
+
+
+def _prefill_forward(model: Any, compiled: bool) -> Callable[..., Any]:
     import torch
 
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=False)
+    if not compiled:
+        return model.forward
+    # static shapes: one graph per prefill shape, as a runtime that pads to buckets would run it
+    return torch.compile(model.forward, dynamic=False)
 
 
-def _uncompile(model: Any) -> None:
+def _kernel_classes(model: Any, batch: int, prompt: int, device: str, compiled: bool, steps: int = 16
+                    ) -> dict[str, float]:
+    """GPU kernel time per decode token, by kernel class, from torch.profiler traces: a generation of
+    ``steps + 1`` tokens minus one of 1 token (prefill and set-up cancel), divided by ``steps``."""
+    gen = _Generation(model, batch, prompt, steps + 1, device, compiled)
+    gen(steps + 1)  # warm
+    _sync(device)
+    long, short = _profiled(lambda: gen(steps + 1), device), _profiled(lambda: gen(1), device)
+    per = {k: (long.get(k, 0.0) - short.get(k, 0.0)) / steps for k in long}
+    per["total"] = sum(per.values())
+    return {k: round(v, 1) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}
+
+
+def _profiled(fn: Callable[[], Any], device: str) -> dict[str, float]:
+    """Microseconds of CUDA kernel time by kernel class while ``fn`` runs."""
     import torch
+    from torch.profiler import ProfilerActivity, profile
 
-    model.__dict__.pop("forward", None)  # the instance attribute set by _compile
-    torch._dynamo.reset()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        _sync(device)
+    totals: dict[str, float] = {}
+    for evt in prof.key_averages():
+        us = float(getattr(evt, "device_time_total", 0.0) or getattr(evt, "cuda_time_total", 0.0))
+        if us <= 0 or getattr(evt, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        cls = _kernel_class(evt.key)
+        totals[cls] = totals.get(cls, 0.0) + us
+    return totals
 
 
-def _measure(model: Any, *, device: str, prefill: Sequence[tuple[int, int]], decode_batches: Sequence[int],
-             new_tokens: int, reps: int) -> dict[str, Any]:
+#: kernel-name fragments -> class, first match wins (autoopt's kernels are named in backend/kernels/).
+_CLASSES = (("autoopt gemv", ("gemv_kernel", "_gemv")), ("autoopt gemm", ("gemm_kernel", "gemm_tma", "_gemm")),
+            ("autoopt norm", ("rms_norm", "rmsnorm", "layer_norm", "layernorm")),
+            ("autoopt elementwise", ("silu_mul", "gelu_tanh_mul", "_add_kernel", "swiglu")),
+            ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention")),
+            ("cuBLAS gemm/gemv", ("gemv", "gemm", "nvjet", "cutlass", "xmma", "sm90_")),
+            ("inductor fused", ("triton_",)), ("copy/memset", ("memcpy", "memset", "copy")))
+
+
+def _kernel_class(name: str) -> str:
+    low = name.lower()
+    for cls, keys in _CLASSES:
+        if any(k in low for k in keys):
+            return cls
+    return "other"
+
+
+def _measure(model: Any, *, device: str, compiled: bool, prefill: Sequence[tuple[int, int]],
+             decode_batches: Sequence[int], new_tokens: int, reps: int) -> dict[str, Any]:
     import torch
 
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    out: dict[str, Any] = {"prefill_ms": {}, "decode_ms_per_token": {}}
+    out: dict[str, Any] = {"prefill_ms": {}, "decode_ms_per_token": {}, "tokens": {}}
+    forward = _prefill_forward(model, compiled)
     for batch, seq in prefill:
-        out["prefill_ms"][f"{batch}x{seq}"] = round(_prefill_ms(model, batch, seq, device, reps), 3)
+        t0 = time.perf_counter()
+        ms = _prefill_ms(forward, model.config.vocab_size, batch, seq, device, reps)
+        out["prefill_ms"][f"{batch}x{seq}"] = round(ms, 3)
+        log.info("prefill %dx%d: %.3f ms (%.0f s with warm-up)", batch, seq, ms, time.perf_counter() - t0)
     for batch in decode_batches:
-        ms = _decode_ms_per_token(model, batch, 128, new_tokens, device, max(1, reps // 2))
+        t0 = time.perf_counter()
+        ms, tokens = _decode(model, batch, 128, new_tokens, device, max(1, reps // 2), compiled)
         out["decode_ms_per_token"][str(batch)] = round(ms, 4)
+        out["tokens"][str(batch)] = tokens
+        log.info("decode batch %d: %.4f ms/token (%.0f s with warm-up)", batch, ms, time.perf_counter() - t0)
     if device.startswith("cuda"):
         out["memory_peak_bytes"] = int(torch.cuda.max_memory_allocated())
+        out["kernel_us_per_token_batch1"] = _kernel_classes(model, 1, 128, device, compiled)
+        if not compiled:
+            out["graphed_decode_ms_per_step"] = _graphed(model, decode_batches, new_tokens)
+    return out
+
+
+def _graphed(model: Any, batches: Sequence[int], steps: int) -> dict[str, Any]:
+    """:func:`_graphed_decode_ms` per batch; a model whose step cannot be captured says why."""
+    out: dict[str, Any] = {}
+    for batch in batches:
+        try:
+            out[str(batch)] = round(_graphed_decode_ms(model, batch, 128, steps), 4)
+        except Exception as exc:  # capture failures are data here, not a crash
+            out[str(batch)] = f"not capturable: {type(exc).__name__}: {str(exc)[:200]}"
+        log.info("graphed decode batch %d: %s", batch, out[str(batch)])
     return out
 
 
@@ -165,8 +301,12 @@ def _predicted(name: str, profile: Any, prefill: Sequence[tuple[int, int]], deco
 
 def run(name: str = "llama-3-8b", *, device: str = "cuda", tiny: bool = False, variants: Sequence[str] = VARIANTS,
         prefill: Sequence[tuple[int, int]] = ((1, 2048), (8, 512)), decode_batches: Sequence[int] = (1, 16),
-        new_tokens: int = 128, prompts: int = 64, reps: int = 5, profile: Any = None) -> dict[str, Any]:
-    """Measure every variant of ``name`` in this process; returns a JSON-ready dict (see module docstring)."""
+        new_tokens: int = 128, prompts: int = 64, reps: int = 5, profile: Any = None,
+        on_variant: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Measure every variant of ``name`` in this process; returns a JSON-ready dict (see module docstring).
+
+    ``on_variant`` is called with the result so far after each variant (a long GPU run saves as it goes).
+    """
     import torch
 
     from autoopt.errors import AutooptError
@@ -177,29 +317,86 @@ def run(name: str = "llama-3-8b", *, device: str = "cuda", tiny: bool = False, v
         raise AutooptError(f"unknown e2e variants {bad}; choose from {', '.join(VARIANTS)}")
     model = build_model(name, device=device, tiny=tiny, dtype="bf16" if device.startswith("cuda") else "fp32")
     gen = torch.Generator(device="cpu").manual_seed(1)
-    sample = torch.randint(0, model.config.vocab_size, (prompts, 64), generator=gen).to(device)
+    # long prompts reach the linears as M = 64 (GEMM), short ones as M = 8 (GEMV)
+    samples = {f"prompt_{n}": torch.randint(0, model.config.vocab_size, (prompts, n), generator=gen).to(device)
+               for n in (64, 8)}
     result: dict[str, Any] = {"model": name, "tiny": tiny, "device": device, "variants": {},
                               "config": {k: getattr(model.config, k) for k in _TINY}}
-    reference = _last_logits(model, sample)
+    if profile is not None:
+        result["predicted"] = _predicted(name, profile, prefill, decode_batches)
+    reference = {k: _last_logits(model, p) for k, p in samples.items()}
+    result["noise_reference"] = _noise_reference(model, samples, reference)
+    truth = _fp32_truth(model, samples)
+    ref_tokens: dict[str, Any] = {}
     for variant in variants:
         t0 = time.perf_counter()
-        report = None
-        if variant.startswith("optimize"):
-            report = optimize(model)
-        if variant.endswith("compile"):
-            _compile(model)
-        row = _measure(model, device=device, prefill=prefill, decode_batches=decode_batches, new_tokens=new_tokens,
-                       reps=reps)
-        row["agreement_vs_eager"] = _agreement(reference, _last_logits(model, sample))
+        report = optimize(model) if variant.startswith("optimize") else None
+        compiled = variant.endswith("compile")
+        row = _measure(model, device=device, compiled=compiled, prefill=prefill, decode_batches=decode_batches,
+                       new_tokens=new_tokens, reps=reps)
+        tokens = row.pop("tokens")
+        ref_tokens = ref_tokens or tokens
+        row["decode_token_agreement_vs_eager"] = {b: _token_agreement(ref_tokens[b], t) for b, t in tokens.items()}
+        if not compiled:  # the compiled variants run the same modules, so the eager logits are theirs too
+            logits = {k: _last_logits(model, p) for k, p in samples.items()}
+            row["agreement_vs_eager"] = _logit_agreement(reference, logits)
+            if truth is not None:
+                row["agreement_vs_fp32"] = _logit_agreement(truth, logits)
         if report is not None:
             row["optimize_report"] = report.to_dict()
         row["wall_s"] = round(time.perf_counter() - t0, 1)
         result["variants"][variant] = row
-        log.info("%s %s: %s", name, variant, row["prefill_ms"])
-        if variant.endswith("compile"):
-            _uncompile(model)
+        log.info("%s %s done in %.0f s: prefill %s decode %s", name, variant, row["wall_s"], row["prefill_ms"],
+                 row["decode_ms_per_token"])
+        if compiled:
+            torch._dynamo.reset()
         if report is not None:
             restore(model)
-    if profile is not None:
-        result["predicted"] = _predicted(name, profile, prefill, decode_batches)
+        if on_variant is not None:
+            on_variant(result)
     return result
+
+
+def _logit_agreement(reference: dict[str, Any], logits: dict[str, Any]) -> dict[str, Any]:
+    """Per prompt length, the last-position logits against the reference's; the headline numbers are the worst."""
+    per = {k: _agreement(reference[k], logits[k]) for k in reference}
+    worst = {"max_abs_err": max(a["max_abs_err"] for a in per.values()),
+             "rel_err": max(a["rel_err"] for a in per.values()),
+             "top1_agreement": min(a["top1_agreement"] for a in per.values()),
+             "nan": any(a["nan"] for a in per.values())}
+    return {**worst, **per}
+
+
+def _noise_reference(model: Any, samples: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """The eager model against itself: every prompt in one batch vs each prompt alone. Both are torch's
+    own bf16 answer (only the cuBLAS algorithms differ with M), so this is how far two equally valid
+    bf16 executions of a random-weight model drift apart: the floor for the agreement numbers."""
+    import torch
+
+    with torch.inference_mode():
+        batched = {k: model(p, use_cache=False, logits_to_keep=1).logits[:, -1].float() for k, p in samples.items()}
+    return _logit_agreement(reference, batched)
+
+
+def _fp32_truth(model: Any, samples: dict[str, Any]) -> dict[str, Any] | None:
+    """Last-position logits of the same weights run in fp32; None when the model is fp32 already.
+
+    Only the parameters are cast (bf16 -> fp32 -> bf16 is exact); ``model.float()`` would also cast
+    the buffers, and casting them back would turn RoPE's fp32 ``inv_freq`` into bf16: a different
+    model from then on.
+    """
+    import torch
+
+    params = list(model.parameters())
+    dtype = params[0].dtype
+    if dtype == torch.float32:
+        return None
+    for p in params:
+        p.data = p.data.float()
+    try:
+        return {k: _last_logits(model, p) for k, p in samples.items()}
+    finally:
+        for p in params:
+            p.data = p.data.to(dtype)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
