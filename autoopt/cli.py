@@ -281,11 +281,26 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
     prof = _profile(args.profile)
     kwargs: dict[str, Any] = {"batch": args.batch, "phase": args.phase, "preference": args.preference}
-    for key in ("context", "prompt_len", "gen_len", "weight_dtype", "kv_dtype"):
+    for key in ("context", "prompt_len", "gen_len", "weight_dtype", "kv_dtype", "runtime", "tensor_parallel",
+                "pipeline_parallel"):
         if getattr(args, key) is not None:
             kwargs[key] = getattr(args, key)
+    if args.format == "args" and args.runtime is None:
+        raise UsageError("recommend: --format args needs --runtime (vllm, sglang, llama.cpp, transformers, "
+                         "autoopt)")
     rec = recommend(prof, args.model, **kwargs)
-    _emit(rec.to_dict(), args.format, rec.explain())
+    if args.format == "args":
+        from autoopt.runtimes.export import export, format_args
+
+        exported = export(rec.to_dict(), args.runtime, model_id=args.model_id, profile=prof.to_dict())
+        print(format_args(exported))
+        return 0
+    data = rec.to_dict()
+    if args.runtime is not None and rec.fits:
+        from autoopt.runtimes.export import export
+
+        data["runtime_args"] = export(data, args.runtime, model_id=args.model_id, profile=prof.to_dict())
+    _emit(data, args.format, rec.explain())
     return 0
 
 
@@ -636,7 +651,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--weight-dtype", dest="weight_dtype")
     sp.add_argument("--kv-dtype", dest="kv_dtype")
     sp.add_argument("--preference", choices=("speed", "balanced", "quality"), default="balanced")
-    sp.add_argument("--format", choices=FORMATS[:2], default="table")
+    sp.add_argument("--runtime", help="plan for this serving runtime's rules: vllm, sglang, llama.cpp, "
+                    "transformers, autoopt (or a plugin's)")
+    sp.add_argument("--tensor-parallel", dest="tensor_parallel", type=int, help="fix the tensor-parallel degree")
+    sp.add_argument("--pipeline-parallel", dest="pipeline_parallel", type=int,
+                    help="fix the pipeline-parallel degree")
+    sp.add_argument("--model-id", dest="model_id", help="the checkpoint name the runtime loads (with --runtime)")
+    sp.add_argument("--format", choices=(*FORMATS[:2], "args"), default="table",
+                    help="args: the runtime's own arguments, ready to paste (needs --runtime)")
     sp.set_defaults(func=cmd_recommend)
 
     sp = sub.add_parser("tune", help="measure a few configs per op on this GPU; keep the winners")

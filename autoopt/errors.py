@@ -11,6 +11,8 @@ where, and what would be right::
     ├── ConfigError           a kernel config breaks a hard constraint (never launched)
     ├── PluginError           a plugin failed and ``strict=True`` made it fatal
     ├── ModelError            a model description is invalid or unknown
+    ├── RuntimeRuleError      a serving runtime is unknown, or its rules refuse the request
+    │                         (a format, split or option it cannot run; says what would work)
     ├── BackendError          the kernel backend cannot run here (no torch/triton/GPU)
     └── StoreError            the results store or a results file is unusable (corrupt, not
                               autoopt's, a newer schema, or a row or field of it is invalid)
@@ -28,6 +30,7 @@ __all__ = [
     "OpError",
     "PluginError",
     "ProfileError",
+    "RuntimeRuleError",
     "StoreError",
     "UnknownProfileError",
 ]
@@ -88,6 +91,16 @@ class ModelError(AutooptError, ValueError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
         self.field = field
         super().__init__(f"field '{field}': {message}" if field else message)
+
+
+class RuntimeRuleError(AutooptError, ValueError):
+    """A serving runtime (vLLM, SGLang, llama.cpp, ...) is unknown or its rules refuse the request: names
+    the runtime and the rule, and what would work instead."""
+
+    def __init__(self, message: str, *, runtime: str | None = None, rule: str | None = None) -> None:
+        self.runtime = runtime
+        self.rule = rule
+        super().__init__(f"{runtime}: {message}" if runtime else message)
 
 
 class BackendError(AutooptError, RuntimeError):

@@ -27,7 +27,7 @@ LAYERS: tuple[str, ...] = (
     "autoopt.tuning",
     "autoopt.validation",                              # predicted vs measured whole models (cli only)
     "autoopt.planning | autoopt.backend",
-    "autoopt.search",
+    "autoopt.runtimes | autoopt.search",              # serving runtimes' rules (read by planning)
     "autoopt.templates",                               # the built-in plugin, loaded by name by plugins
     "autoopt.plugins | autoopt.results",
     "autoopt.kernels",

@@ -44,7 +44,19 @@ def test_fp8_needs_sm89_and_fp4_needs_sm100():
 
 
 def test_weight_only_formats_are_labelled():
-    assert {n for n, f in FORMATS.items() if f.mode == "weight-only"} == {"int8", "q8_0", "q6_k", "q5_k_m", "q4_k_m"}
+    assert {n for n, f in FORMATS.items() if f.mode == "weight-only" and not f.extra} == \
+        {"int8", "q8_0", "q6_k", "q5_k_m", "q4_k_m"}
+
+
+def test_runtime_only_formats_stay_out_of_the_default_pool():
+    extras = {n for n, f in FORMATS.items() if f.extra}
+    assert {"awq", "gptq", "nf4", "w8a8_int8", "bnb_int8", "q4_0", "fp8-weight-only"} == extras
+    assert not extras & {f.name for f in available_formats(H100, get_model("llama-3-8b"))}
+
+
+def test_awq_and_gptq_count_their_group_scales_and_zeros():
+    assert FORMATS["awq"].bits_per_weight(4096, 4096) == pytest.approx(4 + 20 / 128)
+    assert FORMATS["nf4"].bits_per_weight(4096, 4096) == pytest.approx(4.127, abs=1e-3)
 
 
 def test_never_larger_than_the_checkpoint():

@@ -42,11 +42,13 @@ DRIVER_RESERVED_BYTES = 85520809984 - 85017493504  # = 503316480 B (480 MiB), H1
 FRAGMENTATION = 0.05
 #: default chunked-prefill token budget (like vLLM's max_num_batched_tokens): activations are sized for it.
 PREFILL_CHUNK = 8192
-KV_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+#: bytes per cached element; llama.cpp's q8_0 / q4_0 caches are 34 / 18 bytes per 32 elements
+KV_BYTES: dict[str, float] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1, "q8_0": 34 / 32,
+                              "q4_0": 18 / 32}
 _MIB = 1 << 20
 
 
-def _kv_dtype_bytes(kv_dtype: str) -> int:
+def _kv_dtype_bytes(kv_dtype: str) -> float:
     from autoopt.errors import ModelError
 
     if kv_dtype not in KV_BYTES:

@@ -11,6 +11,14 @@ Bits per weight, with what is modelled:
 - MXFP4 (OCP MX v1.0): e2m1 + one E8M0 scale per 32 = 4 + 8/32 = 4.25.
 - NVFP4: e2m1 + one FP8 e4m3 scale per 16 = 4 + 8/16 = 4.5, plus one fp32 scale per tensor (32/(N·K)).
 
+Formats only a serving runtime offers (``extra``: never in the runtime-less default pool):
+- AWQ / GPTQ int4 (group 128): 4 + fp16 scale + packed 4-bit zero per 128 = 4 + 20/128 = 4.156.
+- W8A8 int8 (compressed-tensors): 8 + fp32 per-channel scale; int8 tensor cores from sm_75.
+- NF4 (bitsandbytes, block 64): 4 + int8 absmax per 64 + fp32 per 256 blocks = 4.127.
+- LLM.int8 (bitsandbytes): 8 + fp32 per-row scale.
+- Q4_0 (GGUF): 18 B per 32 weights = 4.5 bits.
+- FP8 weight-only (Marlin on Ampere): 8 + fp32 per-channel scale, dequantized in the kernel.
+
 Which weights a format covers: GPU formats (FP8, INT8, MXFP4, NVFP4) quantize the
 Linear layers only; embeddings, LM head and norms stay in the checkpoint dtype
 (ModelOpt and vLLM leave ``lm_head`` unquantized by default). GGUF K-quants
@@ -24,12 +32,12 @@ bf16/fp16 inside the GEMM and save memory and bandwidth but no compute.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from autoopt._serde import to_plain
-from autoopt.errors import ModelError
+from autoopt.errors import ModelError, RuntimeRuleError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.planning.model import ModelSpec
 
@@ -60,6 +68,8 @@ class QuantFormat:
     #: whether the bits apply to every parameter (GGUF averages) or to Linear weights only.
     whole_model: bool = False
     approx: bool = False
+    #: offered only where a serving runtime lists it (see :mod:`autoopt.runtimes`)
+    extra: bool = False
     note: str = ""
 
     def bits_per_weight(self, in_features: int | None = None, out_features: int | None = None) -> float:
@@ -97,10 +107,24 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
        note="e2m1, e4m3 scale per 16 + fp32 per tensor"),
     _f(name="mxfp4", bits=4.25, mode="native", compute_dtype="fp4", requires="fp4",
        note="e2m1, E8M0 scale per 32 (OCP MX)"),
+    _f(name="fp8-weight-only", bits=8, channel_scale_bits=32, mode="weight-only", extra=True,
+       note="fp8 weights dequantized to bf16 in the kernel (Marlin)"),
+    _f(name="w8a8_int8", bits=8, channel_scale_bits=32, mode="native", compute_dtype="int8", extra=True,
+       note="int8 weights and activations, fp32 per-channel scales"),
+    _f(name="bnb_int8", bits=8, channel_scale_bits=32, mode="weight-only", extra=True,
+       note="bitsandbytes LLM.int8, fp32 per-row scales"),
+    _f(name="q4_0", bits=4.5, mode="weight-only", whole_model=True, extra=True,
+       note="GGUF: 32-weight blocks, fp16 scale"),
+    _f(name="awq", bits=4 + 20 / 128, mode="weight-only", extra=True,
+       note="AWQ int4, group 128: fp16 scale + 4-bit zero"),
+    _f(name="gptq", bits=4 + 20 / 128, mode="weight-only", extra=True,
+       note="GPTQ int4, group 128: fp16 scale + packed 4-bit zero"),
+    _f(name="nf4", bits=4 + 8 / 64 + 32 / (64 * 256), mode="weight-only", extra=True,
+       note="bitsandbytes NF4, block 64, double-quantized absmax"),
 )}
 _ORIGINAL_BITS = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0, "fp8": 8.0}
 #: the lowest precision the automatic choice goes to (4-bit formats keep quality acceptable for 7B+ models).
-MIN_BITS = 4.25
+MIN_BITS = 4.0
 
 
 def get_format(name: str) -> QuantFormat:
@@ -118,23 +142,27 @@ def supported(fmt: QuantFormat, gpu: GPUProfile | None) -> bool:
     return gpu is not None and bool(getattr(gpu.features, fmt.requires))
 
 
-def available_formats(gpu: GPUProfile | None, model: ModelSpec) -> tuple[QuantFormat, ...]:
-    """Formats this GPU supports that are no larger than the model's checkpoint format."""
+def available_formats(gpu: GPUProfile | None, model: ModelSpec,
+                      names: Collection[str] | None = None) -> tuple[QuantFormat, ...]:
+    """Formats this GPU supports that are no larger than the model's checkpoint format: among
+    ``names`` (a runtime's formats) when given, else the default pool (no ``extra`` formats)."""
     limit = _ORIGINAL_BITS[model.dtype]
-    out = []
+    out: list[QuantFormat] = []
     for f in FORMATS.values():
+        if (f.extra if names is None else f.name not in names):
+            continue
         if f.mode == "original":
             # fp32 checkpoints may be served in fp32/bf16/fp16; bf16/fp16 ones in either 16-bit type.
             if f.bits > limit or model.dtype == "fp8":
                 continue
-        elif f.bits > limit:
+        elif f.bits > limit or (f.name == "fp8-weight-only" and any(x.name == "fp8" for x in out)):
             continue
         if supported(f, gpu):
             out.append(f)
-    if model.dtype == "fp8" and not any(f.name == "fp8" for f in out):
+    if model.dtype == "fp8" and not any(f.name.startswith("fp8") for f in out) \
+            and (names is None or "fp8-weight-only" in names):
         # An fp8 checkpoint on a GPU without fp8 matmuls: served weight-only (e.g. Marlin FP8 on Ampere).
-        out.insert(0, QuantFormat(name="fp8-weight-only", bits=8, channel_scale_bits=32, mode="weight-only",
-                                  note="fp8 checkpoint dequantized to bf16 in the kernel"))
+        out.insert(0, FORMATS["fp8-weight-only"])
     return tuple(out)
 
 
@@ -191,12 +219,14 @@ class QuantChoice:
 
 def choose_format(gpu: GPUProfile | None, model: ModelSpec, *, preference: str = "balanced",
                   fits: Callable[[QuantFormat], bool] | None = None,
-                  requested: str | None = None) -> QuantChoice:
-    """Pick a weight format for ``model`` on ``gpu``.
+                  requested: str | None = None, names: Collection[str] | None = None,
+                  runtime: str | None = None) -> QuantChoice:
+    """Pick a weight format for ``model`` on ``gpu``; with ``names`` (and ``runtime``, for the reasons)
+    only among the formats a serving runtime has kernels for there.
 
     ``fits(fmt)`` says whether the whole deployment fits in memory with that format
     (the caller owns the memory model). Rules, among supported formats no larger
-    than the checkpoint and no lower than 4.25 bits:
+    than the checkpoint and no lower than 4 bits:
 
     - ``quality``: the most bits that fit.
     - ``speed``: the lowest-precision *native* class that fits (FP4 on Blackwell,
@@ -217,9 +247,16 @@ def choose_format(gpu: GPUProfile | None, model: ModelSpec, *, preference: str =
             raise ModelError(f"{fmt.name} needs native {fmt.requires} matmuls ({need}); "
                              f"{gpu.name if gpu else 'this CPU'} ({gpu.arch if gpu else 'no GPU'}) has none",
                              field="weight_dtype")
+        if names is not None and fmt.name not in names:
+            raise RuntimeRuleError(f"has no {fmt.name} kernels on {gpu.name if gpu else 'the CPU'}; it runs "
+                                   f"{', '.join(sorted(names))} there", runtime=runtime, rule="format")
         return QuantChoice(format=fmt, reason=f"{fmt.name} as requested",
                            considered=((fmt.name, weight_bytes(model, fmt), fits(fmt)),))
-    pool = [f for f in available_formats(gpu, model) if f.bits >= MIN_BITS]
+    pool = [f for f in available_formats(gpu, model, names) if f.bits >= MIN_BITS]
+    if not pool:
+        raise RuntimeRuleError(f"runs none of its formats for a {model.dtype} checkpoint on "
+                               f"{gpu.name if gpu else 'the CPU'} (it offers {', '.join(sorted(names or ()))})",
+                               runtime=runtime, rule="format")
     considered = tuple((f.name, weight_bytes(model, f), fits(f)) for f in pool)
     ok = [f for f, (_, _, fit) in zip(pool, considered, strict=True) if fit]
     if not ok:

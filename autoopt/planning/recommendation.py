@@ -24,6 +24,7 @@ timing), as a pipeline of steps, each a function below:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -39,8 +40,12 @@ from autoopt.planning.catalog import parse_model
 from autoopt.planning.chain import ChainProblem, ChainSolution, solve_dp, solve_wfc
 from autoopt.planning.memory import MemoryEstimate, estimate_memory
 from autoopt.planning.model import LayerOp, ModelSpec
+from autoopt.planning.offload import OffloadPlan, from_split, weight_stream
 from autoopt.planning.quant import QuantChoice, QuantFormat, choose_format
+from autoopt.planning.replicas import ReplicaOption, compare_replicas
 from autoopt.planning.split import Device, SplitPlan, Workload, candidate_splits, devices_of
+from autoopt.runtimes.registry import get_runtime
+from autoopt.runtimes.spec import RuntimeSpec
 
 if TYPE_CHECKING:
     from autoopt.kernels.config import Candidate
@@ -123,10 +128,24 @@ class Recommendation:
     predicted: Mapping[str, float]
     notes: tuple[str, ...] = ()
     elapsed_ms: float = 0.0
+    #: the serving runtime whose rules the plan follows (None: autoopt's default pool, no runtime rules)
+    runtime: str | None = None
+    #: layers run from host memory (llama.cpp -ngl, --cpu-offload-gb), when the GPUs cannot hold the model
+    offload: OffloadPlan | None = None
+    #: the same GPUs as data-parallel replicas of smaller splits, best throughput first (serving workloads)
+    replicas: tuple[ReplicaOption, ...] = ()
+
+    def to_runtime(self, runtime: str | None = None) -> dict[str, Any]:
+        """What ``runtime`` (default: the one planned for) takes to run this plan: its command-line
+        arguments (``args``, ready to paste) or keyword arguments (see :mod:`autoopt.runtimes.export`)."""
+        from autoopt.runtimes.export import export
+
+        return export(self.to_dict(), runtime or self.runtime or "autoopt")
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "profile": self.profile,
+            "runtime": self.runtime,
             "model": {**self.model.to_dict(), "num_params": self.model.num_params,
                       "active_params": self.model.active_params},
             "workload": self.workload.to_dict(),
@@ -142,6 +161,8 @@ class Recommendation:
             "layer_modes": _runs(self.layer_modes),
             "predicted": {k: round(v, 3) for k, v in self.predicted.items()},
             "label": "predicted",
+            "offload": self.offload.to_dict() if self.offload else None,
+            "replicas": [r.to_dict() for r in self.replicas],
             "notes": list(self.notes),
             "elapsed_ms": round(self.elapsed_ms, 3),
         }
@@ -153,8 +174,12 @@ class Recommendation:
                  f"{wl.max_context}, phase {wl.phase}, KV cache {wl.kv_dtype}; preference {self.preference}.",
                  f"Weights: {q.format.name} ({q.format.mode}, {q.format.bits_per_weight(m.hidden_size):.4g} "
                  f"bits/weight{' approx.' if q.format.approx else ''}) - {q.reason}."]
+        if self.runtime:
+            lines.append(f"Runtime: {self.runtime} (only the formats, splits and KV-cache types it runs).")
         if not self.fits:
             lines.append("DOES NOT FIT on this hardware with any split; memory of the best attempt below.")
+        if self.offload:
+            lines.append("Offload: " + self.offload.describe())
         if self.split:
             lines.append("Placement: " + self.split.describe())
         else:
@@ -180,6 +205,9 @@ class Recommendation:
         lines.append("Implementations:")
         for i in self.impls:
             lines.append(f"  {i['kernel_class']}: {i['impl']} - {i['reason']}")
+        if self.replicas:
+            lines.append("Replicas vs sharding (predicted, best throughput first):")
+            lines.extend("  " + r.describe() for r in self.replicas)
         lines.extend(f"Note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -198,24 +226,44 @@ def _runs(modes: tuple[str, ...]) -> list[tuple[int, int, str]]:
 def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int = 1, prompt_len: int = 1024,
               gen_len: int = 256, context: int | None = None, phase: str = "both", weight_dtype: str | None = None,
               kv_dtype: str | None = None, preference: str = "balanced", max_devices: int | None = None,
-              include_cpu: bool = False, top: int = 3, compare_wfc: bool = True) -> Recommendation:
-    """Recommend how to run ``model`` on ``profile`` (see module docstring); predictions only."""
+              include_cpu: bool = False, top: int = 3, compare_wfc: bool = True, runtime: Any = None,
+              tensor_parallel: int | None = None, pipeline_parallel: int | None = None) -> Recommendation:
+    """Recommend how to run ``model`` on ``profile`` (see module docstring); predictions only.
+
+    ``runtime`` (``"vllm"``, ``"sglang"``, ``"llama.cpp"``, ``"transformers"``, ``"autoopt"`` or a
+    plugin's) limits the plan to what that runtime runs; ``tensor_parallel`` / ``pipeline_parallel``
+    fix the degrees.
+    """
     t0 = time.perf_counter()
+    rt = _runtime(runtime, tensor_parallel, pipeline_parallel)
     hw = _profile(profile)
+    if rt is not None:
+        hw = _usable(hw, rt)
+        include_cpu = include_cpu or rt.offload == "cpu-compute"
     spec = parse_model(model)
     wl = _workload(hw.gpu, preference, batch=batch, prompt_len=prompt_len, gen_len=gen_len, context=context,
-                   phase=phase, kv_dtype=kv_dtype)
+                   phase=phase, kv_dtype=_kv_dtype(rt, hw.gpu, kv_dtype, preference))
+    shape = _Shape(rt=rt, tp=tensor_parallel, pp=pipeline_parallel)
     fit = _fit(hw, spec, wl, preference=preference, weight_dtype=weight_dtype, max_devices=max_devices,
-               include_cpu=include_cpu)
+               include_cpu=include_cpu, shape=shape)
+    if fit.split is None and not include_cpu and (rt is None or rt.offload == "cpu-compute") \
+            and devices_of(hw, include_cpu=True)[-1:] and devices_of(hw, include_cpu=True)[-1].kind == "cpu":
+        # nothing fits on the GPUs: layers on the CPU (autoopt runs them there too) before giving up
+        fit = _fit(hw, spec, wl, preference=preference, weight_dtype=weight_dtype, max_devices=max_devices,
+                   include_cpu=True, shape=shape)
     costs = _layer_costs(spec, wl, fit, preference=preference, top=top)
     plan, alternative = _chain_plan(spec, wl, fit, costs, compare_wfc=compare_wfc)
     head = _head_ops(spec, wl, fit, costs, plan, top=top)
     ops, impls = _op_choices(fit, costs, plan, head)
     predicted = _totals(fit, costs, plan, head)
+    offload = _offload(hw, spec, wl, fit, predicted, rt)
+    replicas = _replicas(hw, spec, wl, fit, shape)
     return Recommendation(profile=hw.name, model=spec, workload=wl, preference=preference, quant=fit.quant,
-                          fits=fit.split is not None, split=fit.split, memory=fit.memory, ops=ops, impls=impls,
-                          plan=plan, plan_alternative=alternative, layer_modes=plan.labels, predicted=predicted,
-                          notes=fit.notes + costs.notes, elapsed_ms=(time.perf_counter() - t0) * 1e3)
+                          fits=fit.split is not None or offload is not None, split=fit.split, memory=fit.memory,
+                          ops=ops, impls=impls, plan=plan, plan_alternative=alternative, layer_modes=plan.labels,
+                          predicted=predicted, notes=fit.notes + costs.notes + _replica_notes(fit, replicas),
+                          elapsed_ms=(time.perf_counter() - t0) * 1e3, runtime=rt.name if rt else None,
+                          offload=offload, replicas=replicas)
 
 
 # -- inputs ------------------------------------------------------------------------------
@@ -256,6 +304,103 @@ def _workload(gpu: GPUProfile | None, preference: str, *, batch: int, prompt_len
                     context=context)
 
 
+# -- runtime rules -----------------------------------------------------------------------
+def _runtime(runtime: Any, tp: int | None, pp: int | None) -> RuntimeSpec | None:
+    """The runtime's rules (None: no runtime named), with the asked degrees checked against them."""
+    for name, value in (("tensor_parallel", tp), ("pipeline_parallel", pp)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 64):
+            raise ModelError(f"{name} must be an integer in 1..64, got {value!r}", field=name)
+    if runtime is None:
+        return None
+    rt = get_runtime(runtime)
+    rt.check_split(tp=tp, pp=pp)
+    return rt
+
+
+def _usable(hw: HardwareProfile, rt: RuntimeSpec) -> HardwareProfile:
+    """The profile with each GPU's memory cut to what the runtime leaves to weights and KV cache."""
+    import dataclasses
+
+    if rt.memory_utilization >= 1.0 and not rt.reserved_gib:
+        return hw
+    gpus = tuple(dataclasses.replace(g, memory_total_bytes=rt.usable_bytes(g.memory_total_bytes))
+                 if g.memory_total_bytes else g for g in hw.gpus)
+    return dataclasses.replace(hw, gpus=gpus)
+
+
+def _kv_dtype(rt: RuntimeSpec | None, gpu: GPUProfile | None, asked: str | None, preference: str) -> str | None:
+    """The KV-cache dtype: as asked (checked against the runtime's), else the default if the runtime
+    takes it, else the runtime's first 16-bit one."""
+    if rt is None:
+        return asked
+    if asked is not None:
+        rt.kv_arg(asked, gpu)  # raises, naming the accepted dtypes
+        return asked
+    taken = [k.dtype for k in rt.kv_dtypes]
+    if preference == "speed" and gpu is not None and gpu.features.fp8 and "fp8" in taken:
+        return "fp8"
+    if taken[0] == "fp16" or (gpu is not None and not gpu.features.bf16):  # the runtime's own default first
+        return "fp16" if "fp16" in taken else taken[0]
+    return "bf16" if "bf16" in taken else taken[0]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False, repr=False)
+class _Shape:
+    """The split shapes allowed: the runtime's parallelism and the degrees the caller fixed."""
+
+    rt: RuntimeSpec | None
+    tp: int | None
+    pp: int | None
+
+    def allows(self, p: SplitPlan) -> bool:
+        if (self.tp is not None and p.tp != self.tp) or (self.pp is not None and p.pp != self.pp):
+            return False
+        if self.rt is None:
+            return True
+        return (p.tp == 1 or self.rt.tensor_parallel) and (p.pp == 1 or self.rt.pipeline_parallel)
+
+    def describe(self) -> str:
+        parts = [f"{self.rt.display}'s parallelism" if self.rt else ""]
+        parts += [f"tp={self.tp}" if self.tp else "", f"pp={self.pp}" if self.pp else ""]
+        return ", ".join(p for p in parts if p)
+
+
+def _offload(hw: HardwareProfile, spec: ModelSpec, wl: Workload, fit: _Fit, predicted: Mapping[str, float],
+             rt: RuntimeSpec | None) -> OffloadPlan | None:
+    """The offload the plan uses: a CPU stage of the split, or (streaming runtimes) weights from RAM."""
+    step = predicted.get("decode_step_us", predicted.get("prefill_us", 0.0))
+    if fit.split is not None:
+        return from_split(fit.split, step, wl.batch)
+    if rt is None or rt.offload != "weight-stream" or not hw.gpus:
+        return None
+    gpu = max(hw.gpus, key=lambda g: g.memory_total_bytes or 0)
+    return weight_stream(fit.memory[0], gpu, num_layers=spec.num_layers,
+                         ram_bytes=hw.cpu.ram_available_bytes or hw.cpu.ram_total_bytes, decode_step_us=step,
+                         batch=wl.batch)
+
+
+def _replicas(hw: HardwareProfile, spec: ModelSpec, wl: Workload, fit: _Fit, shape: _Shape
+              ) -> tuple[ReplicaOption, ...]:
+    """For a serving batch on several GPUs: the data-parallel alternatives to the plan's split."""
+    gpus = len(hw.gpus)
+    if gpus < 2 or wl.batch < 2 or fit.split is None or (shape.rt is not None and not shape.rt.data_parallel):
+        return ()
+    free = _Shape(rt=shape.rt, tp=None, pp=None)
+    return compare_replicas(hw, spec, fit.quant.format, wl, gpus=gpus, allowed=free.allows)
+
+
+def _replica_notes(fit: _Fit, replicas: tuple[ReplicaOption, ...]) -> tuple[str, ...]:
+    if not replicas or fit.split is None:
+        return ()
+    best, one = replicas[0], next((r for r in replicas if r.replicas == 1), None)
+    if one is None or best.replicas == 1:
+        return ()
+    gain = best.tokens_per_s / one.tokens_per_s - 1
+    return (f"for throughput, {best.replicas} replicas of tp={best.split.tp} pp={best.split.pp} predict "
+            f"{best.tokens_per_s:.0f} tokens/s, {gain:+.0%} over one instance on all GPUs "
+            f"({one.tokens_per_s:.0f}); per request {best.request_us / 1e3:.1f} vs {one.request_us / 1e3:.1f} ms",)
+
+
 # -- step 1: fit -------------------------------------------------------------------------
 # The records the steps hand on are frozen, slotted, keyword-only dataclasses without __eq__, __hash__
 # or __repr__: nothing compares or prints them (identity is all they need; several hold dicts), and
@@ -275,18 +420,28 @@ class _Fit:
 
 
 def _fit(hw: HardwareProfile, spec: ModelSpec, wl: Workload, *, preference: str, weight_dtype: str | None,
-         max_devices: int | None, include_cpu: bool) -> _Fit:
-    """The format the preference asks for among those that fit some split, then the fastest fitting split."""
+         max_devices: int | None, include_cpu: bool, shape: _Shape | None = None) -> _Fit:
+    """The format the preference asks for among those that fit some split, then the fastest fitting split
+    of the shapes allowed (a runtime's parallelism, fixed degrees)."""
+    shape = shape or _Shape(rt=None, tp=None, pp=None)
     devs = devices_of(hw, include_cpu=include_cpu)
     if not devs:
         raise AutooptError(f"profile {hw.name!r} has no device with known memory size and bandwidth")
+    rt = shape.rt
+    # the format is chosen for the GPUs alone: a format that fits only with layers on the CPU loses to
+    # a smaller one that fits on the GPUs (llama.cpp users pick Q4_K_M over offloading BF16 layers)
+    gpu_devs = tuple(d for d in devs if d.kind == "gpu") or devs
     quant = choose_format(hw.gpu, spec, preference=preference, requested=weight_dtype,
-                          fits=lambda f: _fits_somewhere(devs, spec, f, wl, max_devices))
+                          fits=lambda f: _fits_somewhere(gpu_devs, spec, f, wl, max_devices),
+                          names=None if rt is None else rt.formats_for(hw.gpu), runtime=rt.name if rt else None)
     plans = candidate_splits(hw, spec, quant.format, wl, max_devices=max_devices, include_cpu=include_cpu)
-    fitting = [p for p in plans if p.fits]
+    fitting = [p for p in plans if p.fits and shape.allows(p)]
     if fitting:
         return _placed(fitting, devs, quant)
-    return _unplaced(hw, spec, wl, devs, quant, max_devices)
+    fit = _unplaced(hw, spec, wl, devs, quant, max_devices)
+    if shape.describe():
+        fit = dataclasses.replace(fit, notes=(*fit.notes, f"splits limited to {shape.describe()}"))
+    return fit
 
 
 def _placed(fitting: Sequence[SplitPlan], devs: tuple[Device, ...], quant: QuantChoice) -> _Fit:

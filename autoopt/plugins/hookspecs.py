@@ -15,7 +15,7 @@ before the built-ins (whose implementations are ``trylast``).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -57,3 +57,9 @@ def autoopt_choose_path(gpu: GPUProfile, op: OpSpec) -> PathChoice | None:
 @hookspec(firstresult=True)
 def autoopt_choose_impl(gpu: GPUProfile, kernel_class: str) -> ImplChoice | None:
     """The implementation to use for a kernel class (:class:`autoopt.choices.ImplChoice`), or None."""
+
+
+@hookspec
+def autoopt_runtimes() -> list[dict[str, Any]]:  # type: ignore[empty-body]
+    """Serving runtimes this plugin describes (TensorRT-LLM, MLC, ...): plain dicts in the schema of
+    :meth:`autoopt.runtimes.spec.RuntimeSpec.from_dict` (each checked; a bad one is reported and skipped)."""

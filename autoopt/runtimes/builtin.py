@@ -1,0 +1,115 @@
+"""The built-in runtime descriptions: vLLM, SGLang, llama.cpp, transformers and autoopt's own kernels.
+
+Plain data in the schema :meth:`autoopt.runtimes.spec.RuntimeSpec.from_dict` reads (a plugin's
+``autoopt_runtimes`` hook returns the same dicts). Python literals rather than YAML so that loading
+them costs no parser at start-up. Each entry names the documents its rules come from; compute
+capabilities are the minimum the runtime's kernels for that format need (7.5 Turing, 8.0 Ampere,
+8.9 Ada, 9.0 Hopper, 10.0 Blackwell).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["BUILTIN_RUNTIMES"]
+
+#: GGUF types offered (Q4_0 and the IQ types exist too; the K-quants are llama.cpp's recommended ones)
+_GGUF = ("bf16", "fp16", "q8_0", "q6_k", "q5_k_m", "q4_k_m")
+
+BUILTIN_RUNTIMES: tuple[dict[str, Any], ...] = (
+    {
+        "name": "vllm", "display": "vLLM",
+        "sources": ("https://docs.vllm.ai/en/latest/features/quantization/supported_hardware.html",
+                    "https://docs.vllm.ai/en/latest/configuration/engine_args.html",
+                    "https://docs.vllm.ai/en/latest/configuration/optimization.html"),
+        "formats": (
+            {"format": "bf16", "min_cc": 8.0}, {"format": "fp16", "min_cc": 7.0},
+            {"format": "fp8", "arg": "fp8", "min_cc": 8.9, "note": "W8A8 FP8 (CUTLASS)"},
+            {"format": "fp8-weight-only", "arg": "fp8", "min_cc": 8.0, "note": "FP8 Marlin, weight-only on Ampere"},
+            {"format": "awq", "arg": "awq_marlin", "min_cc": 8.0, "note": "AWQ int4 checkpoint, Marlin kernels"},
+            {"format": "gptq", "arg": "gptq_marlin", "min_cc": 8.0, "note": "GPTQ int4 checkpoint, Marlin kernels"},
+            {"format": "w8a8_int8", "arg": "compressed-tensors", "min_cc": 7.5, "note": "compressed-tensors W8A8 int8"},
+            {"format": "int8", "arg": "compressed-tensors", "min_cc": 8.0, "note": "compressed-tensors W8A16"},
+            {"format": "nf4", "arg": "bitsandbytes", "min_cc": 7.0, "note": "bitsandbytes 4-bit"},
+            {"format": "nvfp4", "arg": "modelopt_fp4", "min_cc": 10.0, "note": "ModelOpt NVFP4 checkpoint"},
+            {"format": "mxfp4", "arg": "mxfp4", "min_cc": 10.0, "note": "MXFP4 (gpt-oss experts)"},
+        ),
+        "kv_dtypes": ({"dtype": "bf16", "arg": "auto"}, {"dtype": "fp16", "arg": "auto"},
+                      {"dtype": "fp8", "arg": "fp8", "min_cc": 8.0}),
+        "tensor_parallel": True, "pipeline_parallel": True, "expert_parallel": True, "data_parallel": True,
+        "offload": "weight-stream",
+        # --gpu-memory-utilization defaults to 0.9 of the whole GPU; inside it, CUDA graphs (~0.5-1 GiB at
+        # the default capture sizes) and the profiling run's activation peak at max_num_batched_tokens
+        "memory_utilization": 0.9, "reserved_gib": 1.5, "max_batch_tokens": 8192,
+    },
+    {
+        "name": "sglang", "display": "SGLang",
+        "sources": ("https://docs.sglang.ai/advanced_features/server_arguments.html",
+                    "https://docs.sglang.ai/advanced_features/quantization.html"),
+        "formats": (
+            {"format": "bf16", "min_cc": 8.0}, {"format": "fp16", "min_cc": 7.0},
+            {"format": "fp8", "arg": "fp8", "min_cc": 8.9},
+            {"format": "awq", "arg": "awq_marlin", "min_cc": 8.0},
+            {"format": "gptq", "arg": "gptq_marlin", "min_cc": 8.0},
+            {"format": "w8a8_int8", "arg": "w8a8_int8", "min_cc": 8.0},
+            {"format": "nf4", "arg": "bitsandbytes", "min_cc": 8.0},
+            {"format": "nvfp4", "arg": "modelopt_fp4", "min_cc": 10.0},
+            {"format": "mxfp4", "arg": "mxfp4", "min_cc": 10.0},
+        ),
+        "kv_dtypes": ({"dtype": "bf16", "arg": "auto"}, {"dtype": "fp16", "arg": "auto"},
+                      {"dtype": "fp8", "arg": "fp8_e4m3", "min_cc": 8.9}),
+        "tensor_parallel": True, "pipeline_parallel": True, "expert_parallel": True, "data_parallel": True,
+        "offload": "weight-stream",
+        # --mem-fraction-static: the share for weights + KV pool (0.88 is its usual default on 80 GB cards)
+        "memory_utilization": 0.88, "reserved_gib": 1.0, "max_batch_tokens": 8192,
+    },
+    {
+        "name": "llama.cpp", "display": "llama.cpp",
+        "sources": ("https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md",
+                    "https://github.com/ggml-org/llama.cpp/blob/master/docs/build.md"),
+        "formats": tuple({"format": f, "arg": f.upper(), "min_cc": 5.0, "cpu": True} for f in _GGUF),
+        "kv_dtypes": ({"dtype": "fp16", "arg": "f16"}, {"dtype": "bf16", "arg": "bf16"},
+                      {"dtype": "q8_0", "arg": "q8_0"}, {"dtype": "q4_0", "arg": "q4_0"}),
+        # several GPUs: --split-mode layer (layers over GPUs, one at a time), no tensor parallelism here
+        "tensor_parallel": False, "pipeline_parallel": True, "expert_parallel": False, "data_parallel": False,
+        "offload": "cpu-compute",
+        # CUDA context + compute buffers at the default -b 2048 (~0.5-1 GB for 7-70B models)
+        "memory_utilization": 1.0, "reserved_gib": 1.0, "max_batch_tokens": 2048,
+        "note": "GGUF checkpoints; -ngl layers on the GPU(s), the rest on the CPU",
+    },
+    {
+        "name": "transformers", "display": "transformers",
+        "sources": ("https://huggingface.co/docs/transformers/main/en/quantization/overview",
+                    "https://huggingface.co/docs/accelerate/en/concept_guides/big_model_inference"),
+        "formats": (
+            {"format": "bf16", "min_cc": 8.0, "cpu": True}, {"format": "fp16", "min_cc": 7.0},
+            {"format": "fp32", "cpu": True},
+            {"format": "fp8", "arg": "FineGrainedFP8Config", "min_cc": 8.9},
+            {"format": "awq", "arg": "AwqConfig", "min_cc": 7.5},
+            {"format": "gptq", "arg": "GPTQConfig", "min_cc": 7.0},
+            {"format": "bnb_int8", "arg": "BitsAndBytesConfig(load_in_8bit=True)", "min_cc": 7.0},
+            {"format": "nf4", "arg": "BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4')",
+             "min_cc": 7.0},
+        ),
+        "kv_dtypes": ({"dtype": "bf16", "arg": "auto"}, {"dtype": "fp16", "arg": "auto"},
+                      {"dtype": "fp32", "arg": "auto"}),
+        "tensor_parallel": False, "pipeline_parallel": True, "expert_parallel": False, "data_parallel": False,
+        "offload": "weight-stream",
+        "memory_utilization": 1.0, "reserved_gib": 1.0, "max_batch_tokens": 4096,
+        "note": "device_map places layers on GPUs in turn (sequential, no overlap); 'cpu' entries stream over PCIe",
+    },
+    {
+        "name": "autoopt", "display": "autoopt (its own Triton kernels)",
+        "sources": ("ARCHITECTURE.md",),
+        "formats": (
+            {"format": "fp32", "cpu": True}, {"format": "bf16", "cpu": True}, {"format": "fp16", "cpu": True},
+            {"format": "fp8", "min_cc": 8.9}, {"format": "fp8-weight-only"}, {"format": "int8", "cpu": True},
+            {"format": "q8_0", "cpu": True}, {"format": "q6_k", "cpu": True}, {"format": "q5_k_m", "cpu": True},
+            {"format": "q4_k_m", "cpu": True}, {"format": "nvfp4", "min_cc": 10.0}, {"format": "mxfp4", "min_cc": 10.0},
+        ),
+        "kv_dtypes": ({"dtype": "bf16", "arg": "bf16"}, {"dtype": "fp16", "arg": "fp16"},
+                      {"dtype": "fp8", "arg": "fp8", "min_cc": 8.9}, {"dtype": "fp32", "arg": "fp32"}),
+        "tensor_parallel": True, "pipeline_parallel": True, "expert_parallel": True, "data_parallel": True,
+        "offload": "cpu-compute",
+    },
+)
