@@ -39,11 +39,11 @@ _CHILD = r"""
 import json, sys, time
 import autoopt
 t0 = time.perf_counter()
-import autoopt.library, autoopt.recommendation
+import autoopt.hardware.library, autoopt.planning.recommendation
 t1 = time.perf_counter()
-hw = autoopt.library.load_profile(sys.argv[1])
+hw = autoopt.hardware.library.load_profile(sys.argv[1])
 t2 = time.perf_counter()
-import autoopt.ranking as rank_mod
+import autoopt.search.ranking as rank_mod
 orig = rank_mod.rank
 spent = [0.0]
 def timed(*a, **k):
@@ -54,7 +54,7 @@ def timed(*a, **k):
         spent[0] += time.perf_counter() - s
 rank_mod.rank = timed
 t3 = time.perf_counter()
-rec = autoopt.recommendation.recommend(hw, sys.argv[2])
+rec = autoopt.planning.recommendation.recommend(hw, sys.argv[2], runtime=sys.argv[3] or None)
 t4 = time.perf_counter()
 print(json.dumps({"imports_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3, "recommend_ms": (t4 - t3) * 1e3,
                   "rank_ms": spent[0] * 1e3, "total_ms": (t4 - t3 + t2 - t0) * 1e3,
@@ -63,8 +63,8 @@ print(json.dumps({"imports_ms": (t1 - t0) * 1e3, "load_ms": (t2 - t1) * 1e3, "re
 """
 
 
-def cold_runs(profile: str, model: str, runs: int, env: dict[str, str]) -> list[dict]:
-    return [child_json(_CHILD, [profile, model], env) for _ in range(runs)]
+def cold_runs(profile: str, model: str, runs: int, env: dict[str, str], runtime: str = "") -> list[dict]:
+    return [child_json(_CHILD, [profile, model, runtime], env) for _ in range(runs)]
 
 
 def summary(runs: list[dict]) -> dict:
@@ -78,28 +78,30 @@ def main() -> int:
     ap.add_argument("--model", default="llama-3-70b")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--cold-runs", type=int, default=5)
+    ap.add_argument("--runtime", default="", help="plan for this runtime's rules (vllm, ...)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recommend_speed.json"))
     args = ap.parse_args()
     base = {**os.environ, "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory() as cache:
         pyc_env = {k: v for k, v in base.items() if k != "PYTHONDONTWRITEBYTECODE"}
         pyc_env["PYTHONPYCACHEPREFIX"] = cache
-        cold_runs(args.profile, args.model, 1, pyc_env)  # priming: writes the bytecode cache
-        pyc = cold_runs(args.profile, args.model, args.cold_runs, pyc_env)
-    as_is = cold_runs(args.profile, args.model, args.cold_runs, base)
+        cold_runs(args.profile, args.model, 1, pyc_env, args.runtime)  # priming: writes the bytecode cache
+        pyc = cold_runs(args.profile, args.model, args.cold_runs, pyc_env, args.runtime)
+    as_is = cold_runs(args.profile, args.model, args.cold_runs, base, args.runtime)
 
     from autoopt.hardware.library import load_profile
     from autoopt.planning.recommendation import recommend
 
     hw = load_profile(args.profile)
-    recommend(hw, args.model)
+    runtime = args.runtime or None
+    recommend(hw, args.model, runtime=runtime)
     warm = []
     for _ in range(args.repeats):
         t = time.perf_counter()
-        recommend(hw, args.model)
+        recommend(hw, args.model, runtime=runtime)
         warm.append((time.perf_counter() - t) * 1e3)
     result = {
-        "profile": args.profile, "model": args.model, "device": cpu_name(), "cores": os.cpu_count(),
+        "profile": args.profile, "model": args.model, "runtime": runtime, "device": cpu_name(), "cores": os.cpu_count(),
         "python": platform.python_version(), "machine": platform.machine(),
         "cold_pyc": summary(pyc), "cold_as_is": summary(as_is), "cold_runs": {"pyc": pyc, "as_is": as_is},
         "warm_ms_median": statistics.median(warm), "warm_ms_min": min(warm),

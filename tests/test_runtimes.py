@@ -236,3 +236,27 @@ def test_every_catalog_model_on_every_profile_is_runnable_by_the_runtime_or_says
             if why:
                 broken.append((profile_name, model, why))
     assert broken == []
+
+
+def test_cli_prints_the_runtimes_own_arguments_ready_to_paste(capsys):
+    from autoopt.cli import main
+
+    assert main(["recommend", "--model", "mixtral-8x7b", "--profile", "rtx-4090", "--runtime", "llama.cpp",
+                 "--format", "args"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("llama-server -m mixtral-8x7b-Q4_K_M.gguf -ngl ") and out.count("\n") == 0
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--runtime", "llama.cpp", "--tensor-parallel", "8"], "no tensor parallelism"),
+    (["--runtime", "tgi"], "unknown runtime 'tgi'"),
+    (["--runtime", "vllm", "--kv-dtype", "q4_0"], "it takes bf16, fp16, fp8"),
+    (["--format", "args"], "--format args needs --runtime"),
+    (["--runtime", "vllm", "--tensor-parallel", "0"], "tensor_parallel must be an integer in 1..64"),
+])
+def test_cli_contradictory_or_unknown_runtime_options_are_one_line_exit_2(capsys, argv, needle):
+    from autoopt.cli import main
+
+    assert main(["recommend", "--model", "llama-3-70b", "--profile", "h100-sxm-8x", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err

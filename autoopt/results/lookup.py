@@ -82,7 +82,8 @@ class ResultLookup:
         self._memory: dict[ResultKey, StoredResult] = {}
         self._store: ResultStore | None = None
         self._store_broken = False
-        self._shipped: dict[ResultKey, list[StoredResult]] | None = None
+        #: per device fingerprint, the shipped rows measured on it (read on first lookup for that device)
+        self._shipped: dict[str, dict[ResultKey, list[StoredResult]]] = {}
 
     @classmethod
     def default(cls) -> ResultLookup:
@@ -127,15 +128,18 @@ class ResultLookup:
             self._store.close()
             self._store = None
 
-    def _shipped_index(self) -> dict[ResultKey, list[StoredResult]]:
-        if self._shipped is None:
+    def _shipped_index(self, device: str) -> dict[ResultKey, list[StoredResult]]:
+        """The shipped winners measured on ``device``; only that device's rows are validated, so the
+        first start-up lookup pays for one GPU's rows, not every shipped GPU's."""
+        index = self._shipped.get(device)
+        if index is None:
             from autoopt.results.transfer import read_file
 
-            index: dict[ResultKey, list[StoredResult]] = {}
+            index = {}
             files = sorted(self.shipped_dir.glob("*.json")) if self.shipped_dir and self.shipped_dir.is_dir() else []
             for path in files:
                 try:
-                    rows = read_file(path)
+                    rows = read_file(path, device=device)
                 except StoreError as exc:  # package data a user edited: skip that file, keep the rest
                     log.warning("shipped results skipped: %s", exc)
                     continue
@@ -145,8 +149,8 @@ class ResultLookup:
                         index.setdefault(_any_driver(row.key), []).append(row)
             for rows in index.values():
                 rows.sort(key=lambda r: r.us or 0.0)
-            self._shipped = index
-        return self._shipped
+            self._shipped[device] = index
+        return index
 
     # -- the lookup --------------------------------------------------------------------------
 
@@ -165,7 +169,7 @@ class ResultLookup:
                     found = None
                 if found is not None:
                     return Hit(result=found, layer="store")
-            for row in self._shipped_index().get(key, ()):
+            for row in self._shipped_index(key.env.device).get(key, ()):
                 if not keys.source_changed(row):
                     return Hit(result=row, layer="shipped")
         return None

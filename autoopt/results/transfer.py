@@ -63,8 +63,10 @@ def document(rows: Iterable[StoredResult]) -> dict[str, Any]:
             "autoopt_version": keys.autoopt_version(), "rows": [r.to_dict() for r in rows]}
 
 
-def parse(data: Any, *, source: str = "<data>") -> list[StoredResult]:
-    """Every row of an export document, each checked; StoreError naming the row and field otherwise."""
+def parse(data: Any, *, source: str = "<data>", device: str | None = None) -> list[StoredResult]:
+    """Every row of an export document, each checked; StoreError naming the row and field otherwise.
+    With ``device``, only the rows measured on that device (``env.device``) are checked and returned:
+    a start-up lookup for one GPU does not pay for validating every other GPU's rows."""
     if not isinstance(data, Mapping):
         raise StoreError(f"expected a JSON object with \"format\": \"{FORMAT}\", got {type(data).__name__}",
                          source=source)
@@ -88,6 +90,9 @@ def parse(data: Any, *, source: str = "<data>") -> list[StoredResult]:
         raise StoreError(f"expected a list of rows, got {type(rows).__name__}", source=source, field="rows")
     out = []
     for i, raw in enumerate(rows):
+        if device is not None and not (isinstance(raw, Mapping) and isinstance(raw.get("env"), Mapping)
+                                       and raw["env"].get("device") == device):
+            continue
         try:
             out.append(StoredResult.from_dict(raw))
         except StoreError as exc:
@@ -102,9 +107,10 @@ def _bare(exc: StoreError) -> str:
     return text[len(prefix):] if prefix and text.startswith(prefix) else text
 
 
-def read_file(path: str | os.PathLike[str]) -> list[StoredResult]:
+def read_file(path: str | os.PathLike[str], *, device: str | None = None) -> list[StoredResult]:
     """The rows of a results file, checked: a regular file, at most :data:`MAX_FILE_BYTES`, UTF-8 JSON
-    in the format above. Anything else is a StoreError naming the file (and the row and field)."""
+    in the format above. Anything else is a StoreError naming the file (and the row and field).
+    ``device`` keeps only that device's rows (see :func:`parse`)."""
     p = Path(path)
     source = str(p)
     try:
@@ -135,7 +141,7 @@ def read_file(path: str | os.PathLike[str]) -> list[StoredResult]:
                          source=source) from None
     except RecursionError:
         raise StoreError("is JSON nested too deeply to be a results file", source=source) from None
-    return parse(data, source=source)
+    return parse(data, source=source, device=device)
 
 
 def import_file(store: ResultStore, path: str | os.PathLike[str]) -> PutSummary:
