@@ -29,20 +29,70 @@ __all__ = ["FAMILIES", "LayerOp", "ModelSpec", "from_hf_config", "from_module"]
 
 log = logging.getLogger(__name__)
 
-#: architecture families understood (HF ``model_type``) -> defaults for what config.json leaves implicit.
+#: architecture families described (HF ``model_type``) -> what their config.json leaves implicit (ModelSpec
+#: field defaults). A ``model_type`` not here is still planned, from its standard fields, with a warning.
 FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {}, "mistral": {}, "mixtral": {}, "qwen2": {"qkv_bias": True}, "qwen3": {},
+    "llama": {}, "mistral": {}, "mixtral": {}, "qwen2": {"qkv_bias": True, "o_bias": False},
+    # Qwen3 / Qwen3-MoE: RMSNorm over each head of q and k (transformers Qwen3Attention q_norm/k_norm).
+    "qwen3": {"qk_norm": "head"}, "qwen3_moe": {"qk_norm": "head"},
+    # Qwen2-MoE: q/k/v biases only; the shared expert's output goes through a sigmoid gate (hidden -> 1).
+    "qwen2_moe": {"qkv_bias": True, "o_bias": False, "shared_expert_gate": True},
     "gemma": {"activation": "gelu", "tied_embeddings": True},
     # Gemma-2: four RMSNorms per layer (input, post-attention, pre- and post-feedforward),
     # local/global attention alternating (transformers Gemma2DecoderLayer: is_sliding = layer_idx % 2 == 0).
     "gemma2": {"activation": "gelu", "tied_embeddings": True, "norms_per_layer": 4, "sliding_window_pattern": 2},
+    # Gemma-3: Gemma-2's four norms plus per-head q/k norms; five local layers then one global
+    # (transformers Gemma3TextConfig: sliding_window_pattern 6).
+    "gemma3": {"activation": "gelu", "tied_embeddings": True, "norms_per_layer": 4, "qk_norm": "head",
+               "sliding_window_pattern": 6},
+    # gpt-oss: biases on q/k/v/o (attention_bias), one learned sink logit per head, biases on the
+    # router and on every expert projection (transformers GptOssAttention / GptOssTopKRouter / GptOssExperts).
+    "gpt_oss": {"attention_sinks": True, "moe_bias": True},
+    # Llama 4: a shared expert beside the routed ones; chunked attention on RoPE layers, every
+    # fourth layer global without RoPE (transformers Llama4TextConfig: no_rope_layer_interval 4).
+    "llama4": {},
+    # Phi-3.5-MoE: LayerNorm with bias (its config.json names rms_norm_eps all the same).
+    "phimoe": {"norm": "layernorm"},
+    # OLMo 2: norms after attention and after the MLP, and RMSNorm over all of q and all of k.
+    "olmo2": {"qk_norm": "full"},
+    # Granite 3: Llama layers; the embedding/attention/residual/logit multipliers scale, they add no weights.
+    "granite": {},
     "deepseek_v2": {}, "deepseek_v3": {}, "phi3": {},
 }
+#: ``model_type`` of the text model inside a multimodal config -> its family.
+_ALIASES = {"gemma3_text": "gemma3", "llama4_text": "llama4"}
 _ARCH_TO_FAMILY = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                    "MixtralForCausalLM": "mixtral", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
                    "GemmaForCausalLM": "gemma", "Gemma2ForCausalLM": "gemma2",
                    "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
-                   "Phi3ForCausalLM": "phi3"}
+                   "Phi3ForCausalLM": "phi3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                   "Qwen2MoeForCausalLM": "qwen2_moe", "GptOssForCausalLM": "gpt_oss",
+                   "Llama4ForCausalLM": "llama4", "Llama4ForConditionalGeneration": "llama4",
+                   "Gemma3ForCausalLM": "gemma3", "Gemma3ForConditionalGeneration": "gemma3",
+                   "PhiMoEForCausalLM": "phimoe", "PhimoeForCausalLM": "phimoe", "Olmo2ForCausalLM": "olmo2",
+                   "GraniteForCausalLM": "granite"}
+#: transformers config-class defaults for keys a family's published config.json leaves out (google/gemma-3-12b-it's
+#: text_config has no head_dim, vocab_size or max_position_embeddings: Gemma3TextConfig's are 256, 262208, 131072).
+_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3": {"head_dim": 256, "vocab_size": 262_208, "max_position_embeddings": 131_072}}
+#: model_types that are not decoder-only attention stacks (state-space, recurrent, hybrid with linear
+#: attention or convolutions, encoder or encoder-decoder): their standard fields would parse, but
+#: planning them as a transformer decoder would be wrong, so they are refused by name.
+_NOT_DECODERS = frozenset({
+    "mamba", "mamba2", "falcon_mamba", "rwkv", "recurrent_gemma", "xlstm",
+    "jamba", "zamba", "zamba2", "bamba", "falcon_h1", "nemotron_h", "granitemoehybrid", "lfm2", "qwen3_next",
+    "minimax", "t5", "mt5", "umt5", "bart", "mbart", "whisper", "bert", "roberta", "xlm-roberta", "deberta-v2",
+    "modernbert",
+})
+#: ``layer_types`` entries: attention over a bounded span (a sliding window, or Llama 4's chunks) and over all.
+_LOCAL_KINDS = frozenset({"sliding_attention", "chunked_attention"})
+_GLOBAL_KINDS = frozenset({"full_attention"})
+#: names other conventions use for the fields autoopt reads (said in the error when those are missing).
+_OTHER_NAMES = {"hidden_size": ("n_embd", "d_model", "dim"), "num_hidden_layers": ("n_layer", "n_layers", "num_layers"),
+                "num_attention_heads": ("n_head", "n_heads", "num_heads"),
+                "intermediate_size": ("n_inner", "ffn_dim", "ffn_hidden_size"), "vocab_size": ("padded_vocab_size",)}
+_QK_NORMS = ("head", "full")
+_EXPERT_DTYPES = ("mxfp4",)
 _DTYPES = ("bf16", "fp16", "fp32", "fp8")
 _HF_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "bf16": "bf16", "fp16": "fp16",
               "fp32": "fp32", "fp8": "fp8", "float8_e4m3fn": "fp8"}
@@ -85,7 +135,12 @@ def _positive(value: Any, name: str) -> None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
-    """A decoder-only transformer, by the numbers (HF config.json names in comments)."""
+    """A decoder-only transformer, by the numbers (HF config.json names in comments).
+
+    Local layers attend to at most ``sliding_window`` tokens and cache that many: a sliding
+    window (Mistral, Gemma 2/3, gpt-oss) or Llama 4's chunked attention, whose chunk bounds
+    what a token sees the same way (taken at its worst case, a full chunk).
+    """
 
     name: str
     architecture: str                      # model_type
@@ -101,13 +156,19 @@ class ModelSpec:
     norms_per_layer: int = 2
     activation: str = "silu"               # gated: silu (SwiGLU) | gelu (GeGLU)
     qkv_bias: bool = False                 # Qwen2 has biases on q, k, v
+    o_bias: bool = False                   # attention_bias covering o_proj too (gpt-oss, Phi-3.5-MoE)
+    #: RMSNorm on queries and keys: "head" (over each head: Qwen3, Gemma 3) or "full" (over all heads: OLMo 2)
+    qk_norm: str | None = None
+    attention_sinks: bool = False          # one learned sink logit per head (gpt-oss)
     max_position_embeddings: int = 8192
     sliding_window: int | None = None      # tokens a local layer attends to
     #: 1: every layer is local when sliding_window is set; N > 1: layer i is global when i % N == N-1.
     sliding_window_pattern: int = 1
     num_experts: int = 0                   # num_local_experts / n_routed_experts
     experts_per_token: int = 0             # num_experts_per_tok
-    num_shared_experts: int = 0            # n_shared_experts
+    num_shared_experts: int = 0            # n_shared_experts (or shared_expert_intermediate_size / moe width)
+    shared_expert_gate: bool = False       # sigmoid gate hidden -> 1 on the shared experts (Qwen2-MoE)
+    moe_bias: bool = False                 # biases on the router and every expert projection (gpt-oss)
     moe_intermediate_size: int | None = None
     first_k_dense_replace: int = 0         # leading dense layers in a MoE model
     q_lora_rank: int | None = None         # MLA (DeepSeek-V2/V3)
@@ -116,14 +177,15 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     v_head_dim: int | None = None
     dtype: str = "bf16"                    # the checkpoint's weight dtype
+    #: the routed experts' checkpoint format where it is not ``dtype`` (gpt-oss ships them as "mxfp4")
+    expert_dtype: str | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ModelError("must be a non-empty string", field="name")
-        if self.architecture not in FAMILIES:
-            raise ModelError(f"unknown architecture {self.architecture!r}; known: {', '.join(sorted(FAMILIES))}",
-                             field="architecture")
+        if not isinstance(self.architecture, str) or not self.architecture:
+            raise ModelError("must be a non-empty string (the HF model_type)", field="architecture")
         for f in ("hidden_size", "intermediate_size", "num_layers", "num_attention_heads", "num_kv_heads",
                   "head_dim", "vocab_size", "max_position_embeddings", "norms_per_layer",
                   "sliding_window_pattern"):
@@ -137,6 +199,9 @@ class ModelSpec:
             raise ModelError(f"unknown activation {self.activation!r}; expected 'silu' or 'gelu'", field="activation")
         if self.dtype not in _DTYPES:
             raise ModelError(f"unknown dtype {self.dtype!r}; expected one of {', '.join(_DTYPES)}", field="dtype")
+        if self.qk_norm is not None and self.qk_norm not in _QK_NORMS:
+            raise ModelError(f"unknown q/k norm {self.qk_norm!r}; expected 'head', 'full' or null", field="qk_norm")
+        self._check_moe_extras()
         if self.sliding_window is not None:
             _positive(self.sliding_window, "sliding_window")
         if self.num_experts:
@@ -158,6 +223,17 @@ class ModelSpec:
                 _positive(getattr(self, f), f)
             if self.q_lora_rank is not None:
                 _positive(self.q_lora_rank, "q_lora_rank")
+
+    def _check_moe_extras(self) -> None:
+        """The MoE-only fields need the MoE they describe."""
+        if self.expert_dtype is not None and self.expert_dtype not in _EXPERT_DTYPES + _DTYPES:
+            raise ModelError(f"unknown expert dtype {self.expert_dtype!r}; expected one of "
+                             f"{', '.join(_EXPERT_DTYPES + _DTYPES)} or null", field="expert_dtype")
+        for f in ("moe_bias", "expert_dtype"):
+            if getattr(self, f) not in (None, False) and not self.num_experts:
+                raise ModelError("set without num_experts (only a MoE model has experts)", field=f)
+        if self.shared_expert_gate and not self.num_shared_experts:
+            raise ModelError("set without shared experts (num_shared_experts is 0)", field="shared_expert_gate")
 
     # -- structure ------------------------------------------------------------
     @property
@@ -221,18 +297,39 @@ class ModelSpec:
         p = h * n * d + 2 * h * kv * d + n * d * h
         if self.qkv_bias:
             p += n * d + 2 * kv * d
-        return p
+        if self.o_bias:
+            p += h
+        return p + self._attention_aux_params()
+
+    def _attention_aux_params(self) -> int:
+        """Attention parameters outside its projections: MLA's latent norms, or q/k norms and sinks."""
+        if self.is_mla:
+            return (self.q_lora_rank or 0) + (self.kv_lora_rank or 0)
+        n, d = self.num_attention_heads, self.head_dim
+        qk = {"head": 2 * d,  # one weight of head_dim for q, one for k, shared by the heads
+              "full": (n + self.num_kv_heads) * d}.get(self.qk_norm or "", 0)  # over all of q and all of k
+        return qk + (n if self.attention_sinks else 0)
+
+    def _norm_params(self, count: int) -> int:
+        """``count`` norms of hidden width: LayerNorm has a weight and a bias, RMSNorm a weight."""
+        return count * self.hidden_size * (2 if self.norm == "layernorm" else 1)
+
+    def _router_params(self) -> int:
+        """The router (and bias), plus the shared experts' gate where the model has one."""
+        e, h = self.num_experts, self.hidden_size
+        return h * e + (e if self.moe_bias else 0) + (h if self.shared_expert_gate else 0)
 
     def _mlp_params(self, i: int, *, active: bool) -> int:
         h = self.hidden_size
         if not self.is_moe_layer(i):
             return 3 * h * self.intermediate_size  # gate, up, down
-        per_expert = 3 * h * self.moe_intermediate_size  # type: ignore[operator]
+        mi: int = self.moe_intermediate_size  # type: ignore[assignment]
+        per_expert = 3 * h * mi + ((2 * mi + h) if self.moe_bias else 0)  # gate/up/down (+ their biases)
         routed = self.experts_per_token if active else self.num_experts
-        return (routed + self.num_shared_experts) * per_expert + h * self.num_experts  # + router
+        return routed * per_expert + self.num_shared_experts * 3 * h * mi + self._router_params()
 
     def layer_params(self, i: int, *, active: bool = False) -> int:
-        return self._attention_params() + self._mlp_params(i, active=active) + self.norms_per_layer * self.hidden_size
+        return self._attention_params() + self._mlp_params(i, active=active) + self._norm_params(self.norms_per_layer)
 
     @property
     def embedding_params(self) -> int:
@@ -250,7 +347,7 @@ class ModelSpec:
             if moe not in per_kind:
                 per_kind[moe] = self.layer_params(i, active=active)
             total += per_kind[moe]
-        return total + self.embedding_params + self.lm_head_params + self.hidden_size  # + final norm
+        return total + self.embedding_params + self.lm_head_params + self._norm_params(1)  # + final norm
 
     @property
     def num_params(self) -> int:
@@ -263,10 +360,11 @@ class ModelSpec:
         return self._count(active=True)
 
     def linear_params(self, i: int, *, active: bool = False) -> int:
-        """Parameters of layer ``i`` held in Linear weights (what a quant format compresses)."""
-        return self.layer_params(i, active=active) - self.norms_per_layer * self.hidden_size \
-            - (self.num_experts * self.hidden_size if self.is_moe_layer(i) else 0) \
-            - (self.q_lora_rank or 0) - (self.kv_lora_rank or 0)
+        """Parameters of layer ``i`` held in Linear weights and their biases (what a quant format compresses);
+        the rest (norms, sinks, the router) stays in the checkpoint dtype."""
+        rest = self._norm_params(self.norms_per_layer) + self._attention_aux_params() \
+            + (self._router_params() if self.is_moe_layer(i) else 0)
+        return self.layer_params(i, active=active) - rest
 
     # -- ops ------------------------------------------------------------------
     def kv_len(self, i: int, context: int) -> int:
@@ -352,6 +450,12 @@ class ModelSpec:
         else:
             d = self.head_dim
             gemm("qkv_proj", tokens, (n + 2 * nkv) * d, h)
+            if self.qk_norm == "head":  # RMSNorm over each head's d values
+                rowwise("q_norm", "rmsnorm", tokens * n, d, "norm")
+                rowwise("k_norm", "rmsnorm", tokens * nkv, d, "norm")
+            elif self.qk_norm == "full":
+                rowwise("q_norm", "rmsnorm", tokens, n * d, "norm")
+                rowwise("k_norm", "rmsnorm", tokens, nkv * d, "norm")
             flops = 4.0 * batch * keys * n * d  # QK^T and PV, 2 FLOP per MAC
             cache = 2 * batch * kv * nkv * d * _ACT_BYTES  # K and V read
             qo = 2 * tokens * n * d * _ACT_BYTES
@@ -422,21 +526,206 @@ def _with_count(op: LayerOp, count: int) -> LayerOp:
 
 
 # -- Hugging Face config.json ---------------------------------------------------
-def _family(cfg: Mapping[str, Any]) -> str:
+def _family(cfg: Mapping[str, Any]) -> str | None:
+    """The described family of a config (its ``model_type``, else a known ``architectures`` class), or
+    None for a decoder nobody described; a model_type that is no transformer decoder is refused."""
     mt = cfg.get("model_type")
-    if isinstance(mt, str) and mt in FAMILIES:
+    mt = _ALIASES.get(mt, mt) if isinstance(mt, str) else None
+    if mt in _NOT_DECODERS or cfg.get("is_encoder_decoder"):
+        raise ModelError(f"{mt or 'an encoder-decoder'} is not a decoder-only transformer (state-space, recurrent, "
+                         "hybrid and encoder models are not planned); autoopt plans decoder LLMs such as "
+                         "llama, qwen3_moe or gpt_oss", field="model_type")
+    if mt in FAMILIES:
         return mt
     for arch in cfg.get("architectures") or ():
         if arch in _ARCH_TO_FAMILY:
             return _ARCH_TO_FAMILY[arch]
-    raise ModelError(f"unknown architecture (model_type={mt!r}, architectures={cfg.get('architectures')!r}); "
-                     f"known model_type values: {', '.join(sorted(FAMILIES))}", field="model_type")
+    return None
 
 
-def _req(cfg: Mapping[str, Any], key: str) -> Any:
-    if cfg.get(key) is None:
-        raise ModelError("missing from the config (a Hugging Face config.json has it)", field=key)
-    return cfg[key]
+#: what each required field is, for the error that says it is missing.
+_REQUIRED = {"hidden_size": "the residual width", "num_hidden_layers": "the decoder layers",
+             "num_attention_heads": "the query heads", "intermediate_size": "the MLP width",
+             "vocab_size": "the embedding rows"}
+
+
+def _check_required(cfg: Mapping[str, Any]) -> None:
+    """Refuse a config without the fields every decoder has, naming all that are missing at once."""
+    missing = [k for k in _REQUIRED if cfg.get(k) is None]
+    if not missing:
+        return
+    other = [f"{alt!r} for {k}" for k in missing for alt in _OTHER_NAMES.get(k, ()) if cfg.get(alt) is not None]
+    hint = f"; this config spells them otherwise ({', '.join(other)}), autoopt reads Hugging Face names" \
+        if other else ""
+    raise ModelError(f"missing from the config: {', '.join(f'{k} ({_REQUIRED[k]})' for k in missing)}{hint}; "
+                     "a Hugging Face config.json of a decoder LLM has each, copy them from the model's",
+                     field=missing[0])
+
+
+def _text_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The text decoder's keys (a multimodal config's ``text_config``, with the outer keys it inherits), less nulls."""
+    text = cfg.get("text_config")
+    if "hidden_size" in cfg or not isinstance(text, Mapping):
+        return {k: v for k, v in cfg.items() if v is not None}
+    merged = {k: v for k, v in text.items() if v is not None}
+    for k in ("torch_dtype", "dtype", "quantization_config", "tie_word_embeddings", "_name_or_path", "architectures"):
+        if k not in merged and cfg.get(k) is not None:
+            merged[k] = cfg[k]
+    merged["model_type"] = text.get("model_type") or cfg.get("model_type")
+    return merged
+
+
+def _flag(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = cfg.get(key)
+    return default if value is None else bool(value)
+
+
+def _head_dim(cfg: Mapping[str, Any]) -> int:
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    if cfg.get("head_dim") is not None:
+        return int(cfg["head_dim"])
+    if hidden % heads:
+        raise ModelError(f"{heads} heads do not divide hidden_size {hidden} and no head_dim is given",
+                         field="num_attention_heads")
+    return int(hidden // heads)
+
+
+def _activation(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
+    act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or defaults.get("activation", "silu"))
+    return "gelu" if act.startswith("gelu") else "silu" if act in ("silu", "swish") else act
+
+
+def _norm(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
+    if "norm" in defaults:
+        return str(defaults["norm"])
+    layer_norm = ("layer_norm_eps" in cfg or "layer_norm_epsilon" in cfg) and "rms_norm_eps" not in cfg
+    return "layernorm" if layer_norm else "rmsnorm"
+
+
+def _dtypes(cfg: Mapping[str, Any]) -> tuple[str, str | None]:
+    """The checkpoint's weight dtype, and the experts' where its quantization_config gives them another."""
+    raw = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").removeprefix("torch.")
+    dtype = _HF_DTYPES.get(raw)
+    if dtype is None:
+        raise ModelError(f"unknown torch_dtype {raw!r}; expected one of {', '.join(sorted(_HF_DTYPES))}",
+                         field="torch_dtype")
+    quant = cfg.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+    if method == "fp8":
+        return "fp8", None  # DeepSeek-V3 ships e4m3 weights with 128x128 block scales
+    if method == "mxfp4":
+        # gpt-oss: MoE experts in MXFP4; attention, router, embeddings and head stay bf16 (modules_to_not_convert)
+        return dtype, "mxfp4"
+    return dtype, None
+
+
+def _layer_kinds_period(kinds: list[Any], window: int | None, layers: int) -> tuple[int | None, int]:
+    """(window, sliding_window_pattern) from ``layer_types``: local layers i % p != p - 1, global ones the rest."""
+    unknown = sorted({str(k) for k in kinds} - _LOCAL_KINDS - _GLOBAL_KINDS)
+    if unknown:
+        raise ModelError(f"has layer kinds autoopt cannot model: {unknown}; it plans only "
+                         f"{', '.join(sorted(_LOCAL_KINDS | _GLOBAL_KINDS))} layers", field="layer_types")
+    if len(kinds) != layers:
+        raise ModelError(f"has {len(kinds)} entries for num_hidden_layers {layers}; expected one per layer",
+                         field="layer_types")
+    local = [k in _LOCAL_KINDS for k in kinds]
+    if window is None or not any(local):
+        return None, 1
+    if all(local):
+        return window, 1
+    p = local.index(False) + 1
+    if local != [i % p != p - 1 for i in range(layers)]:
+        raise ModelError(f"local and global layers do not repeat with a period (the first global one, layer {p - 1}, "
+                         f"would make every {p}th layer global); only periodic patterns ending in a global layer "
+                         "are modelled, as Gemma 2/3, gpt-oss and Llama 4 have", field="layer_types")
+    return window, p
+
+
+def _llama4_layer_kinds(cfg: Mapping[str, Any], layers: int) -> list[str]:
+    """Llama 4's layer_types as transformers derives them: RoPE layers chunked, NoPE layers global."""
+    interval = cfg.get("no_rope_layer_interval") or 4
+    rope = cfg.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]  # 1: uses RoPE
+    return ["chunked_attention" if r else "full_attention" for r in rope]
+
+
+def _local_attention(cfg: Mapping[str, Any], family: str | None, layers: int,
+                     defaults: Mapping[str, Any]) -> tuple[int | None, int]:
+    """(sliding_window, sliding_window_pattern): how far local layers see, and which layers are local."""
+    if family == "llama4":  # chunked attention: a token sees its own chunk of attention_chunk_size
+        window = cfg.get("attention_chunk_size")
+        kinds = cfg.get("layer_types") or _llama4_layer_kinds(cfg, layers)
+    else:
+        window = cfg.get("sliding_window") or None  # Qwen2-MoE writes 0 for "off"
+        if cfg.get("use_sliding_window") is False:  # Qwen2 ships sliding_window but switches it off
+            window = None
+        kinds = cfg.get("layer_types")
+    if isinstance(kinds, list) and kinds:
+        return _layer_kinds_period(kinds, window, layers)
+    pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") \
+        or defaults.get("sliding_window_pattern", 1)
+    return window, int(pattern)
+
+
+def _first_moe_layer(cfg: Mapping[str, Any], layers: int) -> int:
+    """first_k_dense_replace: where the MoE layers start; they must run from there to the last layer."""
+    if isinstance(cfg.get("moe_layers"), list):  # Llama 4 (transformers fills it from interleave_moe_layer_step)
+        moe, key = sorted(set(cfg["moe_layers"])), "moe_layers"
+    else:
+        # MoE where (i + 1) % step == 0 (Llama 4, Qwen-MoE) and i % freq == 0 (DeepSeek)
+        step = cfg.get("interleave_moe_layer_step") or cfg.get("decoder_sparse_step") or 1
+        freq = cfg.get("moe_layer_freq") or 1
+        dense = set(cfg.get("mlp_only_layers") or ())
+        moe = [i for i in range(cfg.get("first_k_dense_replace") or 0, layers)
+               if i not in dense and (i + 1) % step == 0 and i % freq == 0]
+        key = next((k for k in ("interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq", "mlp_only_layers")
+                    if cfg.get(k) not in (None, 1, [])), "first_k_dense_replace")
+    if not moe or moe != list(range(moe[0], layers)):
+        raise ModelError(f"MoE on {len(moe)} of {layers} layers, not one unbroken run to the last layer: interleaved "
+                         "dense and MoE layers (as in Llama-4-Maverick) are not modelled; autoopt models k dense "
+                         "layers followed by MoE layers to the last (first_k_dense_replace)", field=key)
+    return moe[0]
+
+
+def _shared_experts(cfg: Mapping[str, Any], family: str | None, width: int) -> int:
+    """Shared experts, in units of one routed expert's width."""
+    if family == "llama4":
+        return 1  # Llama4TextMoe: one shared expert as wide as a routed one, on every MoE layer
+    if cfg.get("n_shared_experts"):
+        return int(cfg["n_shared_experts"])
+    size = cfg.get("shared_expert_intermediate_size")  # Qwen2-MoE: one shared MLP of this width
+    if not size:
+        return 0
+    n, rest = divmod(int(size), width)
+    if rest:
+        n += 1
+        log.warning("shared_expert_intermediate_size %d is not a multiple of the expert width %d: planned as %d "
+                    "shared experts (%d wider than the model's)", size, width, n, n * width - size)
+    return n
+
+
+def _moe_fields(cfg: Mapping[str, Any], family: str | None, layers: int,
+                defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec's MoE fields (none for a dense model)."""
+    experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0
+    if not experts:
+        return {}
+    # Llama 4's routed and shared experts are intermediate_size wide (its dense MLPs: intermediate_size_mlp)
+    width = int(cfg["intermediate_size"] if family == "llama4"
+                else cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
+    shared = _shared_experts(cfg, family, width)
+    top_k = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0  # gpt-oss has both spellings
+    return {"num_experts": experts, "experts_per_token": top_k, "num_shared_experts": shared,
+            "moe_intermediate_size": width, "first_k_dense_replace": _first_moe_layer(cfg, layers),
+            "shared_expert_gate": bool(shared) and bool(defaults.get("shared_expert_gate", False)),
+            "moe_bias": bool(defaults.get("moe_bias", False))}
+
+
+def _mla_fields(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Multi-head latent attention's ranks and head sizes (DeepSeek-V2/V3), none without kv_lora_rank."""
+    if not cfg.get("kv_lora_rank"):
+        return {}
+    return {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+                                    "v_head_dim")}
 
 
 #: the largest config.json accepted: published ones are 1-10 KB (DeepSeek-V3's is 1.7 KB); a
@@ -471,97 +760,78 @@ def _read_config_text(path: Path) -> str:
         raise ModelError(f"{path} is not UTF-8 text (byte {exc.start}); a config.json is JSON") from None
 
 
-def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None = None) -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face ``config.json`` (a mapping, a file, or a folder holding one)."""
-    source = ""
-    if isinstance(config, (str, Path)):
-        path = Path(config)
-        if path.is_dir():
-            path = path / "config.json"
-        import json  # a HF config file only: not at import
+def _load_config(config: Mapping[str, Any] | str | Path,
+                 name: str | None) -> tuple[Mapping[str, Any], str, str | None]:
+    """(the config mapping, the file it came from or "", the name to give the model)."""
+    if not isinstance(config, (str, Path)):
+        if not isinstance(config, Mapping):
+            raise ModelError(f"a config must be a mapping, got {type(config).__name__}")
+        return config, "", name
+    path = Path(config)
+    if path.is_dir():
+        path = path / "config.json"
+    import json  # a HF config file only: not at import
 
-        text = _read_config_text(path)
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ModelError(f"{path} is not valid JSON: {exc}") from None
-        source = str(path)
-        name = name or path.parent.name or path.stem
-    if not isinstance(config, Mapping):
-        raise ModelError(f"a config must be a mapping, got {type(config).__name__}")
-    cfg: Mapping[str, Any] = config
-    if "hidden_size" not in cfg and isinstance(cfg.get("text_config"), Mapping):
-        cfg = {**cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
-    family = _family(cfg)
-    defaults = FAMILIES[family]
-    hidden = _req(cfg, "hidden_size")
-    heads = _req(cfg, "num_attention_heads")
-    _positive(hidden, "hidden_size")
-    _positive(heads, "num_attention_heads")
-    head_dim = cfg.get("head_dim")
-    if head_dim is None:
-        if hidden % heads:
-            raise ModelError(f"{heads} heads do not divide hidden_size {hidden} and no head_dim is given",
-                             field="num_attention_heads")
-        head_dim = hidden // heads
-    num_experts = cfg.get("num_local_experts") or cfg.get("n_routed_experts") or cfg.get("num_experts") or 0
-    act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or defaults.get("activation", "silu"))
-    activation = "gelu" if act.startswith("gelu") else "silu" if act in ("silu", "swish") else act
-    norm = "layernorm" if ("layer_norm_eps" in cfg or "layer_norm_epsilon" in cfg) and "rms_norm_eps" not in cfg \
-        else "rmsnorm"
-    window = cfg.get("sliding_window")
-    if cfg.get("use_sliding_window") is False:  # Qwen2 ships sliding_window but switches it off
-        window = None
-    pattern = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern")
-                  or defaults.get("sliding_window_pattern", 1))
-    layer_types = cfg.get("layer_types")
-    if window is not None and isinstance(layer_types, list) and layer_types:
-        globals_at = [i for i, t in enumerate(layer_types) if t != "sliding_attention"]
-        if not globals_at:
-            pattern = 1
-        else:
-            p = globals_at[0] + 1
-            if globals_at != list(range(p - 1, len(layer_types), p)):
-                raise ModelError("local/global layers do not follow a period; only periodic patterns are modelled",
-                                 field="layer_types")
-            pattern = p
-    dtype = _HF_DTYPES.get(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"))
-    if dtype is None:
-        raise ModelError(f"unknown torch_dtype {cfg.get('torch_dtype')!r}", field="torch_dtype")
-    quant = cfg.get("quantization_config")
-    if isinstance(quant, Mapping) and quant.get("quant_method") == "fp8":
-        dtype = "fp8"  # DeepSeek-V3 ships e4m3 weights with 128x128 block scales
-    kv_heads = cfg.get("num_key_value_heads") or heads
+    text = _read_config_text(path)
     try:
-        return ModelSpec(
-            name=name or str(cfg.get("_name_or_path") or family),
-            architecture=family,
-            hidden_size=hidden,
-            intermediate_size=_req(cfg, "intermediate_size"),
-            num_layers=_req(cfg, "num_hidden_layers"),
-            num_attention_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            vocab_size=_req(cfg, "vocab_size"),
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", defaults.get("tied_embeddings", False))),
-            norm=norm,
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, Mapping):
+        raise ModelError(f"{path}: a config must be a JSON object, got {type(data).__name__}")
+    return data, str(path), name or path.parent.name or path.stem
+
+
+def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None = None) -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face ``config.json`` (a mapping, a file, or a folder holding one).
+
+    A family in :data:`FAMILIES` brings what its config leaves implicit; any other ``model_type`` is
+    planned from the standard decoder fields, with a warning naming what was assumed. A multimodal
+    config is read for its text decoder (``text_config``); a vision tower is not planned.
+    """
+    raw, source, name = _load_config(config, name)
+    cfg = _text_config(raw)
+    family = _family(cfg)
+    defaults = FAMILIES.get(family or "", {})
+    cfg = {**_CONFIG_DEFAULTS.get(family or "", {}), **cfg}
+    _check_required(cfg)
+    for key in ("hidden_size", "num_attention_heads", "num_hidden_layers"):
+        _positive(cfg[key], key)
+    layers = cfg["num_hidden_layers"]
+    window, pattern = _local_attention(cfg, family, layers, defaults)
+    moe = _moe_fields(cfg, family, layers, defaults)
+    dtype, expert_dtype = _dtypes(cfg)
+    attention_bias = cfg.get("attention_bias")
+    # Llama 4's dense layers are intermediate_size_mlp wide (its experts intermediate_size)
+    dense_width = cfg.get("intermediate_size_mlp") if family == "llama4" else None
+    architecture = family or str(cfg.get("model_type") or "unknown")
+    try:
+        spec = ModelSpec(
+            name=name or str(cfg.get("_name_or_path") or architecture),
+            architecture=architecture,
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=dense_width or cfg["intermediate_size"],
+            num_layers=layers,
+            num_attention_heads=cfg["num_attention_heads"],
+            num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            head_dim=_head_dim(cfg),
+            vocab_size=cfg["vocab_size"],
+            tied_embeddings=_flag(cfg, "tie_word_embeddings", defaults.get("tied_embeddings", False)),
+            norm=_norm(cfg, defaults),
             norms_per_layer=int(defaults.get("norms_per_layer", 2)),
-            activation=activation,
-            qkv_bias=bool(cfg.get("attention_bias", defaults.get("qkv_bias", False))),
+            activation=_activation(cfg, defaults),
+            qkv_bias=_flag(cfg, "qkv_bias", bool(attention_bias) if attention_bias is not None
+                           else defaults.get("qkv_bias", False)),
+            o_bias=bool(defaults.get("o_bias", attention_bias or False)),
+            qk_norm=defaults.get("qk_norm"),
+            attention_sinks=bool(defaults.get("attention_sinks", False)),
             max_position_embeddings=cfg.get("max_position_embeddings") or 8192,
             sliding_window=window,
             sliding_window_pattern=pattern,
-            num_experts=num_experts,
-            experts_per_token=(cfg.get("num_experts_per_tok") or 0) if num_experts else 0,
-            num_shared_experts=(cfg.get("n_shared_experts") or 0) if num_experts else 0,
-            moe_intermediate_size=cfg.get("moe_intermediate_size") if num_experts else None,
-            first_k_dense_replace=(cfg.get("first_k_dense_replace") or 0) if num_experts else 0,
-            q_lora_rank=cfg.get("q_lora_rank") if cfg.get("kv_lora_rank") else None,
-            kv_lora_rank=cfg.get("kv_lora_rank"),
-            qk_rope_head_dim=cfg.get("qk_rope_head_dim") if cfg.get("kv_lora_rank") else None,
-            qk_nope_head_dim=cfg.get("qk_nope_head_dim") if cfg.get("kv_lora_rank") else None,
-            v_head_dim=cfg.get("v_head_dim") if cfg.get("kv_lora_rank") else None,
+            **moe,
+            **_mla_fields(cfg),
             dtype=dtype,
+            expert_dtype=expert_dtype if moe else None,
             source=source,
         )
     except ModelError as exc:
@@ -570,6 +840,39 @@ def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None =
         if exc.field in hf:
             raise ModelError(str(exc).split(": ", 1)[-1], field=hf[exc.field]) from None
         raise
+    if family is None:
+        log.warning(_assumed(spec, cfg))
+    return spec
+
+
+def _assumed(spec: ModelSpec, cfg: Mapping[str, Any]) -> str:
+    """The warning for a model_type nobody described: what autoopt took it to be."""
+    s = spec
+    parts = [f"q/k/v/o attention with {s.num_attention_heads} heads of {s.head_dim}"
+             + ("" if cfg.get("head_dim") else " (head_dim taken as hidden_size / heads)")
+             + (f", {s.num_kv_heads} KV heads" if cfg.get("num_key_value_heads") else
+                ", as many KV heads (num_key_value_heads absent)")
+             + (f", biases on q/k/v{'/o' if s.o_bias else ''}" if s.qkv_bias else ", no biases")]
+    if s.is_moe:
+        parts.append(f"MoE from layer {s.first_k_dense_replace}: {s.num_experts} experts of "
+                     f"{s.moe_intermediate_size}, top-{s.experts_per_token}"
+                     + (f", {s.num_shared_experts} shared" if s.num_shared_experts else ", none shared"))
+    if not s.is_moe or s.first_k_dense_replace:
+        parts.append(f"gated {s.activation} MLP of {s.intermediate_size}")
+    parts.append(f"{s.norms_per_layer} {s.norm}s per layer, no q/k norms")
+    if s.sliding_window:
+        parts.append(f"a {s.sliding_window}-token window on "
+                     + ("every layer" if s.sliding_window_pattern == 1 else
+                        f"{s.sliding_window_pattern - 1} of each {s.sliding_window_pattern} layers"))
+    parts.append("embeddings " + ("tied" if s.tied_embeddings else "untied")
+                 + ("" if "tie_word_embeddings" in cfg else " (tie_word_embeddings absent)"))
+    if not (cfg.get("torch_dtype") or cfg.get("dtype")):
+        parts.append(f"{s.dtype} weights (torch_dtype absent)")
+    families = ", ".join(sorted(FAMILIES))
+    return (f"model_type {s.architecture!r} is not a described family ({families}); planned from its standard "
+            f"fields as a decoder of {s.num_layers} layers: {'; '.join(parts)}. Weights it has beyond these "
+            f"(extra norms, biases, sinks, a vision tower, prediction heads) are not counted: check its "
+            f"{s.num_params / 1e9:.2f} B parameters against the model card")
 
 
 # -- torch.nn.Module ------------------------------------------------------------

@@ -191,7 +191,13 @@ def weight_bytes(model: ModelSpec, fmt: QuantFormat, layers: range | None = None
         lin = model.linear_params(i)
         rest = model.layer_params(i) - lin
         # Linear weights shard over tensor-parallel ranks; norms and the router are replicated.
-        total += count * (lin * lin_bits / 8 / tp + rest * rest_bits / 8)
+        layer = lin * lin_bits / 8 / tp + rest * rest_bits / 8
+        ebits = _EXPERT_BITS.get(model.expert_dtype or "")
+        if moe and ebits is not None and ebits < lin_bits:
+            # experts shipped quantized (gpt-oss: MXFP4) stay so whatever the rest is served in
+            experts = _routed_expert_params(model)
+            layer -= experts * (lin_bits - ebits) / 8 / tp
+        total += count * layer
     # Embedding and LM head are vocab-parallel over TP ranks (tied: one table, held with the embedding).
     if embed:
         total += model.embedding_params * rest_bits / 8 / tp
@@ -200,6 +206,17 @@ def weight_bytes(model: ModelSpec, fmt: QuantFormat, layers: range | None = None
         head_params = model.lm_head_params or (0 if embed else model.embedding_params)
         total += head_params * rest_bits / 8 / tp + model.hidden_size * rest_bits / 8
     return total
+
+
+#: bits per weight of expert formats a checkpoint can ship its experts in (ModelSpec.expert_dtype)
+_EXPERT_BITS = {"mxfp4": 4.25, "fp8": 8.0}
+
+
+def _routed_expert_params(model: ModelSpec) -> int:
+    """Weights (and biases) of one MoE layer's routed experts."""
+    h, mi = model.hidden_size, model.moe_intermediate_size or 0
+    per_expert = 3 * h * mi + ((2 * mi + h) if model.moe_bias else 0)
+    return (model.num_experts or 0) * per_expert
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

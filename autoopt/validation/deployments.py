@@ -47,7 +47,10 @@ def hardware_for(row: Mapping[str, Any]) -> HardwareProfile:
 def workload_for(row: Mapping[str, Any]) -> dict[str, Any]:
     """recommend()'s request arguments from what the source states (defaults where it is silent)."""
     s, m = row.get("settings") or {}, row.get("measured") or {}
-    batch = int(m.get("batch") or s.get("max_num_seqs") or 1)
+    # a measured batch is what ran; otherwise one sequence at the longest context the server allows
+    # (vLLM refuses to start unless one max_model_len sequence fits; max_num_seqs is a cap, and a paged
+    # KV cache does not reserve the full context for every one of them)
+    batch = int(m.get("batch") or 1)
     prompt = int(m.get("input_len") or 512)
     gen = int(m.get("output_len") or 256)
     context = s.get("max_model_len") or s.get("context")
@@ -80,7 +83,10 @@ def evaluate(row: Mapping[str, Any]) -> dict[str, Any]:
     out["autoopt"] = _summary(plan)
     s = row.get("settings") or {}
     fixed: dict[str, Any] = {}
-    if s.get("quantization") in _FORMAT:
+    if s.get("quantization") is not None and s["quantization"] == plan.model.expert_dtype:
+        # the checkpoint's own expert format (gpt-oss: MXFP4 experts, bf16 elsewhere): served as shipped
+        fixed["weight_dtype"] = plan.model.dtype
+    elif s.get("quantization") in _FORMAT:
         fixed["weight_dtype"] = _FORMAT[s["quantization"]]
     if s.get("tensor_parallel"):
         fixed["tensor_parallel"] = int(s["tensor_parallel"])
