@@ -434,6 +434,10 @@ def _fit(hw: HardwareProfile, spec: ModelSpec, wl: Workload, *, preference: str,
     quant = choose_format(hw.gpu, spec, preference=preference, requested=weight_dtype,
                           fits=lambda f: _fits_somewhere(gpu_devs, spec, f, wl, max_devices),
                           names=None if rt is None else rt.formats_for(hw.gpu), runtime=rt.name if rt else None)
+    if rt is not None and weight_dtype is None:
+        offered = ", ".join(rt.formats_for(hw.gpu))
+        quant = dataclasses.replace(quant, reason=f"{quant.reason} (runtime rule: {rt.display} runs {offered} on "
+                                                  f"{hw.gpu.name if hw.gpu else 'the CPU'})")
     plans = candidate_splits(hw, spec, quant.format, wl, max_devices=max_devices, include_cpu=include_cpu)
     fitting = [p for p in plans if p.fits and shape.allows(p)]
     if fitting:
