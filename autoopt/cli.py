@@ -456,6 +456,42 @@ def cmd_store(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    """``autoopt trace summary T`` / ``autoopt trace compare A B``: GPU time by op class, and the differences."""
+    from autoopt.report import format_table
+    from autoopt.trace import compare, summary_of
+
+    if args.action == "summary":
+        if len(args.traces) != 1:
+            raise UsageError(f"trace summary takes one trace file, got {len(args.traces)}")
+        s = summary_of(args.traces[0])
+        rows = [(c, f"{us / s.steps:.1f}", f"{n / s.steps:.1f}", f"{100 * us / s.total_us:.1f}")
+                for c, (us, n) in s.by_class.items()]
+        _emit(s.to_dict(), args.format, format_table(("class", "us/step", "launches/step", "% of GPU time"), rows,
+                                                      title=f"{args.traces[0]}: {s.steps} step(s), "
+                                                            f"{s.total_us / s.steps:.1f} us/step (measured)"))
+        return 0
+    if len(args.traces) != 2:
+        raise UsageError(f"trace compare takes two trace files (A B), got {len(args.traces)}")
+    a, b = summary_of(args.traces[0]), summary_of(args.traces[1])
+    data = compare(a, b)
+    rows = [(r["class"], r["a_us"], r["b_us"], r["ratio_b_over_a"] or "-", r["a_launches"], r["b_launches"])
+            for r in data["classes"]]
+    text = format_table(("class", "A us/step", "B us/step", "B/A", "A launches", "B launches"), rows,
+                        title=f"A {data['a_per_step_us']} us/step vs B {data['b_per_step_us']} us/step (measured)")
+    text += "\n" + format_table(("kernel", "class", "A us", "B us", "delta"),
+                                [(k["kernel"][:70], k["class"], k["a_us"], k["b_us"], k["delta_us"])
+                                 for k in data["kernels_by_delta"]], title="kernels by delta per step")
+    if data["fusions"]:
+        text += "\nfusion differences:\n" + "\n".join("  " + json.dumps(f) for f in data["fusions"])
+    if args.plot:
+        from autoopt.report import plot_trace_classes
+
+        plot_trace_classes(data, args.plot)
+    _emit(data, args.format, text)
+    return 0
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """``autoopt check memory|pipeline|all``: autoopt's memory and step-time predictions against this GPU."""
     from autoopt.validation.run import CheckRun, run_checks
@@ -701,6 +737,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--dry-run", dest="dry_run", action="store_true", help="only count")
     st.add_argument("--format", choices=FORMATS[:2], default="table")
     sp.set_defaults(func=cmd_store)
+
+    sp = sub.add_parser("trace", help="profiler traces: GPU time by op class (summary), two runs side by side "
+                        "with fusion differences (compare)")
+    sp.add_argument("action", choices=("summary", "compare"), metavar="summary|compare")
+    sp.add_argument("traces", nargs="+", metavar="TRACE", help="Chrome/Perfetto trace JSON (.json or .json.gz)")
+    sp.add_argument("--plot", help="compare: write a stacked bar chart per class (PNG)")
+    sp.add_argument("--format", choices=FORMATS[:2], default="table")
+    sp.set_defaults(func=cmd_trace)
 
     sp = sub.add_parser("check", help="run a Llama-shaped model on this GPU: predicted vs measured memory, step time")
     sp.add_argument("which", choices=("memory", "pipeline", "all"), metavar="memory|pipeline|all",

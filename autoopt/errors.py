@@ -14,6 +14,7 @@ where, and what would be right::
     ├── RuntimeRuleError      a serving runtime is unknown, or its rules refuse the request
     │                         (a format, split or option it cannot run; says what would work)
     ├── BackendError          the kernel backend cannot run here (no torch/triton/GPU)
+    ├── TraceError            a profiler trace is unreadable, not a trace, or has no GPU kernels
     └── StoreError            the results store or a results file is unusable (corrupt, not
                               autoopt's, a newer schema, or a row or field of it is invalid)
 
@@ -32,6 +33,7 @@ __all__ = [
     "ProfileError",
     "RuntimeRuleError",
     "StoreError",
+    "TraceError",
     "UnknownProfileError",
 ]
 
@@ -122,3 +124,12 @@ class StoreError(AutooptError):
         if field:
             where += f"field '{field}': "
         super().__init__(where + message)
+
+
+class TraceError(AutooptError, ValueError):
+    """A profiler trace cannot be used: names the file and what is wrong with it (truncated, not a
+    Chrome/Perfetto trace, a CPU-only trace, no GPU kernels)."""
+
+    def __init__(self, message: str, *, source: str | None = None) -> None:
+        self.source = source
+        super().__init__(f"{source}: {message}" if source else message)

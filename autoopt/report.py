@@ -6,7 +6,7 @@ logs; everything here returns strings (the CLI decides where they go).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
@@ -107,3 +107,23 @@ def profile_text(profile: HardwareProfile) -> str:
     if profile.notes:
         parts += ["", "notes:"] + [f"  - {n}" for n in profile.notes]
     return "\n".join(parts)
+
+
+def plot_trace_classes(data: Mapping[str, Any], path: str) -> None:
+    """A stacked bar per trace of GPU time per step by op class (from ``autoopt.trace.compare``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bottom = [0.0, 0.0]
+    for row in data["classes"]:
+        vals = [row["a_us"], row["b_us"]]
+        ax.bar(["A", "B"], vals, bottom=bottom, label=row["class"])
+        bottom = [x + v for x, v in zip(bottom, vals, strict=True)]
+    ax.set_ylabel("GPU time per step (us, measured)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -63,3 +63,9 @@ def autoopt_choose_impl(gpu: GPUProfile, kernel_class: str) -> ImplChoice | None
 def autoopt_runtimes() -> list[dict[str, Any]]:  # type: ignore[empty-body]
     """Serving runtimes this plugin describes (TensorRT-LLM, MLC, ...): plain dicts in the schema of
     :meth:`autoopt.runtimes.spec.RuntimeSpec.from_dict` (each checked; a bad one is reported and skipped)."""
+
+
+@hookspec
+def autoopt_trace_rules() -> list[dict[str, str]]:  # type: ignore[empty-body]
+    """Kernel-name rules for ``autoopt trace``: ``{"class": <op class>, "pattern": <regex>}`` dicts, tried
+    before the built-in rules (:data:`autoopt.trace.classify.RULES`); a bad rule is reported and skipped."""

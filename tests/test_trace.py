@@ -1,0 +1,197 @@
+"""autoopt trace: streaming reader, kernel classifier, summary and compare of profiler traces.
+
+The GPU traces here are written in Kineto's Chrome-trace format by :func:`_kineto` with kernel names in
+the forms cuBLAS, FlashAttention, ATen, NCCL and Inductor emit; they are hand-made (no GPU in CI).
+The CPU trace is a real one, exported by torch.profiler in the test.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from autoopt.errors import TraceError
+from autoopt.trace import classify, compare, inductor_ops, read, summarize
+
+GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"  # noqa: E501 - verbatim kernel name
+NVJET = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT"  # noqa: E501 - verbatim kernel name
+FLASH = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>, false, true, false, false, true, true, false>(pytorch_flash::Flash_fwd_params)"  # noqa: E501 - verbatim kernel name
+ATEN_ADD = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)"  # noqa: E501 - verbatim kernel name
+ATEN_POW = "void at::native::vectorized_elementwise_kernel<4, at::native::pow_tensor_scalar_kernel_impl<float, float>(at::TensorIteratorBase&, float)::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::pow_tensor_scalar_kernel_impl<float, float>(at::TensorIteratorBase&, float)::{lambda(float)#1}, std::array<char*, 2ul>)"  # noqa: E501 - verbatim kernel name
+ATEN_MEAN = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, unsigned int, float, 4, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, unsigned int, float, 4, 4>)"  # noqa: E501 - verbatim kernel name
+SILU = "void at::native::vectorized_elementwise_kernel<4, at::native::silu_kernel(at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#8}::operator()() const::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int, at::native::silu_kernel(at::TensorIteratorBase&)::{lambda()#1}::operator()() const::{lambda()#8}::operator()() const::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul>)"  # noqa: E501 - verbatim kernel name
+NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+RMS_FUSED = "triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_1"
+SILU_FUSED = "triton_poi_fused_mul_silu_2"
+HIP = "Cijk_Alik_Bljk_BBS_BH_MT128x128x32_MI32x32x8x1_SN_1LDSB0_APM1_ABV0"
+
+
+def _kineto(path: Path, kernels: list[tuple[str, float]], *, steps: int = 1, gz: bool = False,
+            memcpy: int = 0) -> Path:
+    """A trace in the layout torch.profiler's export_chrome_trace writes, kernels back to back per step."""
+    events: list[dict] = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "GPU 0"}}]
+    t = 1000.0
+    for s in range(steps):
+        start = t
+        for name, dur in kernels:
+            events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": t, "dur": dur,
+                           "args": {"device": 0, "stream": 7}})
+            t += dur + 1.0
+        for _ in range(memcpy):
+            events.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "pid": 0,
+                           "tid": 7, "ts": t, "dur": 2.0})
+            t += 3.0
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1,
+                       "ts": start, "dur": t - start})
+    doc = {"schemaVersion": 1, "deviceProperties": [], "traceEvents": events, "traceName": str(path)}
+    text = json.dumps(doc)
+    if gz:
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path.write_text(text)
+    return path
+
+
+# an eager Llama-style layer: RMSNorm as ATen pow/mean/mul kernels, SiLU and mul separate
+EAGER = [(ATEN_POW, 3.0), (ATEN_MEAN, 4.0), (ATEN_ADD, 3.0), (GEMM, 40.0), (FLASH, 20.0), (GEMM, 15.0),
+         (ATEN_ADD, 3.0), (ATEN_POW, 3.0), (ATEN_MEAN, 4.0), (NVJET, 60.0), (SILU, 5.0), (ATEN_ADD, 4.0),
+         (GEMM, 30.0)]
+# the same layer under torch.compile: Inductor fuses each norm (with its residual add) and the SiLU*mul
+COMPILED = [(RMS_FUSED, 5.0), (GEMM, 40.0), (FLASH, 20.0), (GEMM, 15.0), (RMS_FUSED, 5.0), (NVJET, 60.0),
+            (SILU_FUSED, 5.0), (GEMM, 30.0)]
+
+
+@pytest.mark.parametrize(("name", "cls"), [
+    (GEMM, "gemm"), (NVJET, "gemm"), (HIP, "gemm"), (FLASH, "attention"), (ATEN_ADD, "elementwise"),
+    (ATEN_MEAN, "reduction"), (SILU, "activation"), (NCCL, "communication"), (RMS_FUSED, "norm"),
+    (SILU_FUSED, "activation"), ("triton_tem_fused_mm_0", "gemm"), ("_gemv_kernel", "gemm"),
+    ("rms_norm_kernel", "norm"), ("ck_fmha_fwd_d128", "attention"), ("fused_moe_kernel", "moe_gemm"),
+])
+def test_kernel_names_of_each_library_land_in_their_class(name, cls):
+    assert classify(name) == cls
+
+
+def test_inductor_names_give_the_ops_they_fused():
+    assert inductor_ops(RMS_FUSED) == ("_to_copy", "add", "mean", "mul", "pow", "rsqrt")
+    assert inductor_ops(GEMM) == ()
+
+
+def test_a_trace_is_summarized_by_class_and_the_classes_add_up_to_the_total(tmp_path):
+    ev = read(_kineto(tmp_path / "eager.json", EAGER, steps=3, memcpy=1))
+    s = summarize(ev)
+    assert s.steps == 3 and s.kernels == 3 * (len(EAGER) + 1)
+    assert sum(us for us, _ in s.by_class.values()) == pytest.approx(s.total_us)
+    assert s.total_us == pytest.approx(3 * (sum(d for _, d in EAGER) + 2.0))
+    assert s.per_step("gemm") == (pytest.approx(145.0), pytest.approx(4.0))
+    assert s.other_share == 0.0
+
+
+def test_gzipped_traces_read_the_same(tmp_path):
+    plain = summarize(read(_kineto(tmp_path / "a.json", EAGER)))
+    packed = summarize(read(_kineto(tmp_path / "a.json.gz", EAGER, gz=True)))
+    assert plain.by_class == packed.by_class
+
+
+def test_compare_finds_what_inductor_fused_and_what_it_saves(tmp_path):
+    a = summarize(read(_kineto(tmp_path / "eager.json", EAGER, steps=2)))
+    b = summarize(read(_kineto(tmp_path / "compiled.json", COMPILED, steps=2)))
+    out = compare(a, b)
+    rows = {r["class"]: r for r in out["classes"]}
+    assert rows["gemm"]["ratio_b_over_a"] == 1.0
+    assert rows["norm"]["a_us"] == 0.0 and rows["norm"]["b_us"] == 10.0
+    fused = [f for f in out["fusions"] if f["kind"] == "fused kernel" and f["kernel"] == RMS_FUSED]
+    assert fused and fused[0]["side"] == "b" and fused[0]["launches_saved_per_step"] > 0
+    assert any(f["kind"] == "class only on one side" and f["class"] == "norm" and f["side"] == "b"
+               for f in out["fusions"])
+
+
+def test_a_real_cpu_only_profiler_trace_is_refused_by_name(tmp_path):
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.nn.Linear(8, 8)(torch.randn(2, 8))
+    path = tmp_path / "cpu.json"
+    prof.export_chrome_trace(str(path))
+    with pytest.raises(TraceError, match="CPU-only trace"):
+        read(path)
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2}, {"ph": "X", "ca',
+     "truncated"),
+    (bytes(range(256)) * 4, "not UTF-8"),
+    (b'{"schemaVersion": 1}', "no \\\"traceEvents\\\""),
+    (b"hello", "does not start with a JSON object or array"),
+    (b"", "empty"),
+    (b'{"traceEvents": []}', "no events"),
+])
+def test_bad_trace_files_raise_a_typed_error_naming_the_problem(tmp_path, content, needle):
+    path = tmp_path / "bad.json"
+    path.write_bytes(content)
+    with pytest.raises(TraceError, match=needle):
+        read(path)
+
+
+def test_a_folder_is_not_read_as_a_trace(tmp_path):
+    with pytest.raises(TraceError, match="not a regular file"):
+        read(tmp_path)
+
+
+def test_a_large_trace_is_streamed_in_bounded_memory(tmp_path):
+    """200k kernels (about 30 MB of JSON): peak Python memory stays far below the file size."""
+    import tracemalloc
+
+    path = _kineto(tmp_path / "big.json", EAGER * 2000, steps=8)
+    size = path.stat().st_size
+    tracemalloc.start()
+    ev = read(path)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(ev) == len(EAGER) * 2000 * 8
+    assert peak < size / 4
+
+
+def test_cli_summary_and_compare(tmp_path, capsys):
+    from autoopt.cli import main
+
+    a = _kineto(tmp_path / "eager.json", EAGER)
+    b = _kineto(tmp_path / "compiled.json", COMPILED)
+    assert main(["trace", "summary", str(a), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["by_class"]["gemm"]["launches"] == 4
+    png = tmp_path / "classes.png"
+    assert main(["trace", "compare", str(a), str(b), "--plot", str(png)]) == 0
+    assert "fusion differences" in capsys.readouterr().out and png.stat().st_size > 1000
+
+
+def test_cli_bad_trace_is_one_line_exit_2(tmp_path, capsys):
+    from autoopt.cli import main
+
+    bad = tmp_path / "t.json"
+    bad.write_bytes(b'{"traceEvents": [{"ph": "X"')
+    assert main(["trace", "summary", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "truncated" in err
+
+
+def test_a_plugin_adds_a_kernel_rule(tmp_path):
+    from autoopt.plugins.hookspecs import hookimpl
+    from autoopt.plugins.manager import get_plugin_manager, reset_plugin_manager
+    from autoopt.trace import rules
+
+    class Plugin:
+        @hookimpl
+        def autoopt_trace_rules(self):
+            return [{"class": "attention", "pattern": r"^my_paged_decode"}, {"class": "nope", "pattern": "x"}]
+
+    reset_plugin_manager()
+    try:
+        get_plugin_manager().register(Plugin(), name="trace-plugin")
+        assert classify("my_paged_decode_v2", rules=rules()) == "attention"
+        assert classify("my_paged_decode_v2") == "other"
+        assert get_plugin_manager().problems
+    finally:
+        reset_plugin_manager()
