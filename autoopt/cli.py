@@ -475,9 +475,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
         raise UsageError(f"trace compare takes two trace files (A B), got {len(args.traces)}")
     a, b = summary_of(args.traces[0]), summary_of(args.traces[1])
     data = compare(a, b)
-    rows = [(r["class"], r["a_us"], r["b_us"], r["ratio_b_over_a"] or "-", r["a_launches"], r["b_launches"])
-            for r in data["classes"]]
-    text = format_table(("class", "A us/step", "B us/step", "B/A", "A launches", "B launches"), rows,
+    side_by_side = [(r["class"], r["a_us"], r["b_us"], r["ratio_b_over_a"] or "-", r["a_launches"],
+                     r["b_launches"]) for r in data["classes"]]
+    text = format_table(("class", "A us/step", "B us/step", "B/A", "A launches", "B launches"), side_by_side,
                         title=f"A {data['a_per_step_us']} us/step vs B {data['b_per_step_us']} us/step (measured)")
     text += "\n" + format_table(("kernel", "class", "A us", "B us", "delta"),
                                 [(k["kernel"][:70], k["class"], k["a_us"], k["b_us"], k["delta_us"])

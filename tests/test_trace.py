@@ -17,7 +17,7 @@ from autoopt.errors import TraceError
 from autoopt.trace import classify, compare, inductor_ops, read, summarize
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"  # noqa: E501 - verbatim kernel name
-NVJET = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT"  # noqa: E501 - verbatim kernel name
+NVJET = "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT"
 FLASH = "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t>, false, true, false, false, true, true, false>(pytorch_flash::Flash_fwd_params)"  # noqa: E501 - verbatim kernel name
 ATEN_ADD = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul> >(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)"  # noqa: E501 - verbatim kernel name
 ATEN_POW = "void at::native::vectorized_elementwise_kernel<4, at::native::pow_tensor_scalar_kernel_impl<float, float>(at::TensorIteratorBase&, float)::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::pow_tensor_scalar_kernel_impl<float, float>(at::TensorIteratorBase&, float)::{lambda(float)#1}, std::array<char*, 2ul>)"  # noqa: E501 - verbatim kernel name
