@@ -195,3 +195,25 @@ def test_a_plugin_adds_a_kernel_rule(tmp_path):
         assert get_plugin_manager().problems
     finally:
         reset_plugin_manager()
+
+
+def test_the_repeating_layer_is_found_from_the_kernel_sequence(tmp_path):
+    ev = read(_kineto(tmp_path / "eager.json", EAGER * 32, steps=2))
+    s = summarize(ev)
+    assert s.layers_per_step == 32
+    assert s.layer_us == pytest.approx(sum(d for _, d in EAGER))
+
+
+def test_traces_of_models_with_different_layer_counts_are_refused(tmp_path):
+    a = summarize(read(_kineto(tmp_path / "a.json", EAGER * 32)))
+    b = summarize(read(_kineto(tmp_path / "b.json", COMPILED * 28)))
+    with pytest.raises(TraceError, match="32 and 28 layers per step: different models"):
+        compare(a, b)
+
+
+def test_eager_and_compiled_runs_of_one_model_compare_per_layer(tmp_path):
+    a = summarize(read(_kineto(tmp_path / "a.json", EAGER * 32)))
+    b = summarize(read(_kineto(tmp_path / "b.json", COMPILED * 32)))
+    out = compare(a, b)
+    assert out["layers_per_step"] == 32
+    assert out["a_layer_us"] == pytest.approx(194.0) and out["b_layer_us"] == pytest.approx(180.0)

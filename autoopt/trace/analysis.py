@@ -10,15 +10,17 @@ the same op classes on the other side it replaces.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoopt.errors import TraceError
 from autoopt.trace.classify import CLASSES, _short, classify, inductor_ops
 from autoopt.trace.reader import TraceEvents
 
-__all__ = ["TraceSummary", "compare", "summarize"]
+__all__ = ["TraceSummary", "compare", "layer_period", "summarize"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +34,9 @@ class TraceSummary:
     by_class: Mapping[str, tuple[float, int]]          # class -> (us, launches)
     top: tuple[tuple[str, str, float, int], ...]       # (short name, class, us, launches)
     fused: tuple[tuple[str, tuple[str, ...], float, int], ...] = field(default_factory=tuple)
+    #: repeating layers found in one step (the period of the kernel sequence), and one layer's median time
+    layers_per_step: int | None = None
+    layer_us: float | None = None
 
     @property
     def other_share(self) -> float:
@@ -50,7 +55,47 @@ class TraceSummary:
                 "top": [{"kernel": k, "class": c, "us": round(us, 3), "launches": n} for k, c, us, n in self.top],
                 "fused": [{"kernel": k, "ops": list(ops), "us": round(us, 3), "launches": n}
                           for k, ops, us, n in self.fused],
+                "layers_per_step": self.layers_per_step,
+                "layer_us": None if self.layer_us is None else round(self.layer_us, 3),
                 "label": "measured (profiler trace)"}
+
+
+def _first_step(ev: TraceEvents) -> tuple[int, int]:
+    """Index range of the kernels that start inside the first profiler step (all of them without steps)."""
+    steps = sorted((a for a in ev.annotations if a.name.startswith("ProfilerStep#") and not a.gpu),
+                   key=lambda a: a.ts)
+    if not steps:
+        return 0, len(ev.seq)
+    lo, hi = steps[0].ts, steps[0].ts + steps[0].dur
+    idx = [k for k in range(len(ev.seq)) if lo <= ev.ts[k] <= hi]
+    return (idx[0], idx[-1] + 1) if idx else (0, len(ev.seq))
+
+
+def layer_period(ev: TraceEvents) -> tuple[int, int, float] | None:
+    """(layers, kernels per layer, median layer time) of the first step, from the period of its kernel
+    sequence: a kernel launched once per layer (attention, a projection) repeats at a constant gap, and
+    the gap that covers most of the step is the layer. None when nothing repeats at least 4 times."""
+    lo, hi = _first_step(ev)
+    seq = ev.seq[lo:hi]
+    positions: dict[int, list[int]] = defaultdict(list)
+    for k, i in enumerate(seq):
+        positions[i].append(k)
+    candidates = set()
+    for pos in positions.values():
+        if len(pos) >= 4:
+            gaps = [b - a for a, b in itertools.pairwise(pos)]
+            gap = max(set(gaps), key=gaps.count)
+            if gap >= 2 and gaps.count(gap) >= 0.9 * len(gaps):
+                candidates.add(gap)
+    # the smallest gap at which the whole sequence repeats (a kernel launched twice per layer repeats at
+    # half the layer, but the sequence does not)
+    n = len(seq)
+    period = next((g for g in sorted(candidates) if n // g >= 4
+                   and sum(seq[k] == seq[k + g] for k in range(n - g)) >= 0.9 * (n - g)), None)
+    if period is None:
+        return None
+    times = sorted(sum(ev.dur[lo + s:lo + s + period]) for s in range(0, n - period + 1, period))
+    return n // period, period, times[len(times) // 2]
 
 
 def _steps(ev: TraceEvents) -> int:
@@ -80,15 +125,20 @@ def summarize(ev: TraceEvents, *, rules: Iterable[tuple[str, str]] | None = None
         if len(ops) > 1:
             fused[name] = [ops, per_name_us[i], per_name_n[i]]
     ranked = sorted(by_short.items(), key=lambda kv: -kv[1][0])[:top]
+    period = layer_period(ev)
     return TraceSummary(
         source=ev.source, steps=_steps(ev), kernels=len(ev.seq), total_us=float(sum(ev.dur)),
         by_class={c: (by_class[c][0], int(by_class[c][1])) for c in CLASSES if c in by_class},
         top=tuple((k, c, v[0], int(v[1])) for (k, c), v in ranked),
-        fused=tuple(sorted(((k, v[0], v[1], int(v[2])) for k, v in fused.items()), key=lambda t: -t[2])))
+        fused=tuple(sorted(((k, v[0], v[1], int(v[2])) for k, v in fused.items()), key=lambda t: -t[2])),
+        layers_per_step=period[0] if period else None, layer_us=period[2] if period else None)
 
 
 def compare(a: TraceSummary, b: TraceSummary, *, top: int = 10) -> dict[str, Any]:
     """``a`` against ``b``, per step: classes side by side, kernels by delta, fusion differences."""
+    if a.layers_per_step and b.layers_per_step and a.layers_per_step != b.layers_per_step:
+        raise TraceError(f"the traces repeat {a.layers_per_step} and {b.layers_per_step} layers per step: "
+                         "different models (compare two runs of the same model)", source=f"{a.source}, {b.source}")
     classes = [c for c in CLASSES if c in a.by_class or c in b.by_class]
     rows = []
     for c in classes:
@@ -97,6 +147,8 @@ def compare(a: TraceSummary, b: TraceSummary, *, top: int = 10) -> dict[str, Any
                      "ratio_b_over_a": round(ub / ua, 3) if ua else None,
                      "a_launches": round(na, 2), "b_launches": round(nb, 2)})
     return {"a": a.source, "b": b.source, "a_steps": a.steps, "b_steps": b.steps,
+            "layers_per_step": a.layers_per_step or b.layers_per_step,
+            "a_layer_us": a.layer_us, "b_layer_us": b.layer_us,
             "a_per_step_us": round(a.total_us / a.steps, 3), "b_per_step_us": round(b.total_us / b.steps, 3),
             "classes": rows, "kernels_by_delta": _kernel_deltas(a, b, top), "fusions": _fusions(a, b),
             "label": "measured (profiler traces)"}
