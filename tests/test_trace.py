@@ -217,3 +217,17 @@ def test_eager_and_compiled_runs_of_one_model_compare_per_layer(tmp_path):
     out = compare(a, b)
     assert out["layers_per_step"] == 32
     assert out["a_layer_us"] == pytest.approx(194.0) and out["b_layer_us"] == pytest.approx(180.0)
+
+
+def test_known_hand_written_fused_kernels_are_decomposed():
+    assert inductor_ops("void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(c10::BFloat16*, ...)") == \
+        ("add", "rsqrt")
+    assert classify("void vllm::fused_add_rms_norm_kernel<c10::BFloat16, 8>(c10::BFloat16*, ...)") == "norm"
+    assert inductor_ops("void vllm::act_and_mul_kernel<c10::BFloat16, &vllm::silu_kernel>(...)") == ("silu", "mul")
+
+
+def test_compare_reports_launches_per_layer(tmp_path):
+    a = summarize(read(_kineto(tmp_path / "a.json", EAGER * 4)))
+    b = summarize(read(_kineto(tmp_path / "b.json", COMPILED * 4)))
+    rows = {r["class"]: r for r in compare(a, b)["classes"]}
+    assert rows["elementwise"]["a_launches_per_layer"] == 5.0 and rows["elementwise"]["b_launches_per_layer"] == 0.0

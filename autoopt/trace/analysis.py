@@ -143,9 +143,14 @@ def compare(a: TraceSummary, b: TraceSummary, *, top: int = 10) -> dict[str, Any
     rows = []
     for c in classes:
         (ua, na), (ub, nb) = a.per_step(c), b.per_step(c)
-        rows.append({"class": c, "a_us": round(ua, 3), "b_us": round(ub, 3),
-                     "ratio_b_over_a": round(ub / ua, 3) if ua else None,
-                     "a_launches": round(na, 2), "b_launches": round(nb, 2)})
+        row = {"class": c, "a_us": round(ua, 3), "b_us": round(ub, 3),
+               "ratio_b_over_a": round(ub / ua, 3) if ua else None,
+               "a_launches": round(na, 2), "b_launches": round(nb, 2)}
+        layers = a.layers_per_step or b.layers_per_step
+        if layers:  # launch-count imbalance per layer
+            row["a_launches_per_layer"] = round(na / layers, 2)
+            row["b_launches_per_layer"] = round(nb / layers, 2)
+        rows.append(row)
     return {"a": a.source, "b": b.source, "a_steps": a.steps, "b_steps": b.steps,
             "layers_per_step": a.layers_per_step or b.layers_per_step,
             "a_layer_us": a.layer_us, "b_layer_us": b.layer_us,

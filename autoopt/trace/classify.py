@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["CLASSES", "RULES", "classify", "inductor_ops"]
+__all__ = ["CLASSES", "KNOWN_FUSED", "RULES", "classify", "inductor_ops"]
 
 CLASSES = ("gemm", "moe_gemm", "attention", "norm", "activation", "elementwise", "reduction", "embedding",
            "rotary", "quantize", "memcpy", "memset", "communication", "other")
@@ -64,12 +64,25 @@ _OP_WORDS = {w for _, words in _INDUCTOR_WEIGHT for w in words} | {
     "squeeze", "bitwise_and", "eq", "ne", "lt", "gt", "le", "ge", "logical_not", "abs", "sqrt", "rsqrt"}
 
 
+#: hand-written fused kernels of the serving libraries (vLLM, SGLang, FlashInfer, Liger, autoopt) and the
+#: op classes they fuse, as (pattern, ops); Inductor's names are read instead (see _INDUCTOR)
+KNOWN_FUSED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (r"fused_add_rms_?norm", ("add", "rsqrt")),
+    (r"rms_?norm.*(quant|fp8)", ("rsqrt", "quant")),
+    (r"(silu|gelu)_and_mul|act_and_mul|silu_mul|gelu_tanh_mul|swiglu|geglu", ("silu", "mul")),
+    (r"rotary.*(cache|kv)|reshape_and_cache", ("cos", "index")),
+    (r"fused_moe", ("mm", "silu", "mul")),
+)
+
+
 @lru_cache(maxsize=65536)
 def inductor_ops(name: str) -> tuple[str, ...]:
-    """The ops an Inductor-generated kernel fused, from its name (empty for any other kernel)."""
+    """The ops a fused kernel holds: read from an Inductor-generated kernel's name, or from the table of
+    known hand-written fused kernels (:data:`KNOWN_FUSED`); empty for any other kernel."""
     m = _INDUCTOR.match(name)
     if m is None:
-        return ()
+        short = _short(name)
+        return next((ops for pattern, ops in KNOWN_FUSED if re.search(pattern, short, re.IGNORECASE)), ())
     text = "_" + m.group("ops") + "_"
     found = []
     for word in sorted(_OP_WORDS, key=len, reverse=True):
@@ -99,9 +112,8 @@ def classify(name: str, category: str = "kernel", rules: Iterable[tuple[str, str
         return "memcpy"
     if category == "gpu_memset":
         return "memset"
-    ops = inductor_ops(name)
-    if ops:
-        return _inductor_class(ops)
+    if _INDUCTOR.match(name):
+        return _inductor_class(inductor_ops(name))
     short = _short(name)
     compiled = _compiled(tuple(rules) if rules is not None else RULES)
     if "at::native::" in short and ("elementwise_kernel" in short or "reduce_kernel" in short):
