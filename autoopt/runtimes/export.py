@@ -22,22 +22,22 @@ __all__ = ["export", "format_args", "transformers_device_map"]
 _CPU = -1
 
 
+def _rule(rules: tuple[Any, ...], attr: str, value: str, rt: RuntimeSpec, what: str) -> Any:
+    """The runtime's rule whose ``attr`` is ``value``; a typed error when the plan used something else."""
+    found = next((r for r in rules if getattr(r, attr) == value), None)
+    if found is None:
+        raise RuntimeRuleError(f"has no {value} {what}; re-plan with runtime={rt.name!r}", runtime=rt.name, rule=what)
+    return found
+
+
 def _format_arg(rec: Mapping[str, Any], rt: RuntimeSpec) -> str | None:
-    name = rec["quant"]["format"]
-    rule = next((r for r in rt.formats if r.format == name), None)
-    if rule is None:
-        raise RuntimeRuleError(f"has no {name} kernels; re-plan with runtime={rt.name!r}", runtime=rt.name,
-                               rule="format")
-    return rule.arg
+    arg: str | None = _rule(rt.formats, "format", rec["quant"]["format"], rt, "format").arg
+    return arg
 
 
 def _kv_arg(rec: Mapping[str, Any], rt: RuntimeSpec) -> str:
-    dtype = rec["workload"]["kv_dtype"]
-    rule = next((k for k in rt.kv_dtypes if k.dtype == dtype), None)
-    if rule is None:
-        raise RuntimeRuleError(f"has no {dtype} KV cache; re-plan with runtime={rt.name!r}", runtime=rt.name,
-                               rule="kv_dtype")
-    return rule.arg
+    arg: str = _rule(rt.kv_dtypes, "dtype", rec["workload"]["kv_dtype"], rt, "kv_dtype").arg
+    return arg
 
 
 def _split(rec: Mapping[str, Any]) -> tuple[int, int, list[dict[str, Any]]]:
