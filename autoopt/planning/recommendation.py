@@ -247,7 +247,7 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
     fit = _fit(hw, spec, wl, preference=preference, weight_dtype=weight_dtype, max_devices=max_devices,
                include_cpu=include_cpu, shape=shape)
     if fit.split is None and not include_cpu and (rt is None or rt.offload == "cpu-compute") \
-            and devices_of(hw, include_cpu=True)[-1:] and devices_of(hw, include_cpu=True)[-1].kind == "cpu":
+            and any(d.kind == "cpu" for d in devices_of(hw, include_cpu=True)):
         # nothing fits on the GPUs: layers on the CPU (autoopt runs them there too) before giving up
         fit = _fit(hw, spec, wl, preference=preference, weight_dtype=weight_dtype, max_devices=max_devices,
                    include_cpu=True, shape=shape)
