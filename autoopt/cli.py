@@ -296,11 +296,13 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         print(format_args(exported))
         return 0
     data = rec.to_dict()
+    text = rec.explain()
     if args.runtime is not None and rec.fits:
-        from autoopt.runtimes.export import export
+        from autoopt.runtimes.export import export, format_args
 
         data["runtime_args"] = export(data, args.runtime, model_id=args.model_id, profile=prof.to_dict())
-    _emit(data, args.format, rec.explain())
+        text += f"\nRun it with {args.runtime}:\n  {format_args(data['runtime_args'])}"
+    _emit(data, args.format, text)
     return 0
 
 

@@ -111,7 +111,7 @@ def test_vllm_export_uses_only_documented_flags_and_values():
     kw = out["kwargs"]
     assert kw["--tensor-parallel-size"] == rec.split.tp and kw["--kv-cache-dtype"] in VLLM_KV
     assert kw.get("--quantization", "fp8") in VLLM_QUANT
-    assert format_args(out).startswith("vllm serve --model mixtral-8x7b")
+    assert format_args(out).startswith("vllm serve mixtral-8x7b --tensor-parallel-size ")
 
 
 def test_sglang_export_uses_only_documented_flags():

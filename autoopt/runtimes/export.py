@@ -99,7 +99,8 @@ _SGLANG = {"model": "--model-path", "tp": "--tp-size", "pp": "--pp-size", "quant
 def _vllm(rec: Mapping[str, Any], rt: RuntimeSpec, model_id: str | None, profile: Mapping[str, Any]
           ) -> dict[str, Any]:
     args, kw = _serving(rec, rt, model_id, _VLLM)
-    return {"command": "vllm serve", "args": args, "kwargs": kw}
+    # `vllm serve` takes the model as its positional argument (engine_args.html: "vllm serve <model>")
+    return {"command": "vllm serve", "args": [kw["--model"], *args[2:]], "kwargs": kw}
 
 
 def _sglang(rec: Mapping[str, Any], rt: RuntimeSpec, model_id: str | None, profile: Mapping[str, Any]
