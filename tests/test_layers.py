@@ -24,6 +24,7 @@ LAYERS: tuple[str, ...] = (
     "autoopt",                                         # the package root: the lazy public API
     "autoopt.api | autoopt.report",
     "autoopt.nn",                                      # torch-facing ops (custom ops over the backend kernels)
+    "autoopt.fleet",                                  # evaluations over every GPU (worker processes)
     "autoopt.tuning | autoopt.trace",                 # trace: profiler traces summarized and compared
     "autoopt.validation",                              # predicted vs measured whole models (cli only)
     "autoopt.planning | autoopt.backend",

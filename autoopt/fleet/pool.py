@@ -1,0 +1,220 @@
+"""A local pool: one worker process per GPU, evaluating (op, config) items from a queue.
+
+Each worker is a *spawned* process pinned to its device with ``CUDA_VISIBLE_DEVICES`` (set in the
+child before torch loads), so a kernel that hangs or crashes one GPU's worker cannot take the others
+down. The parent hands each worker one item at a time, so it always knows what is in flight:
+
+- a worker that dies (segfault, OOM kill, any exit) is restarted and its in-flight item retried once,
+  then recorded as ``failed`` with the reason read from the exit (signal name or exit code);
+- an item that runs past ``timeout_s`` has its worker killed and is recorded ``failed`` (a retry
+  would hang again);
+- the first result for an item wins; a late duplicate (a worker that finished just before it was
+  killed) is dropped and counted. Only the parent sees results, so only it writes the store.
+
+Workers run ``evaluator`` ("module:function", called with the item's op and config dicts and the
+device), by default :func:`autoopt.fleet.worker.evaluate_item`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import queue
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoopt.errors import AutooptError
+
+__all__ = ["Item", "Outcome", "PoolStats", "run_pool"]
+
+log = logging.getLogger(__name__)
+DEFAULT_EVALUATOR = "autoopt.fleet.worker:evaluate_item"
+#: restarts one device's worker may need before the pool gives that device up
+MAX_RESTARTS = 8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Item:
+    """One evaluation: an op and a config (plain dicts, as ``OpSpec``/``KernelConfig.to_dict`` give)."""
+
+    id: int
+    op: Mapping[str, Any]
+    config: Mapping[str, Any]
+    #: the known profile to predict for where a worker has no GPU (predicted mode); None: its own GPU
+    profile: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What became of one item: the worker's result dict, or ``failed`` and why."""
+
+    item: int
+    device: str
+    status: str  # "done" | "failed"
+    result: Mapping[str, Any] | None = None
+    reason: str = ""
+    attempts: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"item": self.item, "device": self.device, "status": self.status,
+                "result": dict(self.result) if self.result else None, "reason": self.reason,
+                "attempts": self.attempts}
+
+
+@dataclass(slots=True)
+class PoolStats:
+    """Counts over a run (for reports and the fault tests)."""
+
+    restarts: int = 0
+    retries: int = 0
+    timeouts: int = 0
+    duplicates_dropped: int = 0
+    per_device: dict[str, int] = field(default_factory=dict)
+
+
+def _exit_reason(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        sig = signal.Signals(-exitcode).name
+        what = {"SIGSEGV": "segfault", "SIGKILL": "killed (SIGKILL: the OOM killer or a user)",
+                "SIGABRT": "aborted", "SIGBUS": "bus error"}.get(sig, "killed")
+        return f"worker {what} ({sig})"
+    return f"worker exited with code {exitcode}"
+
+
+class _Worker:
+    def __init__(self, ctx: Any, device: str, results: Any, evaluator: str) -> None:
+        from autoopt.fleet.worker import worker_main
+
+        self.device = device
+        self.tasks = ctx.Queue(maxsize=1)
+        self.proc = ctx.Process(target=worker_main, args=(device, self.tasks, results, evaluator), daemon=True,
+                                name=f"autoopt-fleet-{device}")
+        self.proc.start()
+        self.item: Item | None = None
+        self.started = 0.0
+
+    def give(self, item: Item) -> None:
+        self.item, self.started = item, time.monotonic()
+        self.tasks.put((item.id, dict(item.op), dict(item.config), item.profile))
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(queue.Full):
+                self.tasks.put_nowait(None)
+            self.proc.join(timeout=2)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=2)
+
+
+def run_pool(items: Sequence[Item], devices: Sequence[str], *, evaluator: str = DEFAULT_EVALUATOR,
+             timeout_s: float = 300.0, on_outcome: Callable[[Outcome], None] | None = None
+             ) -> tuple[list[Outcome], PoolStats]:
+    """Evaluate ``items`` on one worker per device; every item ends ``done`` or ``failed`` exactly once."""
+    if not devices:
+        raise AutooptError("fleet: no devices to run on (pass --gpus all, or a list such as 0,1)")
+    if len({i.id for i in items}) != len(items):
+        raise AutooptError("fleet: item ids must be unique")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    workers = {d: _Worker(ctx, d, results, evaluator) for d in devices}
+    pending: deque[tuple[Item, int]] = deque((i, 1) for i in items)
+    attempts: dict[int, int] = {}
+    outcomes: dict[int, Outcome] = {}
+    stats = PoolStats(per_device={d: 0 for d in devices})
+    restarts = {d: 0 for d in devices}
+
+    def finish(o: Outcome) -> None:
+        if o.item in outcomes:
+            stats.duplicates_dropped += 1
+            return
+        outcomes[o.item] = o
+        stats.per_device[o.device] = stats.per_device.get(o.device, 0) + 1
+        if on_outcome is not None:
+            on_outcome(o)
+
+    try:
+        while len(outcomes) < len(items):
+            _assign(workers, pending, attempts, outcomes)
+            _drain(results, workers, attempts, finish, wait_s=0.1)
+            _police(ctx, workers, results, evaluator, pending, attempts, restarts, stats, finish, timeout_s)
+            if not any(w.proc.is_alive() or w.item for w in workers.values()) and pending:
+                for item, _ in pending:
+                    finish(Outcome(item=item.id, device="-", status="failed", reason="every worker gave up",
+                                   attempts=attempts.get(item.id, 0)))
+                pending.clear()
+    finally:
+        for w in workers.values():
+            w.stop()
+    return [outcomes[i.id] for i in items], stats
+
+
+def _assign(workers: dict[str, _Worker], pending: deque[tuple[Item, int]], attempts: dict[int, int],
+            outcomes: Mapping[int, Outcome]) -> None:
+    for w in workers.values():
+        while w.item is None and pending and w.proc.is_alive():
+            item, attempt = pending.popleft()
+            if item.id in outcomes:  # a late result already settled it
+                continue
+            attempts[item.id] = attempt
+            w.give(item)
+
+
+def _drain(results: Any, workers: dict[str, _Worker], attempts: Mapping[int, int],
+           finish: Callable[[Outcome], None], wait_s: float) -> None:
+    try:
+        msg = results.get(timeout=wait_s)
+    except queue.Empty:
+        return
+    while True:
+        device, item_id, ok, payload = msg
+        w = workers.get(device)
+        if w is not None and w.item is not None and w.item.id == item_id:
+            w.item = None
+        finish(Outcome(item=item_id, device=device, status="done" if ok else "failed",
+                       result=payload if ok else None, reason="" if ok else str(payload),
+                       attempts=attempts.get(item_id, 1)))
+        try:
+            msg = results.get_nowait()
+        except queue.Empty:
+            return
+
+
+def _police(ctx: Any, workers: dict[str, _Worker], results: Any, evaluator: str,
+            pending: deque[tuple[Item, int]], attempts: dict[int, int], restarts: dict[str, int],
+            stats: PoolStats, finish: Callable[[Outcome], None], timeout_s: float) -> None:
+    """Kill workers past their item's timeout; restart dead ones and retry (or fail) their item."""
+    now = time.monotonic()
+    for device, w in list(workers.items()):
+        timed_out = w.item is not None and w.proc.is_alive() and now - w.started > timeout_s
+        if timed_out:
+            w.proc.kill()
+            w.proc.join(timeout=5)
+        if w.proc.is_alive():
+            continue
+        item = w.item
+        if item is not None:
+            if timed_out:
+                stats.timeouts += 1
+                finish(Outcome(item=item.id, device=device, status="failed", attempts=attempts[item.id],
+                               reason=f"timeout: no result after {timeout_s:g} s (worker killed)"))
+            elif attempts[item.id] < 2:
+                stats.retries += 1
+                pending.appendleft((item, attempts[item.id] + 1))
+            else:
+                finish(Outcome(item=item.id, device=device, status="failed", attempts=attempts[item.id],
+                               reason=_exit_reason(w.proc.exitcode)))
+            w.item = None
+        if restarts[device] >= MAX_RESTARTS:
+            continue
+        restarts[device] += 1
+        stats.restarts += 1
+        log.warning("fleet: restarting the worker of device %s (%s)", device, _exit_reason(w.proc.exitcode))
+        workers[device] = _Worker(ctx, device, results, evaluator)

@@ -1,0 +1,54 @@
+"""Evaluators for the fleet's fault tests, imported by spawned worker processes (tests/ is on their path).
+
+Each wraps the real default evaluator (predicted mode on a CPU worker) and misbehaves on cue: the
+cue is a file in the folder ``AUTOOPT_TEST_FLEET_DIR`` names, so a test decides which item crashes
+and whether only once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from autoopt.fleet.worker import evaluate_item
+
+
+def _cue(kind: str, op: dict[str, Any]) -> Path | None:
+    folder = os.environ.get("AUTOOPT_TEST_FLEET_DIR")
+    if not folder:
+        return None
+    path = Path(folder) / f"{kind}-{op['shape'][0]}"
+    return path if path.exists() else None
+
+
+def crash_once(op: dict[str, Any], config: dict[str, Any], *, device: str, profile: str | None = None) -> Any:
+    """SIGKILL this worker the first time it sees a cued item (the cue file is removed first)."""
+    cue = _cue("crash-once", op)
+    if cue is not None:
+        cue.unlink()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return evaluate_item(op, config, device=device, profile=profile)
+
+
+def crash_always(op: dict[str, Any], config: dict[str, Any], *, device: str, profile: str | None = None) -> Any:
+    """Segfault-like death (SIGSEGV) on every cued item."""
+    if _cue("crash-always", op) is not None:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return evaluate_item(op, config, device=device, profile=profile)
+
+
+def hang(op: dict[str, Any], config: dict[str, Any], *, device: str, profile: str | None = None) -> Any:
+    """Never return on a cued item (a kernel that hangs the GPU looks like this from the parent)."""
+    if _cue("hang", op) is not None:
+        time.sleep(3600)
+    return evaluate_item(op, config, device=device, profile=profile)
+
+
+def raise_on(op: dict[str, Any], config: dict[str, Any], *, device: str, profile: str | None = None) -> Any:
+    """An ordinary exception on a cued item: a failed item, not a dead worker."""
+    if _cue("raise", op) is not None:
+        raise RuntimeError("evaluation broke")
+    return evaluate_item(op, config, device=device, profile=profile)

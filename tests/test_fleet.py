@@ -1,0 +1,89 @@
+"""The local fleet pool: one worker process per device, fault-tolerant (CPU workers in predicted mode)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from autoopt.errors import AutooptError
+from autoopt.fleet import Item, run_pool
+from autoopt.hardware.library import load_profile
+from autoopt.kernels.ops import OpSpec
+from autoopt.search.ranking import rank
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def _worker_path(monkeypatch, tmp_path):
+    """Spawned workers import the evaluators from tests/ and read their cues from a temp folder."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(TESTS.parent),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("AUTOOPT_TEST_FLEET_DIR", str(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
+def _items(n_shapes: int = 3, per_shape: int = 4) -> list[Item]:
+    """Real configs: the top ``per_shape`` of rank() for GEMMs of M = 16, 32, 48 ... on the H100 profile."""
+    gpu = load_profile("h100-sxm").gpu
+    items = []
+    for s in range(n_shapes):
+        op = OpSpec(kind="gemm", shape=(16 * (s + 1), 1024, 1024), dtype="fp16")
+        for c in rank(gpu, op, top=per_shape).candidates:
+            items.append(Item(id=len(items), op=op.to_dict(), config=c.config.to_dict(), profile="h100-sxm"))
+    return items
+
+
+def test_two_cpu_workers_evaluate_every_item_once():
+    """Without a GPU each worker runs the kernel in Triton's interpreter (checked against the reference,
+    untimed) when TRITON_INTERPRET is on (conftest sets it), else gives the cost model's time."""
+    items = _items()
+    out, stats = run_pool(items, ["cpu0", "cpu1"], timeout_s=60)
+    assert [o.item for o in out] == [i.id for i in items]
+    assert all(o.status == "done" for o in out)
+    assert all(o.result["label"] == "checked" if os.environ.get("TRITON_INTERPRET") == "1"
+               else o.result["label"] == "predicted" and o.result["us"] > 0 for o in out)
+    assert set(stats.per_device) == {"cpu0", "cpu1"} and sum(stats.per_device.values()) == len(items)
+    assert stats.restarts == 0 and stats.duplicates_dropped == 0
+
+
+def test_a_worker_killed_mid_sweep_loses_and_duplicates_nothing(tmp_path):
+    items = _items()
+    (tmp_path / "crash-once-32").touch()  # the first M=32 item kills its worker (SIGKILL)
+    out, stats = run_pool(items, ["cpu0", "cpu1"], evaluator="fleet_evaluators:crash_once", timeout_s=60)
+    assert all(o.status == "done" for o in out) and len(out) == len(items)
+    assert stats.restarts == 1 and stats.retries == 1
+    assert len({o.item for o in out}) == len(items)
+
+
+def test_an_item_that_kills_its_worker_twice_is_failed_with_the_signal(tmp_path):
+    items = _items(n_shapes=2, per_shape=2)
+    (tmp_path / "crash-always-32").touch()
+    out, _ = run_pool(items, ["cpu0", "cpu1"], evaluator="fleet_evaluators:crash_always", timeout_s=60)
+    failed = [o for o in out if o.status == "failed"]
+    assert {o.item for o in failed} == {i.id for i in items if i.op["shape"][0] == 32}
+    assert all("segfault (SIGSEGV)" in o.reason and o.attempts == 2 for o in failed)
+    assert all(o.status == "done" for o in out if o not in failed)
+
+
+def test_a_hung_item_is_killed_at_its_timeout_and_recorded_failed(tmp_path):
+    items = _items(n_shapes=2, per_shape=1)
+    (tmp_path / "hang-16").touch()
+    out, stats = run_pool(items, ["cpu0"], evaluator="fleet_evaluators:hang", timeout_s=8)
+    assert out[0].status == "failed" and "timeout: no result after 8 s" in out[0].reason
+    assert out[1].status == "done" and stats.timeouts == 1
+
+
+def test_an_exception_in_the_evaluator_fails_the_item_not_the_worker(tmp_path):
+    items = _items(n_shapes=2, per_shape=1)
+    (tmp_path / "raise-32").touch()
+    out, stats = run_pool(items, ["cpu0"], evaluator="fleet_evaluators:raise_on", timeout_s=60)
+    assert out[1].status == "failed" and out[1].reason == "RuntimeError: evaluation broke"
+    assert out[0].status == "done" and stats.restarts == 0
+
+
+def test_no_devices_is_a_typed_error():
+    with pytest.raises(AutooptError, match="no devices"):
+        run_pool(_items(1, 1), [])
