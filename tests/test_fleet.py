@@ -87,3 +87,53 @@ def test_an_exception_in_the_evaluator_fails_the_item_not_the_worker(tmp_path):
 def test_no_devices_is_a_typed_error():
     with pytest.raises(AutooptError, match="no devices"):
         run_pool(_items(1, 1), [])
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """A real local Ray cluster with 2 CPUs (no GPUs here): the actors evaluate on CPU; their cue folder
+    is fixed for the module (actors do not see a test's own environment)."""
+    ray = pytest.importorskip("ray")
+    tests = str(Path(__file__).resolve().parent)
+    cues = tmp_path_factory.mktemp("ray-cues")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([tests, str(Path(tests).parent)]),
+                                       "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", ""),
+                                       "AUTOOPT_TEST_FLEET_DIR": str(cues)}})
+    yield ray, cues
+    ray.shutdown()
+
+
+def test_ray_actors_evaluate_every_item_once(local_ray):
+    from autoopt.fleet.ray_backend import run_ray
+
+    items = _items(n_shapes=2, per_shape=2)
+    out, stats = run_ray(items, timeout_s=120)
+    assert [o.item for o in out] == [i.id for i in items] and all(o.status == "done" for o in out)
+    assert len(stats.per_device) == 2  # both actors worked
+
+
+def test_ray_actor_killed_mid_sweep_is_replaced_and_its_item_retried(local_ray):
+    from autoopt.fleet.ray_backend import run_ray
+
+    _, cues = local_ray
+    (cues / "crash-once-32").touch()
+    items = _items(n_shapes=2, per_shape=1)
+    out, stats = run_ray(items, evaluator="fleet_evaluators:crash_once", timeout_s=120)
+    assert all(o.status == "done" for o in out) and stats.restarts == 1 and stats.retries == 1
+
+
+def test_without_ray_the_flag_says_how_to_install(monkeypatch):
+    import builtins
+
+    from autoopt.fleet import ray_backend
+
+    real = builtins.__import__
+
+    def no_ray(name, *a, **k):
+        if name == "ray":
+            raise ImportError("no ray")
+        return real(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    with pytest.raises(AutooptError, match=r"pip install 'autoopt\[ray\]'"):
+        ray_backend._ray()
