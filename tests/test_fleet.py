@@ -26,11 +26,11 @@ def _worker_path(monkeypatch, tmp_path):
 
 
 def _items(n_shapes: int = 3, per_shape: int = 4) -> list[Item]:
-    """Real configs: the top ``per_shape`` of rank() for GEMMs of M = 16, 32, 48 ... on the H100 profile."""
+    """Real configs: the top ``per_shape`` of rank() for 256x256 GEMMs of M = 16, 32, 48 ... (H100 profile)."""
     gpu = load_profile("h100-sxm").gpu
     items = []
     for s in range(n_shapes):
-        op = OpSpec(kind="gemm", shape=(16 * (s + 1), 1024, 1024), dtype="fp16")
+        op = OpSpec(kind="gemm", shape=(16 * (s + 1), 256, 256), dtype="fp16")  # small: the interpreter is slow
         for c in rank(gpu, op, top=per_shape).candidates:
             items.append(Item(id=len(items), op=op.to_dict(), config=c.config.to_dict(), profile="h100-sxm"))
     return items
@@ -40,7 +40,7 @@ def test_two_cpu_workers_evaluate_every_item_once():
     """Without a GPU each worker runs the kernel in Triton's interpreter (checked against the reference,
     untimed) when TRITON_INTERPRET is on (conftest sets it), else gives the cost model's time."""
     items = _items()
-    out, stats = run_pool(items, ["cpu0", "cpu1"], timeout_s=60)
+    out, stats = run_pool(items, ["cpu0", "cpu1"], timeout_s=300)
     assert [o.item for o in out] == [i.id for i in items]
     assert all(o.status == "done" for o in out)
     assert all(o.result["label"] == "checked" if os.environ.get("TRITON_INTERPRET") == "1"
@@ -52,7 +52,7 @@ def test_two_cpu_workers_evaluate_every_item_once():
 def test_a_worker_killed_mid_sweep_loses_and_duplicates_nothing(tmp_path):
     items = _items()
     (tmp_path / "crash-once-32").touch()  # the first M=32 item kills its worker (SIGKILL)
-    out, stats = run_pool(items, ["cpu0", "cpu1"], evaluator="fleet_evaluators:crash_once", timeout_s=60)
+    out, stats = run_pool(items, ["cpu0", "cpu1"], evaluator="fleet_evaluators:crash_once", timeout_s=300)
     assert all(o.status == "done" for o in out) and len(out) == len(items)
     assert stats.restarts == 1 and stats.retries == 1
     assert len({o.item for o in out}) == len(items)
@@ -61,7 +61,7 @@ def test_a_worker_killed_mid_sweep_loses_and_duplicates_nothing(tmp_path):
 def test_an_item_that_kills_its_worker_twice_is_failed_with_the_signal(tmp_path):
     items = _items(n_shapes=2, per_shape=2)
     (tmp_path / "crash-always-32").touch()
-    out, _ = run_pool(items, ["cpu0", "cpu1"], evaluator="fleet_evaluators:crash_always", timeout_s=60)
+    out, _ = run_pool(items, ["cpu0", "cpu1"], evaluator="fleet_evaluators:crash_always", timeout_s=300)
     failed = [o for o in out if o.status == "failed"]
     assert {o.item for o in failed} == {i.id for i in items if i.op["shape"][0] == 32}
     assert all("segfault (SIGSEGV)" in o.reason and o.attempts == 2 for o in failed)
@@ -79,7 +79,7 @@ def test_a_hung_item_is_killed_at_its_timeout_and_recorded_failed(tmp_path):
 def test_an_exception_in_the_evaluator_fails_the_item_not_the_worker(tmp_path):
     items = _items(n_shapes=2, per_shape=1)
     (tmp_path / "raise-32").touch()
-    out, stats = run_pool(items, ["cpu0"], evaluator="fleet_evaluators:raise_on", timeout_s=60)
+    out, stats = run_pool(items, ["cpu0"], evaluator="fleet_evaluators:raise_on", timeout_s=300)
     assert out[1].status == "failed" and out[1].reason == "RuntimeError: evaluation broke"
     assert out[0].status == "done" and stats.restarts == 0
 
@@ -137,3 +137,23 @@ def test_without_ray_the_flag_says_how_to_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_ray)
     with pytest.raises(AutooptError, match=r"pip install 'autoopt\[ray\]'"):
         ray_backend._ray()
+
+
+def test_fleet_inventory_of_this_host_names_it_and_its_gpus(capsys):
+    import socket
+
+    from autoopt.cli import main
+
+    assert main(["fleet", "--format", "json"]) == 0
+    data = __import__("json").loads(capsys.readouterr().out)
+    assert data["hosts"] == [socket.gethostname()]
+    assert all("gpu" in r for r in data["rows"])
+
+
+def test_fleet_inventory_over_ray_runs_detection_on_every_node(local_ray):
+    import socket
+
+    from autoopt.fleet.inventory import inventory
+
+    rows = inventory(use_ray=True)
+    assert {r["host"] for r in rows} == {socket.gethostname()}  # the local cluster's one node

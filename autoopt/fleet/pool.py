@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
-import queue
+import multiprocessing.connection as mp_connection
 import signal
 import time
 from collections import deque
@@ -89,29 +89,42 @@ def _exit_reason(exitcode: int | None) -> str:
 
 
 class _Worker:
-    def __init__(self, ctx: Any, device: str, results: Any, evaluator: str) -> None:
+    """One device's worker process and the parent's end of its own pipe. Each worker has its own
+    channel: a worker killed mid-write (SIGKILL, a segfault) can only break its own pipe, which goes
+    with it, never a queue the other workers share (a shared queue's lock would stay held)."""
+
+    def __init__(self, ctx: Any, device: str, evaluator: str) -> None:
         from autoopt.fleet.worker import worker_main
 
         self.device = device
-        self.tasks = ctx.Queue(maxsize=1)
-        self.proc = ctx.Process(target=worker_main, args=(device, self.tasks, results, evaluator), daemon=True,
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=worker_main, args=(device, child, evaluator), daemon=True,
                                 name=f"autoopt-fleet-{device}")
         self.proc.start()
+        child.close()
         self.item: Item | None = None
         self.started = 0.0
+        self.broken = False
 
     def give(self, item: Item) -> None:
         self.item, self.started = item, time.monotonic()
-        self.tasks.put((item.id, dict(item.op), dict(item.config), item.profile))
+        try:
+            self.conn.send((item.id, dict(item.op), dict(item.config), item.profile))
+        except OSError:
+            self.broken = True
+
+    def alive(self) -> bool:
+        return not self.broken and self.proc.is_alive()
 
     def stop(self) -> None:
         if self.proc.is_alive():
-            with contextlib.suppress(queue.Full):
-                self.tasks.put_nowait(None)
+            with contextlib.suppress(OSError):
+                self.conn.send(None)
             self.proc.join(timeout=2)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(timeout=2)
+        self.conn.close()
 
 
 def run_pool(items: Sequence[Item], devices: Sequence[str], *, evaluator: str = DEFAULT_EVALUATOR,
@@ -123,8 +136,7 @@ def run_pool(items: Sequence[Item], devices: Sequence[str], *, evaluator: str = 
     if len({i.id for i in items}) != len(items):
         raise AutooptError("fleet: item ids must be unique")
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    workers = {d: _Worker(ctx, d, results, evaluator) for d in devices}
+    workers = {d: _Worker(ctx, d, evaluator) for d in devices}
     pending: deque[tuple[Item, int]] = deque((i, 1) for i in items)
     attempts: dict[int, int] = {}
     outcomes: dict[int, Outcome] = {}
@@ -143,9 +155,9 @@ def run_pool(items: Sequence[Item], devices: Sequence[str], *, evaluator: str = 
     try:
         while len(outcomes) < len(items):
             _assign(workers, pending, attempts, outcomes)
-            _drain(results, workers, attempts, finish, wait_s=0.1)
-            _police(ctx, workers, results, evaluator, pending, attempts, restarts, stats, finish, timeout_s)
-            if not any(w.proc.is_alive() or w.item for w in workers.values()) and pending:
+            _drain(workers, attempts, finish, wait_s=0.1)
+            _police(ctx, workers, evaluator, pending, attempts, restarts, stats, finish, timeout_s)
+            if not any(w.alive() or w.item for w in workers.values()) and pending:
                 for item, _ in pending:
                     finish(Outcome(item=item.id, device="-", status="failed", reason="every worker gave up",
                                    attempts=attempts.get(item.id, 0)))
@@ -159,7 +171,7 @@ def run_pool(items: Sequence[Item], devices: Sequence[str], *, evaluator: str = 
 def _assign(workers: dict[str, _Worker], pending: deque[tuple[Item, int]], attempts: dict[int, int],
             outcomes: Mapping[int, Outcome]) -> None:
     for w in workers.values():
-        while w.item is None and pending and w.proc.is_alive():
+        while w.item is None and pending and w.alive():
             item, attempt = pending.popleft()
             if item.id in outcomes:  # a late result already settled it
                 continue
@@ -167,35 +179,37 @@ def _assign(workers: dict[str, _Worker], pending: deque[tuple[Item, int]], attem
             w.give(item)
 
 
-def _drain(results: Any, workers: dict[str, _Worker], attempts: Mapping[int, int],
-           finish: Callable[[Outcome], None], wait_s: float) -> None:
-    try:
-        msg = results.get(timeout=wait_s)
-    except queue.Empty:
-        return
-    while True:
-        device, item_id, ok, payload = msg
-        w = workers.get(device)
-        if w is not None and w.item is not None and w.item.id == item_id:
-            w.item = None
-        finish(Outcome(item=item_id, device=device, status="done" if ok else "failed",
-                       result=payload if ok else None, reason="" if ok else str(payload),
-                       attempts=attempts.get(item_id, 1)))
-        try:
-            msg = results.get_nowait()
-        except queue.Empty:
-            return
+def _drain(workers: dict[str, _Worker], attempts: Mapping[int, int], finish: Callable[[Outcome], None],
+           wait_s: float) -> None:
+    """Every answer waiting on any worker's pipe (waits up to ``wait_s`` for the first)."""
+    by_conn = {w.conn: w for w in workers.values() if not w.broken}
+    for conn in mp_connection.wait(list(by_conn), timeout=wait_s):
+        w = by_conn[conn]
+        while True:
+            try:
+                if not w.conn.poll():
+                    break
+                device, item_id, ok, payload = w.conn.recv()
+            except (EOFError, OSError, ValueError):  # the worker died (possibly mid-message)
+                w.broken = True
+                break
+            if w.item is not None and w.item.id == item_id:
+                w.item = None
+            finish(Outcome(item=item_id, device=device, status="done" if ok else "failed",
+                           result=payload if ok else None, reason="" if ok else str(payload),
+                           attempts=attempts.get(item_id, 1)))
 
 
-def _police(ctx: Any, workers: dict[str, _Worker], results: Any, evaluator: str,
+def _police(ctx: Any, workers: dict[str, _Worker], evaluator: str,
             pending: deque[tuple[Item, int]], attempts: dict[int, int], restarts: dict[str, int],
             stats: PoolStats, finish: Callable[[Outcome], None], timeout_s: float) -> None:
     """Kill workers past their item's timeout; restart dead ones and retry (or fail) their item."""
     now = time.monotonic()
     for device, w in list(workers.items()):
         timed_out = w.item is not None and w.proc.is_alive() and now - w.started > timeout_s
-        if timed_out:
+        if timed_out or (w.broken and w.proc.is_alive()):
             w.proc.kill()
+        if timed_out or w.broken:
             w.proc.join(timeout=5)
         if w.proc.is_alive():
             continue
@@ -217,4 +231,5 @@ def _police(ctx: Any, workers: dict[str, _Worker], results: Any, evaluator: str,
         restarts[device] += 1
         stats.restarts += 1
         log.warning("fleet: restarting the worker of device %s (%s)", device, _exit_reason(w.proc.exitcode))
-        workers[device] = _Worker(ctx, device, results, evaluator)
+        w.conn.close()
+        workers[device] = _Worker(ctx, device, evaluator)

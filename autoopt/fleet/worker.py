@@ -2,7 +2,7 @@
 
 :func:`worker_main` pins the process to its device (``CUDA_VISIBLE_DEVICES``, before torch loads),
 imports the evaluator ("module:function") and answers each ``(id, op, config, profile)`` task with
-``(device, id, ok, result-or-reason)`` until it receives ``None``. An exception in the evaluator is a
+``(device, id, ok, result-or-reason)`` on its own pipe until it receives ``None``. An exception in the evaluator is a
 ``failed`` answer, not a dead worker; a crash of the process itself is the parent's to handle.
 """
 
@@ -25,21 +25,24 @@ def load_evaluator(spec: str) -> Callable[..., Mapping[str, Any]]:
     return fn
 
 
-def worker_main(device: str, tasks: Any, results: Any, evaluator: str) -> None:
+def worker_main(device: str, conn: Any, evaluator: str) -> None:
     if device.isdigit():
         os.environ["CUDA_VISIBLE_DEVICES"] = device  # this worker sees one GPU, as cuda:0
     fn = load_evaluator(evaluator)
     while True:
-        task = tasks.get()
+        try:
+            task = conn.recv()
+        except EOFError:  # the parent is gone
+            return
         if task is None:
             return
         item_id, op, config, profile = task
         try:
             out = fn(op, config, device=device, profile=profile)
         except Exception as exc:  # the item failed, the worker lives on
-            results.put((device, item_id, False, f"{type(exc).__name__}: {exc}"))
+            conn.send((device, item_id, False, f"{type(exc).__name__}: {exc}"))
             continue
-        results.put((device, item_id, True, dict(out)))
+        conn.send((device, item_id, True, dict(out)))
 
 
 def evaluate_item(op: Mapping[str, Any], config: Mapping[str, Any], *, device: str,
