@@ -77,6 +77,21 @@ class PoolStats:
     per_device: dict[str, int] = field(default_factory=dict)
 
 
+def settle(outcomes: dict[int, Outcome], stats: PoolStats, on_outcome: Callable[[Outcome], None] | None
+           ) -> Callable[[Outcome], None]:
+    """The one place an outcome is recorded (pool and Ray backend): the first for an item wins, a
+    later one is dropped and counted."""
+    def finish(o: Outcome) -> None:
+        if o.item in outcomes:
+            stats.duplicates_dropped += 1
+            return
+        outcomes[o.item] = o
+        stats.per_device[o.device] = stats.per_device.get(o.device, 0) + 1
+        if on_outcome is not None:
+            on_outcome(o)
+    return finish
+
+
 def _exit_reason(exitcode: int | None) -> str:
     if exitcode is None:
         return "still running"
@@ -142,15 +157,7 @@ def run_pool(items: Sequence[Item], devices: Sequence[str], *, evaluator: str = 
     outcomes: dict[int, Outcome] = {}
     stats = PoolStats(per_device={d: 0 for d in devices})
     restarts = {d: 0 for d in devices}
-
-    def finish(o: Outcome) -> None:
-        if o.item in outcomes:
-            stats.duplicates_dropped += 1
-            return
-        outcomes[o.item] = o
-        stats.per_device[o.device] = stats.per_device.get(o.device, 0) + 1
-        if on_outcome is not None:
-            on_outcome(o)
+    finish = settle(outcomes, stats, on_outcome)
 
     try:
         while len(outcomes) < len(items):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autoopt.errors import AutooptError
-from autoopt.fleet.pool import DEFAULT_EVALUATOR, Item, Outcome, PoolStats
+from autoopt.fleet.pool import DEFAULT_EVALUATOR, Item, Outcome, PoolStats, settle
 
 __all__ = ["run_ray"]
 
@@ -81,15 +81,7 @@ def _run(ray: Any, items: Sequence[Item], evaluator: str, timeout_s: float, work
     flight: dict[Any, tuple[int, Item, int, float]] = {}  # ref -> (actor slot, item, attempt, start)
     outcomes: dict[int, Outcome] = {}
     stats = PoolStats(per_device={})
-
-    def finish(o: Outcome) -> None:
-        if o.item in outcomes:
-            stats.duplicates_dropped += 1
-            return
-        outcomes[o.item] = o
-        stats.per_device[o.device] = stats.per_device.get(o.device, 0) + 1
-        if on_outcome is not None:
-            on_outcome(o)
+    finish = settle(outcomes, stats, on_outcome)
 
     while len(outcomes) < len(items):
         busy = {slot for slot, *_ in flight.values()}
