@@ -43,7 +43,7 @@ from autoopt.planning.model import LayerOp, ModelSpec
 from autoopt.planning.offload import OffloadPlan, from_split, weight_stream
 from autoopt.planning.quant import QuantChoice, QuantFormat, choose_format
 from autoopt.planning.replicas import ReplicaOption, compare_replicas
-from autoopt.planning.split import Device, SplitPlan, Workload, candidate_splits, devices_of
+from autoopt.planning.split import NO_RESERVE, Device, SplitPlan, Workload, candidate_splits, devices_of
 from autoopt.runtimes.registry import get_runtime
 from autoopt.runtimes.spec import RuntimeSpec
 
@@ -238,7 +238,6 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
     rt = _runtime(runtime, tensor_parallel, pipeline_parallel)
     hw = _profile(profile)
     if rt is not None:
-        hw = _usable(hw, rt)
         include_cpu = include_cpu or rt.offload == "cpu-compute"
     spec = parse_model(model)
     wl = _workload(hw.gpu, preference, batch=batch, prompt_len=prompt_len, gen_len=gen_len, context=context,
@@ -317,17 +316,6 @@ def _runtime(runtime: Any, tp: int | None, pp: int | None) -> RuntimeSpec | None
     return rt
 
 
-def _usable(hw: HardwareProfile, rt: RuntimeSpec) -> HardwareProfile:
-    """The profile with each GPU's memory cut to what the runtime leaves to weights and KV cache."""
-    import dataclasses
-
-    if rt.memory_utilization >= 1.0 and not rt.reserved_gib:
-        return hw
-    gpus = tuple(dataclasses.replace(g, memory_total_bytes=rt.usable_bytes(g.memory_total_bytes))
-                 if g.memory_total_bytes else g for g in hw.gpus)
-    return dataclasses.replace(hw, gpus=gpus)
-
-
 def _kv_dtype(rt: RuntimeSpec | None, gpu: GPUProfile | None, asked: str | None, preference: str) -> str | None:
     """The KV-cache dtype: as asked (checked against the runtime's), else the default if the runtime
     takes it, else the runtime's first 16-bit one."""
@@ -359,6 +347,11 @@ class _Shape:
             return True
         return (p.tp == 1 or self.rt.tensor_parallel) and (p.pp == 1 or self.rt.pipeline_parallel)
 
+    @property
+    def reserve(self) -> tuple[float, int]:
+        """The GPU memory the runtime keeps for itself (see :func:`autoopt.planning.split.devices_of`)."""
+        return self.rt.reserve if self.rt is not None else NO_RESERVE
+
     def describe(self) -> str:
         parts = [f"{self.rt.display}'s parallelism" if self.rt else ""]
         parts += [f"tp={self.tp}" if self.tp else "", f"pp={self.pp}" if self.pp else ""]
@@ -386,7 +379,7 @@ def _replicas(hw: HardwareProfile, spec: ModelSpec, wl: Workload, fit: _Fit, sha
     if gpus < 2 or wl.batch < 2 or fit.split is None or (shape.rt is not None and not shape.rt.data_parallel):
         return ()
     free = _Shape(rt=shape.rt, tp=None, pp=None)
-    return compare_replicas(hw, spec, fit.quant.format, wl, gpus=gpus, allowed=free.allows)
+    return compare_replicas(hw, spec, fit.quant.format, wl, gpus=gpus, allowed=free.allows, reserve=shape.reserve)
 
 
 def _replica_notes(fit: _Fit, replicas: tuple[ReplicaOption, ...]) -> tuple[str, ...]:
@@ -424,7 +417,7 @@ def _fit(hw: HardwareProfile, spec: ModelSpec, wl: Workload, *, preference: str,
     """The format the preference asks for among those that fit some split, then the fastest fitting split
     of the shapes allowed (a runtime's parallelism, fixed degrees)."""
     shape = shape or _Shape(rt=None, tp=None, pp=None)
-    devs = devices_of(hw, include_cpu=include_cpu)
+    devs = devices_of(hw, include_cpu=include_cpu, reserve=shape.reserve)
     if not devs:
         raise AutooptError(f"profile {hw.name!r} has no device with known memory size and bandwidth")
     rt = shape.rt
@@ -438,7 +431,8 @@ def _fit(hw: HardwareProfile, spec: ModelSpec, wl: Workload, *, preference: str,
         offered = ", ".join(rt.formats_for(hw.gpu))
         quant = dataclasses.replace(quant, reason=f"{quant.reason} (runtime rule: {rt.display} runs {offered} on "
                                                   f"{hw.gpu.name if hw.gpu else 'the CPU'})")
-    plans = candidate_splits(hw, spec, quant.format, wl, max_devices=max_devices, include_cpu=include_cpu)
+    plans = candidate_splits(hw, spec, quant.format, wl, max_devices=max_devices, include_cpu=include_cpu,
+                             reserve=shape.reserve)
     fitting = [p for p in plans if p.fits and shape.allows(p)]
     if fitting:
         return _placed(fitting, devs, quant)

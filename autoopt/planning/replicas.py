@@ -18,7 +18,7 @@ from typing import Any
 from autoopt.hardware.profile import HardwareProfile
 from autoopt.planning.model import ModelSpec
 from autoopt.planning.quant import QuantFormat
-from autoopt.planning.split import SplitPlan, Workload, candidate_splits
+from autoopt.planning.split import NO_RESERVE, SplitPlan, Workload, candidate_splits
 
 __all__ = ["ReplicaOption", "compare_replicas"]
 
@@ -53,7 +53,8 @@ class ReplicaOption:
 
 
 def compare_replicas(profile: HardwareProfile, model: ModelSpec, fmt: QuantFormat, wl: Workload, *,
-                     gpus: int, allowed: Any = None) -> tuple[ReplicaOption, ...]:
+                     gpus: int, allowed: Any = None, reserve: tuple[float, int] = NO_RESERVE
+                     ) -> tuple[ReplicaOption, ...]:
     """Every replica count that fits, best throughput first. ``allowed(split)`` filters splits a
     runtime cannot run (None: all)."""
     out = []
@@ -61,7 +62,7 @@ def compare_replicas(profile: HardwareProfile, model: ModelSpec, fmt: QuantForma
         if gpus % r or r > wl.batch:
             continue
         sub = dataclasses.replace(wl, batch=math.ceil(wl.batch / r))
-        plans = [p for p in candidate_splits(profile, model, fmt, sub, max_devices=gpus // r)
+        plans = [p for p in candidate_splits(profile, model, fmt, sub, max_devices=gpus // r, reserve=reserve)
                  if p.fits and (allowed is None or allowed(p))]
         if not plans:
             continue

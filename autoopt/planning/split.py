@@ -133,8 +133,16 @@ class Device:
                 "bandwidth_gbs": self.bandwidth_gbs}
 
 
-def devices_of(profile: HardwareProfile, *, include_cpu: bool = False) -> tuple[Device, ...]:
-    """The profile's GPUs (and the CPU when asked and its rates are known)."""
+#: (share of each GPU's memory, bytes of it held back) a serving runtime leaves to the plan: all of it
+NO_RESERVE = (1.0, 0)
+
+
+def devices_of(profile: HardwareProfile, *, include_cpu: bool = False,
+               reserve: tuple[float, int] = NO_RESERVE) -> tuple[Device, ...]:
+    """The profile's GPUs (and the CPU when asked and its rates are known). ``reserve`` cuts each GPU's
+    capacity to what a runtime leaves (``share x memory - held back``); the GPU itself, its identity in
+    the results store included, is unchanged."""
+    share, held = reserve
     out = []
     for g in profile.gpus:
         if not g.memory_total_bytes or not g.bandwidth_gbs:
@@ -142,8 +150,8 @@ def devices_of(profile: HardwareProfile, *, include_cpu: bool = False) -> tuple[
             continue
         # sustained bandwidth: measured when the profile has it, else spec times the copy-like share
         bw = g.measured_bandwidth_gbs or g.bandwidth_gbs * constants().stream_dram_efficiency
-        out.append(Device(index=g.index, name=g.name, kind="gpu", capacity_bytes=g.memory_total_bytes,
-                          bandwidth_gbs=bw, gpu=g))
+        out.append(Device(index=g.index, name=g.name, kind="gpu",
+                          capacity_bytes=max(0, int(g.memory_total_bytes * share) - held), bandwidth_gbs=bw, gpu=g))
     c = profile.cpu
     if include_cpu and c.mem_bandwidth_gbs and c.peak_gflops_fp32 and (c.ram_available_bytes or c.ram_total_bytes):
         out.append(Device(index=CPU, name=c.model, kind="cpu",
@@ -436,12 +444,15 @@ def hardware_key(profile: HardwareProfile) -> tuple[Any, ...]:
 
 
 def candidate_splits(profile: HardwareProfile, model: ModelSpec, fmt: QuantFormat, wl: Workload, *,
-                     max_devices: int | None = None, include_cpu: bool = False) -> tuple[SplitPlan, ...]:
-    """Every feasible split, fastest first (cached per hardware content, model, format and workload)."""
-    key = (hardware_key(profile), model, fmt, wl, max_devices, include_cpu)
+                     max_devices: int | None = None, include_cpu: bool = False,
+                     reserve: tuple[float, int] = NO_RESERVE) -> tuple[SplitPlan, ...]:
+    """Every feasible split, fastest first (cached per hardware content, model, format and workload);
+    ``reserve`` as for :func:`devices_of`."""
+    key = (hardware_key(profile), model, fmt, wl, max_devices, include_cpu, reserve)
     hit = _SPLIT_CACHE.get(key)
     if hit is None:
-        hit = _candidate_splits(profile, model, fmt, wl, max_devices=max_devices, include_cpu=include_cpu)
+        hit = _candidate_splits(profile, model, fmt, wl, max_devices=max_devices, include_cpu=include_cpu,
+                                reserve=reserve)
         if len(_SPLIT_CACHE) >= 256:
             _SPLIT_CACHE.clear()
         _SPLIT_CACHE[key] = hit
@@ -449,8 +460,9 @@ def candidate_splits(profile: HardwareProfile, model: ModelSpec, fmt: QuantForma
 
 
 def _candidate_splits(profile: HardwareProfile, model: ModelSpec, fmt: QuantFormat, wl: Workload, *,
-                      max_devices: int | None, include_cpu: bool) -> tuple[SplitPlan, ...]:
-    devs = list(devices_of(profile, include_cpu=include_cpu))
+                      max_devices: int | None, include_cpu: bool, reserve: tuple[float, int]
+                      ) -> tuple[SplitPlan, ...]:
+    devs = list(devices_of(profile, include_cpu=include_cpu, reserve=reserve))
     if not devs:
         raise ProfileError("no device with known memory size and bandwidth to place the model on", field="gpus")
     limit = min(max_devices or len(devs), len(devs))

@@ -5,8 +5,8 @@ A :class:`RuntimeSpec` is declarative: the built-ins (:mod:`autoopt.runtimes.bui
 ``autoopt_runtimes`` hook give plain dicts in the same schema, read by :meth:`RuntimeSpec.from_dict`,
 which checks every field. The planner asks a spec three questions: which weight formats it has
 kernels for on this GPU (:meth:`RuntimeSpec.formats_for`), which splits it can run
-(:meth:`RuntimeSpec.split_problem`), and how much of each GPU it leaves to weights and KV cache
-(:meth:`RuntimeSpec.usable_bytes`).
+(:meth:`RuntimeSpec.check_split`), and how much of each GPU it leaves to weights and KV cache
+(:attr:`RuntimeSpec.reserve`).
 """
 
 from __future__ import annotations
@@ -148,9 +148,11 @@ class RuntimeSpec:
             raise RuntimeRuleError(f"runs no pipeline parallelism (asked for {pp}); leave it out",
                                    runtime=self.name, rule="pipeline_parallel")
 
-    def usable_bytes(self, capacity: int) -> int:
-        """Of a GPU's ``capacity`` bytes, what weights, KV cache and autoopt's own estimates may use."""
-        return max(0, int(capacity * self.memory_utilization - self.reserved_gib * 2**30))
+    @property
+    def reserve(self) -> tuple[float, int]:
+        """(share of each GPU's memory, bytes held back): what the planner leaves to weights, KV cache
+        and its own estimates is ``share x memory - held back``."""
+        return self.memory_utilization, int(self.reserved_gib * 2**30)
 
     # -- serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
