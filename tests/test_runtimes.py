@@ -260,3 +260,9 @@ def test_cli_contradictory_or_unknown_runtime_options_are_one_line_exit_2(capsys
     assert main(["recommend", "--model", "llama-3-70b", "--profile", "h100-sxm-8x", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err
+
+
+def test_a_kv_rule_with_a_non_numeric_capability_is_refused_by_name():
+    with pytest.raises(RuntimeRuleError, match=r"min_cc must be a number like 8\.9, got 'hopper'"):
+        RuntimeSpec.from_dict({"name": "x", "formats": [{"format": "bf16"}],
+                               "kv_dtypes": [{"dtype": "fp8", "arg": "fp8", "min_cc": "hopper"}]})

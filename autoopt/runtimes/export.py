@@ -50,7 +50,7 @@ def _model_id(rec: Mapping[str, Any], model_id: str | None) -> str:
 
 
 def _serving(rec: Mapping[str, Any], rt: RuntimeSpec, model_id: str | None, flags: Mapping[str, str]
-             ) -> tuple[list[str], dict[str, Any]]:
+             ) -> tuple[list[str], dict[str, Any], dict[str, Any] | None]:
     """vLLM and SGLang share the shape of their arguments; ``flags`` maps autoopt's names to theirs."""
     tp, pp, stages = _split(rec)
     if any(_CPU in s["devices"] for s in stages):
@@ -70,17 +70,15 @@ def _serving(rec: Mapping[str, Any], rt: RuntimeSpec, model_id: str | None, flag
     if offload and offload["kind"] == "weight-stream":
         kw[flags["offload"]] = round(offload["offload_bytes"] / 1e9 + 0.5)
     replicas = rec.get("replicas") or []
+    alternative = None
     if replicas and replicas[0]["replicas"] > 1 and rec["workload"]["batch"] > 1:
-        best = replicas[0]
-        kw["_throughput_alternative"] = {flags["dp"]: best["replicas"], flags["tp"]: best["tp"],
-                                         flags["pp"]: best["pp"]}
-    args = [x for k, v in kw.items() if not k.startswith("_") for x in _flag(k, v)]
-    return args, kw
+        best = replicas[0]  # the data-parallel layout predicted to give the most tokens/s
+        alternative = {flags["dp"]: best["replicas"], flags["tp"]: best["tp"], flags["pp"]: best["pp"]}
+    args = [x for k, v in kw.items() for x in _flag(k, v)]
+    return args, kw, alternative
 
 
 def _flag(key: str, value: Any) -> list[str]:
-    if key.startswith("_"):
-        return []
     if value is True:
         return [key]
     return [key, str(value)]
@@ -98,15 +96,17 @@ _SGLANG = {"model": "--model-path", "tp": "--tp-size", "pp": "--pp-size", "quant
 
 def _vllm(rec: Mapping[str, Any], rt: RuntimeSpec, model_id: str | None, profile: Mapping[str, Any]
           ) -> dict[str, Any]:
-    args, kw = _serving(rec, rt, model_id, _VLLM)
+    args, kw, alt = _serving(rec, rt, model_id, _VLLM)
     # `vllm serve` takes the model as its positional argument (engine_args.html: "vllm serve <model>")
-    return {"command": "vllm serve", "args": [kw["--model"], *args[2:]], "kwargs": kw}
+    return {"command": "vllm serve", "args": [kw["--model"], *args[2:]], "kwargs": kw,
+            "throughput_alternative": alt}
 
 
 def _sglang(rec: Mapping[str, Any], rt: RuntimeSpec, model_id: str | None, profile: Mapping[str, Any]
             ) -> dict[str, Any]:
-    args, kw = _serving(rec, rt, model_id, _SGLANG)
-    return {"command": "python -m sglang.launch_server", "args": args, "kwargs": kw}
+    args, kw, alt = _serving(rec, rt, model_id, _SGLANG)
+    return {"command": "python -m sglang.launch_server", "args": args, "kwargs": kw,
+            "throughput_alternative": alt}
 
 
 def _llama_cpp(rec: Mapping[str, Any], rt: RuntimeSpec, model_id: str | None, profile: Mapping[str, Any]

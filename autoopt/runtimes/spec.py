@@ -43,6 +43,13 @@ def _need(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], wher
     return value
 
 
+def _min_cc(data: Mapping[str, Any], where: str) -> float | None:
+    min_cc = data.get("min_cc")
+    if min_cc is not None and (isinstance(min_cc, bool) or not isinstance(min_cc, (int, float))):
+        raise RuntimeRuleError(f"{where}: min_cc must be a number like 8.9, got {min_cc!r}", rule="schema")
+    return None if min_cc is None else float(min_cc)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FormatRule:
     """One weight format a runtime has kernels for, from compute capability ``min_cc`` (None: any GPU).
@@ -68,12 +75,8 @@ class FormatRule:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> FormatRule:
-        min_cc = data.get("min_cc")
-        if min_cc is not None and (isinstance(min_cc, bool) or not isinstance(min_cc, (int, float))):
-            raise RuntimeRuleError(f"{where}: min_cc must be a number like 8.9, got {min_cc!r}", rule="schema")
-        return cls(format=_need(data, "format", str, where), arg=data.get("arg"),
-                   min_cc=None if min_cc is None else float(min_cc), cpu=bool(data.get("cpu", False)),
-                   note=str(data.get("note", "")))
+        return cls(format=_need(data, "format", str, where), arg=data.get("arg"), min_cc=_min_cc(data, where),
+                   cpu=bool(data.get("cpu", False)), note=str(data.get("note", "")))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,7 +176,7 @@ class RuntimeSpec:
         formats = tuple(FormatRule.from_dict(f, f"{where} format {i}")
                         for i, f in enumerate(_need(data, "formats", (list, tuple), where)))
         kv = tuple(KvRule(dtype=_need(k, "dtype", str, where), arg=_need(k, "arg", str, where),
-                          min_cc=k.get("min_cc")) for k in _need(data, "kv_dtypes", (list, tuple), where))
+                          min_cc=_min_cc(k, where)) for k in _need(data, "kv_dtypes", (list, tuple), where))
         offload = data.get("offload", "none")
         if offload not in OFFLOAD_KINDS:
             raise RuntimeRuleError(f"{where}: offload must be one of {', '.join(OFFLOAD_KINDS)}, got {offload!r}",
