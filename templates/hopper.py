@@ -1,17 +1,20 @@
 """Hopper persistent TMA + WGMMA GEMM template (backend kernel ``gemm_tma``), sm_90a only.
 
-Keys: ``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages``; path
+Keys: ``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, num_warps, num_stages``; path
 ``tma_wgmma``. The grid is one program per SM walking tiles in group-M order
 (Triton tutorial 09); A, W and C go through TMA descriptors, so the TMA rules
 (16-byte row strides, box <= 256 per dim, >= 16-byte inner box row) and the
 WGMMA rules (BLOCK_M % 64, whole warpgroups, N multiple of 8 up to 256, K per
 instruction 16 / 32 for 16-/8-bit types) are hard constraints here. The C tile
-is staged in its own shared-memory buffer for the TMA store.
+is staged in its own shared-memory buffer for the TMA store (fp32 partials
+under split-K). Split-K is offered only where the output tiles make fewer than
+two waves over the SMs (see :func:`tma_splits`); configs stored before split-K
+existed carry no ``SPLIT_K`` key and read as ``SPLIT_K=1``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import partial
 
 from autoopt.hardware.profile import GPUProfile
@@ -22,6 +25,7 @@ from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
 from autoopt.kernels.pruning import BoundedSpace, cached, gpu_key
 from autoopt.kernels.template import Prediction, Template
 from autoopt.templates.gemm import (
+    Leaves,
     LazyTiles,
     StageFacts,
     TileTable,
@@ -39,12 +43,33 @@ from autoopt.templates.gemm import (
 
 __all__ = ["HopperTmaGemmTemplate"]
 
-KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
 MIN_BM, MIN_BN, MIN_BK = 64, 64, 32
 BMS = BNS = (64, 128, 256)
 #: GROUP_M 8 only: see templates/gemm.py GROUPS for the measurement behind it
 WARPS, STAGES, GROUPS = (4, 8), (2, 3, 4, 5, 6), (8,)
-_NO_SPLIT = (1,)  # no SPLIT_K key: one K-slice (the bound's split)
+#: K-slices offered when the tiles underfill the GPU: TMA zero-fills a ragged last slice, so any
+#: count works, not only powers of two (3 and 6 matter: 96 tiles x 3 = 288 units = 2.2 waves on 132 SMs)
+SPLITS = (2, 3, 4, 6, 8)
+#: a slice keeps at least this many K elements: 4 BLOCK_K=64 iterations to amortise the pipeline fill
+MIN_SLICE_K = 256
+
+
+def tma_splits(gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int) -> list[int]:
+    """SPLIT_K values for one tile: 1, plus the splits of :data:`SPLITS` when the output tiles make
+    fewer than two waves over the SMs, keeping at most 4 waves of units and slices of at least
+    :data:`MIN_SLICE_K` (and one BLOCK_K tile) of K."""
+    m, n, k = op.shape
+    sms = gpu.sm_count or 1
+    tiles = -(-m // bm) * -(-n // bn)
+    if tiles >= 2 * sms:
+        return [1]
+    return [1] + [s for s in SPLITS if tiles * s <= 4 * sms and k // s >= max(MIN_SLICE_K, bk)]
+
+
+def _params(config: KernelConfig) -> Mapping[str, int]:
+    """The config's params with ``SPLIT_K`` defaulted to 1 (configs from before split-K lack it)."""
+    return config.params if "SPLIT_K" in config.params else {**config.params, "SPLIT_K": 1}
 
 
 class HopperTmaGemmTemplate(Template):
@@ -64,26 +89,31 @@ class HopperTmaGemmTemplate(Template):
         for bm in blocks(BMS, m, MIN_BM):
             for bn in blocks(BNS, n, MIN_BN):
                 for bk in blocks(block_ks(op.dtype), k, MIN_BK):
+                    splits = tma_splits(gpu, op, bm, bn, bk)
                     for warps in WARPS:
                         for stages in STAGES:
                             for g in GROUPS:
-                                yield KernelConfig(kernel=self.kernel, template=self.name, path="tma_wgmma",
-                                                   params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                                                           "GROUP_M": g, "num_warps": warps, "num_stages": stages})
+                                for s in splits:
+                                    yield KernelConfig(kernel=self.kernel, template=self.name, path="tma_wgmma",
+                                                       params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                                               "GROUP_M": g, "SPLIT_K": s, "num_warps": warps,
+                                                               "num_stages": stages})
 
     @staticmethod
     def resources(gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> tuple[int, float, int]:
         lim = C.limits(gpu)
-        p = config.params
-        epilogue = p["BLOCK_M"] * p["BLOCK_N"] * DTYPE_BYTES[op.out_dtype or op.dtype]
+        p = _params(config)
+        # the TMA store stages the C tile in shared memory: fp32 partials under split-K
+        epilogue = p["BLOCK_M"] * p["BLOCK_N"] * (4 if p["SPLIT_K"] > 1 else DTYPE_BYTES[op.out_dtype or op.dtype])
         smem = C.gemm_smem_bytes(p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], config.num_stages,
                                  DTYPE_BYTES[op.dtype], epilogue_bytes=int(epilogue))
         regs = C.gemm_regs_per_thread(p["BLOCK_M"], p["BLOCK_N"], config.num_warps, lim.warp_size, wgmma=True)
         return smem, regs, config.num_warps * lim.warp_size
 
     @staticmethod
-    def tma_rules(op: OpSpec, bm: int, bn: int, bk: int) -> list[str]:
-        """TMA descriptor rules for A [M,K], W ([N,K] or [K,N]) and C [M,N] (innermost dim first)."""
+    def tma_rules(op: OpSpec, bm: int, bn: int, bk: int, split: int = 1) -> list[str]:
+        """TMA descriptor rules for A [M,K], W ([N,K] or [K,N]) and C [M,N] (innermost dim first);
+        under split-K, C is the fp32 workspace ``[SPLIT_K * M_PAD, N]``."""
         m, n, k = op.shape
         e = DTYPE_BYTES[op.dtype]
         oe = DTYPE_BYTES[op.out_dtype or op.dtype]
@@ -92,10 +122,14 @@ class HopperTmaGemmTemplate(Template):
             out += C.tma_problems((k, n), (int(k * e),), (bk, bn), e, "W")
         else:
             out += C.tma_problems((n, k), (int(n * e),), (bn, bk), e, "W")
-        out += C.tma_problems((n, m), (int(n * oe),), (bn, bm), oe, "C")
-        return out
+        if split > 1:
+            m_pad = -(-m // bm) * bm
+            return out + C.tma_problems((n, split * m_pad), (n * 4,), (bn, bm), 4, "split-K workspace")
+        return out + C.tma_problems((n, m), (int(n * oe),), (bn, bm), oe, "C")
 
     def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
+        config = KernelConfig(kernel=config.kernel, template=config.template, path=config.path,
+                              params=_params(config))
         out = config_problems(config, KEYS, self.kernel)
         if out:
             return out
@@ -115,7 +149,8 @@ class HopperTmaGemmTemplate(Template):
             return out
         out += C.check_threads(lim, warps)
         out += C.wgmma_problems(bm, bn, bk, warps, op.dtype)
-        out += self.tma_rules(op, bm, bn, bk)
+        out += C.check_split_k(p["SPLIT_K"], bk, k)
+        out += self.tma_rules(op, bm, bn, bk, p["SPLIT_K"])
         if config.num_stages < 2:
             out.append(f"num_stages={config.num_stages}: the TMA pipeline needs >= 2 buffers")
         if p["GROUP_M"] < 1:
@@ -165,7 +200,7 @@ class HopperTmaGemmTemplate(Template):
         op = OpSpec(kind="gemm", shape=(bm, bn, bk), dtype=dtype, out_dtype=out_dtype)
         return probe_t_comp(self, gpu, op, KernelConfig(
             kernel=self.kernel, template=self.name, path=path,
-            params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "num_warps": w,
+            params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "num_warps": w,
                     "num_stages": st}))
 
     def bounded_space(self, gpu: GPUProfile, op: OpSpec) -> BoundedSpace | None:
@@ -175,17 +210,25 @@ class HopperTmaGemmTemplate(Template):
         if (not (f.tma and f.wgmma) or C.check_dtype(gpu, op.dtype) or self.tma_rules(op, MIN_BM, MIN_BN, MIN_BK)
                 or C.check_threads(C.limits(gpu), max(WARPS))):
             return None  # every config is rejected for the op itself: the exhaustive path words it
-        out_dtype = op.out_dtype or op.dtype
-        tables = self.tables(gpu, op.dtype, out_dtype)
+        # split-K tiles stage fp32 partials for the TMA store: their own table (smem per stage count)
+        tables = self.tables(gpu, op.dtype, op.out_dtype or op.dtype)
+        split_tables = self.tables(gpu, op.dtype, "fp32")
         bns, bks = blocks(BNS, n, MIN_BN), blocks(block_ks(op.dtype), k, MIN_BK)
-        walk = ((tables[(bm, bn, bk)], len(GROUPS), (bm, bn, bk), _NO_SPLIT,
-                 partial(self._leaves, bm, bn, bk))
-                for bm in blocks(BMS, m, MIN_BM) for bn in bns for bk in bks)
-        return matmul_space(self.kernel, MatmulBound(gpu, op), len(WARPS) * len(STAGES), walk,
+
+        def walk() -> Iterator[tuple[TileTable, int, tuple[int, int, int], list[int], Leaves]]:
+            for bm in blocks(BMS, m, MIN_BM):
+                for bn in bns:
+                    for bk in bks:
+                        tile, leaves = (bm, bn, bk), partial(self._leaves, bm, bn, bk)
+                        yield tables[tile], len(GROUPS), tile, [1], leaves
+                        splits = tma_splits(gpu, op, bm, bn, bk)[1:]
+                        if splits:
+                            yield split_tables[tile], len(GROUPS) * len(splits), tile, splits, leaves
+        return matmul_space(self.kernel, MatmulBound(gpu, op), len(WARPS) * len(STAGES), walk(),
                             persistent=True)
 
-    def _leaves(self, bm: int, bn: int, bk: int, _split: int, w: int, path: str,
+    def _leaves(self, bm: int, bn: int, bk: int, split: int, w: int, path: str,
                 st: int) -> list[KernelConfig]:
         return [KernelConfig(kernel=self.kernel, template=self.name, path=path,
-                             params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "num_warps": w,
-                                     "num_stages": st}) for g in GROUPS]
+                             params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "SPLIT_K": split,
+                                     "num_warps": w, "num_stages": st}) for g in GROUPS]

@@ -14,12 +14,19 @@ registers x 1024 > 65536, the whole register file), and a 131072-wide fp32 row
 (512 KB) is twice the register file, so only looped works there, as measured
 (single-pass wins up to N = 32768 on H100). ``rank(..., force=...)``
 forces either variant.
+
+``rmsnorm_split`` (keys ``BLOCK_N, SPLIT_N, num_warps``) splits each row over
+``SPLIT_N`` programs in two launches (partial sums, then normalise): offered for
+RMSNorm when the rows are too few to give every SM eight programs and wide enough
+to give each program at least one ``BLOCK_N`` chunk; at 64 x 262144 one program
+per row leaves 68 of 132 SMs idle (measured 36 % of copy bandwidth on H100).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from autoopt.hardware.profile import GPUProfile
@@ -35,6 +42,12 @@ __all__ = ["NormTemplate"]
 
 SINGLE_KEYS = ("BLOCK_N", "ROWS_PER_PROGRAM", "num_warps")
 LOOPED_KEYS = ("BLOCK_N", "num_warps")
+SPLIT_KEYS = ("BLOCK_N", "SPLIT_N", "num_warps")
+#: row splits and chunk widths offered to ``rmsnorm_split``
+SPLIT_NS, SPLIT_BLOCKS, SPLIT_WARPS = (2, 4, 8, 16, 32, 64, 128, 256), (1024, 2048, 4096), (4, 8)
+#: rows below this many per SM are offered split programs: 64 x 262144 (0.5 per SM) split 16 ways
+#: measured 53 % of copy on H100 against 36 % looped; 1024 x 65536 (7.8 per SM) looped 75 %
+_SPLIT_ROWS_PER_SM = 8
 #: fp32 values per column a looped kernel keeps live: rmsnorm (sum x^2, x), layernorm (sum, sum sq, x),
 #: softmax (running max, running sum, x).
 _LOOPED_LIVE = {"rmsnorm": 2, "layernorm": 3, "softmax": 3}
@@ -74,22 +87,45 @@ class NormTemplate(Template):
             for warps in warp_opts:
                 yield KernelConfig(kernel=f"{op.kind}_looped", template=self.name, path="standard",
                                    params={"BLOCK_N": b, "num_warps": warps})
+        yield from self._split_space(gpu, op)
+
+    def _split_space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+        """``rmsnorm_split`` configs: only for RMSNorm with fewer than ``_SPLIT_ROWS_PER_SM`` rows per
+        SM, with every program owning at least one chunk (``SPLIT_N * BLOCK_N <= N``) and at most 64
+        programs per SM."""
+        rows, n = op.shape
+        sms = gpu.sm_count or 1
+        if op.kind != "rmsnorm" or rows >= _SPLIT_ROWS_PER_SM * sms:
+            return
+        for b in SPLIT_BLOCKS:
+            for sp in SPLIT_NS:
+                if sp * b > n or rows * sp > 64 * sms:
+                    continue
+                for warps in SPLIT_WARPS:
+                    yield KernelConfig(kernel="rmsnorm_split", template=self.name, path="standard",
+                                       params={"BLOCK_N": b, "SPLIT_N": sp, "num_warps": warps})
 
     @staticmethod
     def regs(op: OpSpec, config: KernelConfig, threads: int) -> float:
         p = config.params
         if config.kernel.endswith("_single"):
             return p.get("ROWS_PER_PROGRAM", 1) * p["BLOCK_N"] / threads + C.REG_OVERHEAD
+        if config.kernel.endswith("_split"):
+            return _LOOPED_LIVE["rmsnorm"] * p["BLOCK_N"] / threads + C.REG_OVERHEAD
         return _LOOPED_LIVE[op.kind] * p["BLOCK_N"] / threads + C.REG_OVERHEAD
 
     def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
         single = config.kernel == f"{op.kind}_single"
-        if not single and config.kernel != f"{op.kind}_looped":
+        split = config.kernel == "rmsnorm_split" and op.kind == "rmsnorm"
+        if not (single or split) and config.kernel != f"{op.kind}_looped":
+            extra = ", rmsnorm_split" if op.kind == "rmsnorm" else ""
             return [f"kernel {config.kernel!r} does not compute op {op.kind!r} "
-                    f"(expected {op.kind}_single or {op.kind}_looped)"]
-        out = missing_keys(config, SINGLE_KEYS if single else LOOPED_KEYS)
+                    f"(expected {op.kind}_single, {op.kind}_looped{extra})"]
+        out = missing_keys(config, SINGLE_KEYS if single else SPLIT_KEYS if split else LOOPED_KEYS)
         if out:
             return out
+        if split:
+            return self._split_problems(gpu, op, config)
         if config.path != "standard":
             return [f"path {config.path!r}: norm kernels run 'standard'"]
         _rows, n = op.shape
@@ -118,6 +154,36 @@ class NormTemplate(Template):
             problems = [f"row of {bn} fp32 does not fit on chip with {threads} threads: {problems[0]}"]
         return problems
 
+    def _split_problems(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
+        """validate for ``rmsnorm_split``: power-of-two blocks, every program owning a chunk, registers."""
+        _rows, n = op.shape
+        p, lim = config.params, C.limits(gpu)
+        if config.path != "standard":
+            return [f"path {config.path!r}: norm kernels run 'standard'"]
+        out = C.check_pow2("BLOCK_N", p["BLOCK_N"]) + C.check_pow2("SPLIT_N", p["SPLIT_N"])
+        if not out and p["SPLIT_N"] * p["BLOCK_N"] > n:
+            out.append(f"SPLIT_N={p['SPLIT_N']} x BLOCK_N={p['BLOCK_N']} > N={n}: programs without a chunk "
+                       f"(use fewer splits or a smaller block)")
+        out += C.check_threads(lim, config.num_warps)
+        if out:
+            return out
+        threads = config.num_warps * lim.warp_size
+        if p["BLOCK_N"] < threads:
+            return [f"{threads} threads for {p['BLOCK_N']} elements: idle threads (use fewer warps)"]
+        return C.check_regs(lim, self.regs(op, config, threads), threads)
+
+    def _split_terms(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> dict[str, Any]:
+        """predict_stream's arguments for ``rmsnorm_split``: the first launch's chunks are the exposed
+        loads; the second re-reads x in reverse order, from L2 up to its usable size, the rest from DRAM."""
+        rows, n = op.shape
+        e = DTYPE_BYTES[op.dtype]
+        p = config.params
+        chunk = math.ceil(math.ceil(n / p["SPLIT_N"]) / p["BLOCK_N"]) * p["BLOCK_N"]
+        reread = rows * n * e
+        l2_keep = (gpu.l2_bytes or 0) * constants().l2_usable_fraction
+        return {"programs": rows * p["SPLIT_N"], "iters": chunk // p["BLOCK_N"], "bytes_per_iter": p["BLOCK_N"] * e,
+                "dram_bytes": op.min_bytes + max(0.0, reread - l2_keep), "l2_bytes": min(float(reread), l2_keep)}
+
     def predict(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> Prediction:
         rows, n = op.shape
         e = DTYPE_BYTES[op.dtype]
@@ -125,6 +191,14 @@ class NormTemplate(Template):
         p = config.params
         threads = config.num_warps * lim.warp_size
         regs = self.regs(op, config, threads)
+        if config.kernel.endswith("_split"):
+            t = self._split_terms(gpu, op, config)
+            pred = predict_stream(gpu, op, threads=threads, smem_bytes=0, regs_per_thread=regs,
+                                  reason=f"split rows: {p['SPLIT_N']} programs per row, partials then normalise "
+                                         f"(2 launches), second read mostly from L2", **t)
+            launch = constants().launch_us  # the second launch
+            return replace(pred, us=pred.us + launch,
+                           breakdown={**pred.breakdown, "launch_us": pred.breakdown.get("launch_us", 0.0) + launch})
         if config.kernel.endswith("_single"):
             r = p["ROWS_PER_PROGRAM"]
             return predict_stream(gpu, op, programs=math.ceil(rows / r), threads=threads, smem_bytes=0,
@@ -173,7 +247,11 @@ class NormTemplate(Template):
             if problem is not None:
                 tally.reject(cfg.kernel, problem)
                 continue
-            if "ROWS_PER_PROGRAM" in p:
+            if cfg.kernel == "rmsnorm_split":
+                t = self._split_terms(gpu, op, cfg)
+                b = bound(t["programs"], occ, t["iters"], t["bytes_per_iter"], t["dram_bytes"], t["l2_bytes"])
+                b += bound.c.launch_us
+            elif "ROWS_PER_PROGRAM" in p:
                 r = p["ROWS_PER_PROGRAM"]
                 b = bound(math.ceil(rows / r), occ, 1, r * n * e, op.min_bytes)
             else:

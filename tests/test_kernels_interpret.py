@@ -175,3 +175,19 @@ def test_split_k_gemv_refuses_a_strided_output_before_launch():
     params = {"BLOCK_M": 2, "BLOCK_N": 16, "BLOCK_K": 32, "SPLIT_K": 2, "num_warps": 1, "num_stages": 1}
     with pytest.raises(ValueError, match="contiguous output"):
         gemv_prepare(x, w, out, params)
+
+
+@pytest.mark.parametrize("split_k,shape", [(2, (33, 48, 64)), (3, (70, 40, 80)), (4, (17, 32, 48))])
+def test_gemm_tma_split_k_sums_every_slice_without_mixing_ragged_rows(split_k: int, shape: tuple) -> None:
+    # M not a multiple of BLOCK_M: each slice's workspace rows are padded to M_PAD, so one slice's
+    # ragged last tile never lands in the next slice; K=48 in 16-wide tiles over 4 slices leaves one empty
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("gemm_tma needs TMA (sm_90+)")
+    assert_correct(OpSpec(kind="gemm", shape=shape, dtype="fp16"), gemm_cfg("gemm_tma", SPLIT_K=split_k))
+
+
+@pytest.mark.parametrize("shape,block_n,split_n", [((3, 1000), 64, 4), ((4, 70), 16, 8), ((2, 4096), 256, 16)])
+def test_rmsnorm_split_rows_matches_the_reference(shape: tuple, block_n: int, split_n: int) -> None:
+    # (4, 70) in 16-wide chunks over 8 programs: the last programs own no columns and add nothing
+    cfg = KernelConfig(kernel="rmsnorm_split", params=dict(BLOCK_N=block_n, SPLIT_N=split_n, num_warps=4))
+    assert_correct(OpSpec(kind="rmsnorm", shape=shape, dtype="fp32"), cfg)

@@ -52,7 +52,9 @@ def _replay_grid():
         for section in ("gemm", "gemm_tma"):
             for row in grid.get(section, {}).get(key, {}).get("configs", []):
                 if row["label"] == "measured":
-                    times[(section, tuple(sorted(row["config"].items())))] = row["us"]
+                    # the grid predates split-K in the TMA kernel: its configs are SPLIT_K=1
+                    params = {"SPLIT_K": 1, **row["config"]} if section == "gemm_tma" else row["config"]
+                    times[(section, tuple(sorted(params.items())))] = row["us"]
         use = _templates("gemm", *(["hopper-tma-gemm"] if key in grid["gemm_tma"] else []))
         op = OpSpec(kind="gemm", shape=(m, n, k))
         space = rank(H200.gpu, op, top=100_000, exhaustive=True, templates=use).candidates

@@ -69,6 +69,7 @@ KERNELS: dict[str, KernelEntry] = {
     "gelu_tanh_mul": KernelEntry(name="gelu_tanh_mul", kinds=("gelu_tanh_mul",), module=f"{_KERNELS}.gated"),
     **{f"{k}_{v}": KernelEntry(name=f"{k}_{v}", kinds=(k,), module=f"{_KERNELS}.norm")
        for k in ("rmsnorm", "layernorm", "softmax") for v in ("single", "looped")},
+    "rmsnorm_split": KernelEntry(name="rmsnorm_split", kinds=("rmsnorm",), module=f"{_KERNELS}.norm"),
 }
 
 

@@ -122,6 +122,14 @@ class CostConstants:
     #: geomean 0.967 of the best timed config over 9 ops, against 0.960 with 8).
     warps_for_full_bandwidth: float = 16.0
 
+    #: DRAM bandwidth one SM can pull, as a multiple of its even share (total / SM count): a grid
+    #: that leaves SMs idle, or gives some SMs one tile more than others, cannot make the busy SMs
+    #: stream faster to compensate. Fitted on decode gate_up 1x28672x4096 bf16, the GEMM kernel with
+    #: BLOCK_N=256 (112 tiles, one per SM on 112 of 132 SMs) against the best GEMV config of the same
+    #: sweep: H100 99.9 vs 91.1 us, H200 73.1 vs 65.1 us (benchmarks/results/{h100,h200}/tune_llm.jsonl),
+    #: where a per-SM cap h predicts (132 / 112) / h: h = 1.07 and 1.05.
+    sm_dram_share: float = 1.06
+
     #: issue cost of one 16-byte global->shared copy per thread (us): a K-iteration cannot finish
     #: before each thread has issued its share of the A and W tiles. H200 GEMV sweep at M = 16
     #: (benchmarks/results/h200/stream_gemv16.json), 16x6144x4096: a 16x64x256 tile on 1 warp
@@ -363,6 +371,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     # register-fed loads (the FMA path) need enough warps in flight; cp.async/TMA stages do not
     in_flight = min(1.0, conc * warps / c.warps_for_full_bandwidth) if mma == "fma" else 1.0
     dram_us = dram_bytes / (bw * c.dram_efficiency * in_flight) * 1e6
+    dram_us = max(dram_us, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, bw * c.dram_efficiency, c))
     launch = c.launch_us
     reduce_us = 0.0
     if split > 1:  # fp32 partials read back by a second kernel, output written once
@@ -390,6 +399,19 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     return _finish(gpu, op, terms, total, reason)
 
 
+def busiest_sm_dram_us(m: int, n: int, k: int, bm: int, bn: int, split: int, e: float, sms: int,
+                       dram_rate: float, c: CostConstants) -> float:
+    """DRAM time of the SM with the most tiles, at :attr:`CostConstants.sm_dram_share` of its even
+    share of ``dram_rate``. Each tile's W block is fetched from DRAM once per row of M-tiles sharing
+    it (the rest come from L2), and its A block once per column of N-tiles; so the term binds only
+    where M or N is one tile wide and the tiles spread unevenly over the SMs (decode, skinny prefill)."""
+    tm, tn = -(-m // bm), -(-n // bn)
+    tiles_per_sm = -(-(tm * tn * split) // sms)
+    k_slice = -(-k // split)
+    tile_bytes = (min(bn, n) / tm + min(bm, m) / tn) * k_slice * e
+    return tiles_per_sm * tile_bytes / (c.sm_dram_share * dram_rate / sms) * 1e6
+
+
 # -- lower bounds of predict_matmul (branch-and-bound ranking) ---------------------------
 #
 # The ranking prunes whole groups of configs whose lower bound already exceeds the k-th best
@@ -405,6 +427,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
 #   fills = ceil(tiles_per_sm / conc) * lat >= ceil(tiles_per_sm / conc_hi) * lat (persistent: exact);
 #   epilogue = tiles_per_sm * epilogue_iters * t_it >= the same with iter_us (constants are >= 0);
 #   dram_us: the reuse factors ra, rw from _reuse are >= 1, so perfect reuse (1, 1) is a floor;
+#     its busiest-SM floor depends only on the blocks and split: exact;
 #   reduce_us and launch depend only on split-K and the shape: exact;
 #   _softmax(a, b, p) = (a^p + b^p)^(1/p) is nondecreasing in a and in b for a, b >= 0, p > 0.
 # Hence softmax(sm_lb, dram_lb) + reduce + launch <= predict_matmul(...).us.
@@ -471,6 +494,7 @@ class MatmulBound:
                 fills = -(-tiles_per_sm // conc) * lat
             a = tiles_per_sm * k_iters * t_eff + fills + tiles_per_sm * epi * iter_us
             b, fixed = self._split1 if split == 1 else self._fixed(split)
+            b = max(b, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, self.dram_rate, c))
             hi = a if a > b else b
             out.append(fixed if hi <= 0 else hi * ((a / hi) ** p + (b / hi) ** p) ** inv_p + fixed)
         return out
@@ -494,6 +518,7 @@ class MatmulBound:
             fills = -(-tiles_per_sm // conc) * lat
         a = tiles_per_sm * k_iters * t_eff + fills + tiles_per_sm * c.epilogue_iters * iter_us
         b, fixed = self._split1 if split == 1 else self._fixed(split)
+        b = max(b, busiest_sm_dram_us(self.m, self.n, self.k, bm, bn, split, self.e, self.sms, self.dram_rate, c))
         p = c.overlap_exponent
         hi = a if a > b else b  # _softmax(a, b, p), inlined
         if hi <= 0:

@@ -87,26 +87,29 @@ def _gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K,  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def _splitk_reduce_kernel(ws_ptr, c_ptr, MN, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
-    """c[i] = sum_s ws[s, i] in a fixed order (deterministic), cast to c's dtype."""
+def _splitk_reduce_kernel(ws_ptr, c_ptr, MN, stride_s, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    """c[i] = sum_s ws[s * stride_s + i] in a fixed order (deterministic), cast to c's dtype."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):
-        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
+        acc += tl.load(ws_ptr + s * stride_s + offs, mask=mask, other=0.0)
     tl.store(c_ptr + offs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 _REDUCE_BLOCK = 1024  # 1024 fp32 per program: 4 warps x 32 lanes x 8 elements (two 16-byte loads)
 
 
-def splitk_reduce_prepare(ws: Any, out: Any, split_k: int) -> Callable[[], None]:
-    """A launcher summing the ``[split_k, M, N]`` fp32 workspace into contiguous ``out``."""
+def splitk_reduce_prepare(ws: Any, out: Any, split_k: int, *, split_stride: int | None = None) -> Callable[[], None]:
+    """A launcher summing the fp32 workspace's ``split_k`` slices into contiguous ``out``. Slice ``s``
+    starts ``split_stride`` elements after slice ``s - 1`` (default ``out.numel()``: a ``[split_k, M, N]``
+    workspace) and holds ``out``'s elements in the same row-major order."""
     mn = out.numel()
+    stride = mn if split_stride is None else split_stride
     grid = (triton.cdiv(mn, _REDUCE_BLOCK),)
 
     def run() -> None:
-        _splitk_reduce_kernel[grid](ws, out, mn, SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK, num_warps=4)
+        _splitk_reduce_kernel[grid](ws, out, mn, stride, SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK, num_warps=4)
     return run
 
 

@@ -9,6 +9,16 @@ device-side scratch, so no ``triton.set_allocator`` is required. TMA pads
 out-of-bounds boxes with zeros and clips out-of-bounds stores, so ragged
 edges need no masks. Rows must be 16-byte aligned (a TMA rule): K*elem and
 N*out_elem divisible by 16.
+
+Split-K (``SPLIT_K > 1``): the persistent loop walks ``tiles x SPLIT_K`` work
+units, split-major (units running together share a K-slice of A across N
+tiles, as group-M intends), and each writes its fp32 partial tile through a
+TMA descriptor over a ``[SPLIT_K * M_PAD, N]`` workspace (M_PAD = M rounded up
+to BLOCK_M, so one slice's ragged last rows never land in the next slice);
+``gemm.splitk_reduce_prepare`` then sums the slices in a fixed order. It pays
+where the output tiles underfill the SMs: at 256 x 6144 x 4096 with 128 x 128
+tiles there are 96 tiles for 132 SMs (a third idle); SPLIT_K=4 gives 384 units,
+2.9 waves of a quarter the K each.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from autoopt.backend.kernels.gemm import k_split, splitk_reduce_prepare
 from autoopt.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -31,16 +42,17 @@ __all__ = ["gemm_tma_prepare", "tma_support"]
 # as its type or specialisation (``n: int`` would pin n to i32), so each is exempt from mypy's
 # no-untyped-def by a `type: ignore` on its def line.
 @triton.jit
-def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K,  # type: ignore[no-untyped-def]
+def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K, tiles_per_split, M_PAD,  # type: ignore[no-untyped-def]
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, KN: tl.constexpr):
+                     GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, KN: tl.constexpr, SPLIT_K: tl.constexpr):
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
     num_pid_in_group = GROUP_M * num_pid_n
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+    for unit in tl.range(start_pid, num_tiles * SPLIT_K, NUM_SMS, flatten=True):
+        ks = unit // num_tiles
+        tile_id = unit % num_tiles
         group_id = tile_id // num_pid_in_group
         first_pid_m = group_id * GROUP_M
         group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
@@ -48,9 +60,10 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K,  # type: ignore[no-untyped
         pid_n = (tile_id % num_pid_in_group) // group_size_m
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
+        k0 = ks * tiles_per_split * BLOCK_K
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            off_k = ki * BLOCK_K
+        for ki in range(tiles_per_split):
+            off_k = k0 + ki * BLOCK_K  # past K: TMA fills the box with zeros
             a = a_desc.load([off_m, off_k])
             if KN:
                 b = b_desc.load([off_k, off_n])
@@ -58,7 +71,10 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K,  # type: ignore[no-untyped
             else:
                 b = b_desc.load([off_n, off_k])
                 acc = tl.dot(a, b.T, acc)
-        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+        if SPLIT_K == 1:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+        else:
+            c_desc.store([ks * M_PAD + off_m, off_n], acc)
 
 
 def tma_support(device: Any) -> str | None:
@@ -99,17 +115,31 @@ def gemm_tma_prepare(a: Any, w: Any, out: Any, params: dict[str, int], *,
             raise BackendError(f"gemm_tma: {name} rows must be contiguous and 16-byte aligned "
                                f"(TMA rule); got strides {tuple(t.stride())}, {t.element_size()} B/elem")
     bm, bn, bk = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"]
+    split_k = params.get("SPLIT_K", 1)
     a_desc = TensorDescriptor.from_tensor(a, [bm, bk])
     b_desc = TensorDescriptor.from_tensor(w, [bn, bk] if layout == "nk" else [bk, bn])
-    c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
     # on the interpreter (no CUDA device): a few programs, so the persistent tile loop is exercised
     num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.device.type == "cuda" else 4
-    num_tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    grid = (min(num_tiles, num_sms),)
+    m_pad = triton.cdiv(M, bm) * bm
+    tiles_per_split, _ = k_split(K, bk, split_k)
+    units = triton.cdiv(M, bm) * triton.cdiv(N, bn) * split_k
+    grid = (min(units, num_sms),)
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=params.get("GROUP_M", 8),
-                NUM_SMS=num_sms, KN=layout == "kn")
+                NUM_SMS=num_sms, KN=layout == "kn", SPLIT_K=split_k)
     launch = {"num_warps": params.get("num_warps", 4), "num_stages": params.get("num_stages", 3)}
+    if split_k == 1:
+        c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
 
-    def run() -> None:
-        _gemm_tma_kernel[grid](a_desc, b_desc, c_desc, M, N, K, **meta, **launch)
-    return run
+        def run() -> None:
+            _gemm_tma_kernel[grid](a_desc, b_desc, c_desc, M, N, K, tiles_per_split, m_pad, **meta, **launch)
+        return run
+    if not out.is_contiguous():
+        raise BackendError("gemm_tma split-K writes a contiguous output; got a strided one")
+    ws = torch.empty((split_k * m_pad, N), device=a.device, dtype=torch.float32)
+    w_desc = TensorDescriptor.from_tensor(ws, [bm, bn])
+    reduce = splitk_reduce_prepare(ws, out, split_k, split_stride=m_pad * N)
+
+    def run_split() -> None:
+        _gemm_tma_kernel[grid](a_desc, b_desc, w_desc, M, N, K, tiles_per_split, m_pad, **meta, **launch)
+        reduce()
+    return run_split

@@ -10,6 +10,14 @@ Two variants of each:
   normalise); softmax keeps an online max/sum per lane (Milakov & Gimelshein,
   2018) and then writes ``exp(x - max) / sum`` in a second pass. The second
   read usually hits L2 (a 16 KB row of 8192 bf16 is far below the 50 MB L2).
+- ``rmsnorm_split``: for a few very wide rows (64 x 262144: one program per
+  row leaves half of 132 SMs idle and each SM streams one long row with little
+  in flight), ``SPLIT_N`` programs share a row: a first launch writes each
+  chunk's sum of squares to an fp32 ``[rows, SPLIT_N]`` buffer, a second sums
+  a row's partials and normalises its chunk. The second launch walks the
+  programs in reverse order, so it starts on the chunks the first read last,
+  which are still in L2; a tensor of up to the L2 (50 MB on H100/H200) is read
+  from DRAM once.
 Statistics are fp32. LayerNorm-looped sums ``x - x[0]`` (a shift by the row's
 first element) so the one-pass variance ``E[d^2] - E[d]^2`` does not cancel
 catastrophically when |mean| >> std.
@@ -164,6 +172,59 @@ def _softmax_looped(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, e
         tl.store(o_row + cols, (tl.exp(x - m_row) * inv).to(o_ptr.dtype.element_ty), mask=cmask)
 
 
+@triton.jit
+def _rmsnorm_partial(x_ptr, p_ptr, N, stride_x, chunk,  # type: ignore[no-untyped-def]
+                     BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr):
+    """p[row, s] = sum of x[row, c]^2 over chunk s of the row (columns s*chunk .. (s+1)*chunk - 1)."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    x_row = x_ptr + row * stride_x
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for off in range(0, chunk, BLOCK_N):
+        cols = s * chunk + off + tl.arange(0, BLOCK_N)
+        x = tl.load(x_row + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
+        acc += x * x
+    tl.store(p_ptr + row * SPLIT_N + s, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _rmsnorm_apply(x_ptr, w_ptr, p_ptr, o_ptr, n_rows, N, stride_x, stride_o, chunk, eps,  # type: ignore[no-untyped-def]
+                   BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr):
+    """Normalise chunk s of a row with the row's summed partials; programs in reverse launch order."""
+    row = (n_rows - 1 - tl.program_id(0)).to(tl.int64)
+    s = SPLIT_N - 1 - tl.program_id(1)
+    parts = tl.load(p_ptr + row * SPLIT_N + tl.arange(0, SPLIT_N))
+    rstd = tl.rsqrt(tl.sum(parts, axis=0) / N + eps)
+    x_row = x_ptr + row * stride_x
+    o_row = o_ptr + row * stride_o
+    for off in range(0, chunk, BLOCK_N):
+        cols = s * chunk + off + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        x = tl.load(x_row + cols, mask=cmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        tl.store(o_row + cols, (x * rstd * w).to(o_ptr.dtype.element_ty), mask=cmask)
+
+
+def _rmsnorm_split_prepare(x: Any, weight: Any, out: Any, params: dict[str, int], eps: float
+                           ) -> Callable[[], None]:
+    """Two launches over a ``[rows, SPLIT_N]`` fp32 partials buffer (allocated once here)."""
+    import torch
+
+    rows, n = x.shape
+    block_n, split = params["BLOCK_N"], params["SPLIT_N"]
+    chunk = triton.cdiv(triton.cdiv(n, split), block_n) * block_n  # whole BLOCK_N steps: chunks never overlap
+    partials = torch.empty((rows, split), device=x.device, dtype=torch.float32)
+    grid = (rows, split)
+    warps = params.get("num_warps", 4)
+
+    def run() -> None:
+        _rmsnorm_partial[grid](x, partials, n, x.stride(0), chunk, BLOCK_N=block_n, SPLIT_N=split,
+                               num_warps=warps)
+        _rmsnorm_apply[grid](x, weight, partials, out, rows, n, x.stride(0), out.stride(0), chunk, eps,
+                             BLOCK_N=block_n, SPLIT_N=split, num_warps=warps)
+    return run
+
+
 #: kernel name -> (jit function, single-pass?)
 NORM_KERNELS: dict[str, tuple[Any, bool]] = {
     "rmsnorm_single": (_rmsnorm_single, True),
@@ -182,10 +243,12 @@ def norm_prepare(kernel: str, x: Any, weight: Any, bias: Any, out: Any, params: 
     ``weight``/``bias`` may be None where the op has none (softmax; RMSNorm's bias).
     A single-pass ``BLOCK_N`` below N would silently drop columns, so it is refused.
     """
-    fn, single = NORM_KERNELS[kernel]
     rows, n = x.shape
     if x.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError(f"{kernel}: rows must be contiguous (stride 1 along N)")
+    if kernel == "rmsnorm_split":
+        return _rmsnorm_split_prepare(x, weight, out, params, eps)
+    fn, single = NORM_KERNELS[kernel]
     block_n = params["BLOCK_N"]
     if single and block_n < n:
         raise ValueError(f"{kernel}: BLOCK_N={block_n} < N={n}; the single-pass kernel holds the whole row "
