@@ -237,16 +237,13 @@ def _agreement_cells(row: dict[str, Any]) -> tuple[str, str]:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.model:
+        if args.gpus is not None or args.ray is not None:
+            raise UsageError("bench: --gpus and --ray spread --op/--suite benchmarks, not --model")
         return _bench_model(args)
     from autoopt.backend import bench
     from autoopt.kernels.ops import OpSpec, parse_shape
     from autoopt.kernels.suite import suite
-    from autoopt.search.ranking import predict_config, validate_config
 
-    prof = _profile(args.profile)
-    gpu = prof.gpu
-    if gpu is None:
-        raise UsageError("no GPU in this profile; pass --profile NAME|FILE for predictions (see `autoopt profiles`)")
     if args.op:
         if not args.shape:
             raise UsageError("--op needs --shape")
@@ -256,11 +253,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for target in (args.out, args.plot):
         if target and not Path(target).resolve().parent.is_dir():
             raise UsageError(f"cannot write {target!r}: its folder does not exist")
-    rows = bench.run_bench(bench.recommended_cases(gpu, ops), gpu, progress=args.format == "table",
-                           validate=lambda op, cfg: validate_config(gpu, op, cfg),
-                           predict=lambda op, cfg: predict_config(gpu, op, cfg).us)
-    versions = next((r.result.versions for r in rows if r.result.versions), {})
-    data = {"profile": prof.name, "gpu": gpu.name, "versions": versions, "rows": [r.to_dict() for r in rows]}
+    rows, gpu, data = _bench_fleet(args, ops) if _fleet_wanted(args, "bench") else _bench_here(args, ops)
     if args.out:
         Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
@@ -274,6 +267,44 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"wrote {args.plot}", file=sys.stderr)
     _emit(data, args.format, bench.format_table(rows))
     return 0
+
+
+def _bench_here(args: argparse.Namespace, ops: list[Any]) -> tuple[list[Any], Any, dict[str, Any]]:
+    """(rows, GPU, data) of the recommended configs benchmarked in this process."""
+    from autoopt.backend import bench
+    from autoopt.search.ranking import predict_config, validate_config
+
+    prof = _profile(args.profile)
+    gpu = prof.gpu
+    if gpu is None:
+        raise UsageError("no GPU in this profile; pass --profile NAME|FILE for predictions (see `autoopt profiles`)")
+    rows = bench.run_bench(bench.recommended_cases(gpu, ops), gpu, progress=args.format == "table",
+                           validate=lambda op, cfg: validate_config(gpu, op, cfg),
+                           predict=lambda op, cfg: predict_config(gpu, op, cfg).us)
+    versions = next((r.result.versions for r in rows if r.result.versions), {})
+    return rows, gpu, {"profile": prof.name, "gpu": gpu.name, "versions": versions,
+                       "rows": [r.to_dict() for r in rows]}
+
+
+def _bench_fleet(args: argparse.Namespace, ops: list[Any]) -> tuple[list[Any], Any, dict[str, Any]]:
+    """(rows, GPU, data) of each GPU kind's recommended configs benchmarked on a fleet (rows and GPU for
+    --plot: the first kind's)."""
+    from autoopt.fleet import jobs
+
+    def progress(done: int, total: int, r: Any) -> None:
+        if args.format == "table":
+            print(f"[{done}/{total}] {r.row.op.label()} {r.row.config.kernel} on {r.worker}: {r.row.label}",
+                  file=sys.stderr, flush=True)
+
+    with jobs.open_fleet(mode="bench", gpus=args.gpus, ray=args.ray, profile=args.profile) as fleet:
+        found = jobs.bench(fleet, ops, on_row=progress)
+    kinds = fleet.kinds()
+    first = next(iter(kinds.values()))[0].gpu
+    versions = next((r.row.result.versions for r in found if r.row.result.versions), {})
+    data = {"profile": args.profile, "gpu": ", ".join(d[0].gpu.name for d in kinds.values()),
+            "devices": [d.to_dict() for d in fleet.devices], "versions": versions,
+            "rows": [r.to_dict() for r in found]}
+    return [r.row for r in found if r.gpu.device_fingerprint == first.device_fingerprint], first, data
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
@@ -307,8 +338,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """``autoopt tune``: measure a few configs per op on this GPU and keep the winners in the store."""
-    from autoopt.kernels.ops import OpSpec, parse_shape
+    """``autoopt tune``: measure a few configs per op on this GPU (or a fleet's) and keep the winners in the store."""
     from autoopt.tuning import campaign
 
     if args.trials < 1 or args.trials > 10_000:
@@ -318,15 +348,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     chosen = [bool(args.op), bool(args.suite), bool(args.model)]
     if sum(chosen) != 1:
         raise UsageError("tune: name exactly one of OP (with --shape), --suite NAME or --model NAME")
+    if _fleet_wanted(args, "tune"):
+        return _tune_fleet(args)
     prof = _profile(args.profile)
-    if args.op:
-        if not args.shape:
-            raise UsageError("tune: OP needs --shape, e.g. --shape 256,6144,4096")
-        ops = [(args.op, OpSpec(kind=args.op.lower(), shape=parse_shape(args.shape), dtype=args.dtype))]
-    elif args.suite:
-        ops = campaign.suite_ops(args.suite, args.dtype)
-    else:
-        ops = campaign.model_ops(prof, args.model, batch=args.batch, context=args.context)
+    ops = _tune_ops(args, prof)
     progress = _TuneProgress(len(ops) * args.trials, fmt=args.format)
     try:
         done = campaign.tune_ops(prof, ops, budget_trials=args.trials, budget_s=args.seconds,
@@ -334,9 +359,54 @@ def cmd_tune(args: argparse.Namespace) -> int:
     finally:
         progress.close()
     data = {"profile": prof.name, "gpu": prof.gpu.name if prof.gpu else None, "ops": [t.to_dict() for t in done]}
-    if args.format == "jsonl":
-        return 0
-    _emit(data, args.format, _tune_table(done))
+    if args.format != "jsonl":
+        _emit(data, args.format, _tune_table(done))
+    return 0
+
+
+def _tune_ops(args: argparse.Namespace, prof: HardwareProfile | None) -> list[tuple[str, Any]]:
+    """(name, OpSpec) of OP --shape, --suite or --model (whose plan is made on ``prof``, else this host)."""
+    from autoopt.kernels.ops import OpSpec, parse_shape
+    from autoopt.tuning import campaign
+
+    if args.op:
+        if not args.shape:
+            raise UsageError("tune: OP needs --shape, e.g. --shape 256,6144,4096")
+        return [(args.op, OpSpec(kind=args.op.lower(), shape=parse_shape(args.shape), dtype=args.dtype))]
+    if args.suite:
+        return campaign.suite_ops(args.suite, args.dtype)
+    return campaign.model_ops(prof or _profile(args.profile), args.model, batch=args.batch, context=args.context)
+
+
+def _fleet_wanted(args: argparse.Namespace, command: str) -> bool:
+    """Whether --gpus or --ray asks for a fleet run (refusing the combinations that make no sense)."""
+    if args.gpus is None and args.ray is None:
+        return False
+    if args.gpus is not None and args.ray is not None:
+        raise UsageError(f"{command}: give --gpus (GPUs of this host) or --ray (every GPU of a Ray cluster), "
+                         f"not both")
+    if args.gpus is not None and args.profile:
+        raise UsageError(f"{command}: --gpus runs on each GPU as detected; drop --profile (with --ray it names "
+                         f"what GPU-less workers predict for)")
+    return True
+
+
+def _tune_fleet(args: argparse.Namespace) -> int:
+    """``autoopt tune ... --gpus|--ray``: the same tuning, its evaluations spread over a fleet."""
+    from autoopt.fleet import jobs
+
+    ops = _tune_ops(args, None)
+    with jobs.open_fleet(mode="tune", gpus=args.gpus, ray=args.ray, profile=args.profile) as fleet:
+        progress = _TuneProgress(len(ops) * args.trials * len(fleet.kinds()), fmt=args.format)
+        try:
+            done = jobs.tune(fleet, ops, budget_trials=args.trials, budget_s=args.seconds,
+                             use_store=not args.no_store, on_trial=progress.trial)
+        finally:
+            progress.close()
+    data = {"profile": args.profile, "gpu": ", ".join(d[0].gpu.name for d in fleet.kinds().values()),
+            "devices": [d.to_dict() for d in fleet.devices], "ops": [t.to_dict() for t in done]}
+    if args.format != "jsonl":
+        _emit(data, args.format, _tune_table(done))
     return 0
 
 
@@ -656,6 +726,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--profile", metavar="NAME|FILE",
                         help="a known profile (see `autoopt profiles`) or a saved profile file; default: detect")
 
+    def add_fleet_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--gpus", metavar="all|0,1,3",
+                        help="spread the evaluations over one worker process per GPU of this host")
+        sp.add_argument("--ray", nargs="?", const="auto", metavar="auto|ADDRESS",
+                        help="spread them over one actor per GPU of a Ray cluster (pip install 'autoopt[ray]')")
+
     sp = sub.add_parser("profile", help="detect (or load) a machine profile and show its recommendations")
     add_profile_arg(sp)
     sp.add_argument("--format", choices=FORMATS, default="table")
@@ -694,6 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", metavar="FILE", help="write the results as JSON")
     sp.add_argument("--plot", metavar="FILE", help="write a roofline chart (PNG)")
     sp.add_argument("--model", help="end to end on a catalog model: eager, torch.compile, autoopt.optimize, both")
+    add_fleet_args(sp)
     sp.set_defaults(func=cmd_bench)
 
     sp = sub.add_parser("recommend", help="whole-model plan: kernels, quant format, memory, split")
@@ -729,6 +806,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seconds", type=float, help="time budget per op in seconds")
     sp.add_argument("--no-store", action="store_true", help="do not read or write the results store")
     add_profile_arg(sp)
+    add_fleet_args(sp)
     sp.add_argument("--format", choices=("table", "json", "jsonl"), default="table")
     sp.set_defaults(func=cmd_tune)
 

@@ -52,3 +52,23 @@ def raise_on(op: dict[str, Any], config: dict[str, Any], *, device: str, profile
     if _cue("raise", op) is not None:
         raise RuntimeError("evaluation broke")
     return evaluate_item(op, config, device=device, profile=profile)
+
+
+def echo(op: dict[str, Any], config: dict[str, Any], *, device: str, profile: str | None = None) -> Any:
+    """No evaluation at all (nothing heavy imported): says which op it was handed, for order tests."""
+    return {"m": op["shape"][0], "stages": config["config"].get("num_stages")}
+
+
+def fake_measured(op: dict[str, Any], config: dict[str, Any], *, device: str, profile: str | None = None) -> Any:
+    """A made-up measured time (the cost model's) instead of a run, so the tuner keeps rows in the store
+    as it would on a GPU; the worker's GPU comes back with it, as from a real worker."""
+    from autoopt.backend.runner import Result
+    from autoopt.fleet.worker import worker_gpu
+    from autoopt.kernels.config import KernelConfig
+    from autoopt.kernels.ops import OpSpec
+    from autoopt.search.ranking import predict_config
+
+    gpu = worker_gpu(device, profile)
+    spec, cfg = OpSpec.from_dict(op), KernelConfig.from_dict(config)
+    res = Result(op=spec, config=cfg, label="measured", us=predict_config(gpu, spec, cfg).us, rel_err=0.0)
+    return {**res.to_dict(), "worker_device": device, "fingerprint": gpu.device_fingerprint, "gpu": gpu.to_dict()}

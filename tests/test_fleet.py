@@ -123,6 +123,21 @@ def test_ray_actor_killed_mid_sweep_is_replaced_and_its_item_retried(local_ray):
     assert all(o.status == "done" for o in out) and stats.restarts == 1 and stats.retries == 1
 
 
+def test_bench_over_ray_gives_the_serial_rows_keyed_by_the_profile_its_cpu_actors_stand_for(local_ray, capsys):
+    import json
+
+    from autoopt.cli import main
+
+    argv = ["bench", "--op", "gemm", "--shape", "16,256,256", "--dtype", "fp16", "--profile", "h100-sxm",
+            "--format", "json"]
+    assert main(argv) == 0
+    serial = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--ray"]) == 0
+    fleet = json.loads(capsys.readouterr().out)
+    assert [(r["config"], r["label"]) for r in fleet["rows"]] == [(r["config"], r["label"]) for r in serial["rows"]]
+    assert [r["fingerprint"] for r in fleet["rows"]] == [load_profile("h100-sxm").gpu.device_fingerprint]
+
+
 def test_without_ray_the_flag_says_how_to_install(monkeypatch):
     import builtins
 

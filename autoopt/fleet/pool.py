@@ -9,7 +9,13 @@ down. The parent hands each worker one item at a time, so it always knows what i
 - an item that runs past ``timeout_s`` has its worker killed and is recorded ``failed`` (a retry
   would hang again);
 - the first result for an item wins; a late duplicate (a worker that finished just before it was
-  killed) is dropped and counted. Only the parent sees results, so only it writes the store.
+  killed) is dropped and counted. Only the parent sees results, so only it writes the store;
+- an idle worker takes the costliest waiting item it may run (longest-processing-time-first, see
+  :mod:`autoopt.fleet.cost`), retries before all; an item with a ``kind`` (a GPU's device
+  fingerprint) goes only to a worker of that kind, any of them.
+
+:func:`run_pool` evaluates a fixed list; :class:`LocalPool` takes items as they come (``submit`` from
+any thread, ``poll`` from one) for the tuner, whose next proposals depend on the last results.
 
 Workers run ``evaluator`` ("module:function", called with the item's op and config dicts and the
 device), by default :func:`autoopt.fleet.worker.evaluate_item`.
@@ -18,19 +24,20 @@ device), by default :func:`autoopt.fleet.worker.evaluate_item`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import signal
+import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from autoopt.errors import AutooptError
 
-__all__ = ["Item", "Outcome", "PoolStats", "run_pool"]
+__all__ = ["Backlog", "Dispatcher", "Item", "LocalPool", "Outcome", "PoolStats", "run_pool"]
 
 log = logging.getLogger(__name__)
 DEFAULT_EVALUATOR = "autoopt.fleet.worker:evaluate_item"
@@ -47,6 +54,10 @@ class Item:
     config: Mapping[str, Any]
     #: the known profile to predict for where a worker has no GPU (predicted mode); None: its own GPU
     profile: str | None = None
+    #: only a worker of this kind (a GPU's device fingerprint) takes it, any of them; None: any worker
+    kind: str | None = None
+    #: estimated seconds (:func:`autoopt.fleet.cost.estimated_cost`): the costliest waiting item goes first
+    cost: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +86,51 @@ class PoolStats:
     timeouts: int = 0
     duplicates_dropped: int = 0
     per_device: dict[str, int] = field(default_factory=dict)
+
+
+class Dispatcher(Protocol):
+    """What the fleet's jobs need of a pool (local processes or Ray actors)."""
+
+    def submit(self, item: Item) -> None: ...
+
+    def poll(self, wait_s: float = 0.1) -> list[Outcome]: ...
+
+    def close(self) -> None: ...
+
+
+class Backlog:
+    """Items waiting for a worker (thread-safe): a worker takes the retry waiting longest, else the
+    costliest item of its kind (LPT), the earliest submitted among equals."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._items: list[tuple[Item, int, int]] = []  # (item, attempt, sequence)
+
+    def push(self, item: Item, attempt: int = 1) -> None:
+        with self._lock:
+            self._items.append((item, attempt, next(self._seq)))
+
+    def take(self, kind: str | None) -> tuple[Item, int] | None:
+        """The next (item, attempt) for a worker of ``kind``, or None when none may go to it."""
+        with self._lock:
+            fits = [e for e in self._items if e[0].kind is None or e[0].kind == kind]
+            if not fits:
+                return None
+            best = max(fits, key=lambda e: (e[1] > 1, e[0].cost if e[1] == 1 else 0.0, -e[2]))
+            self._items.remove(best)
+            return best[0], best[1]
+
+    def drop(self, stranded: Callable[[Item], bool]) -> list[tuple[Item, int]]:
+        """Remove and return the entries ``stranded`` says no worker can take any more."""
+        with self._lock:
+            out = [(i, a) for i, a, _ in self._items if stranded(i)]
+            self._items = [e for e in self._items if not stranded(e[0])]
+            return out
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
 
 
 def settle(outcomes: dict[int, Outcome], stats: PoolStats, on_outcome: Callable[[Outcome], None] | None
@@ -142,44 +198,88 @@ class _Worker:
         self.conn.close()
 
 
+class LocalPool:
+    """One spawned worker per device, fed from a :class:`Backlog`. ``submit`` may be called from any
+    thread; ``poll`` (which assigns, collects, polices) from one only. ``kinds`` maps a device to its
+    kind (items with a kind go to those devices only)."""
+
+    def __init__(self, devices: Sequence[str], *, evaluator: str = DEFAULT_EVALUATOR, timeout_s: float = 300.0,
+                 kinds: Mapping[str, str] | None = None) -> None:
+        if not devices:
+            raise AutooptError("fleet: no devices to run on (pass --gpus all, or a list such as 0,1)")
+        self.evaluator, self.timeout_s = evaluator, timeout_s
+        self.kinds: dict[str, str | None] = {d: (kinds or {}).get(d) for d in devices}
+        self.outcomes: dict[int, Outcome] = {}
+        self.stats = PoolStats(per_device={d: 0 for d in devices})
+        self._ctx = mp.get_context("spawn")
+        self._workers = {d: _Worker(self._ctx, d, evaluator) for d in devices}
+        self._backlog = Backlog()
+        self._attempts: dict[int, int] = {}
+        self._restarts = {d: 0 for d in devices}
+        self._fresh: list[Outcome] = []
+        self._finish = settle(self.outcomes, self.stats, self._fresh.append)
+
+    def submit(self, item: Item) -> None:
+        if item.kind is not None and item.kind not in self.kinds.values():
+            raise AutooptError(f"fleet: no worker of kind {item.kind} for item {item.id}")
+        self._backlog.push(item)
+
+    def poll(self, wait_s: float = 0.1) -> list[Outcome]:
+        """Hand out waiting items, collect answers (waiting up to ``wait_s``), police the workers; the
+        outcomes settled by this call."""
+        _assign(self._workers, self.kinds, self._backlog, self._attempts, self.outcomes)
+        _drain(self._workers, self._attempts, self._finish, wait_s)
+        _police(self._ctx, self._workers, self.evaluator, self._backlog, self._attempts, self._restarts,
+                self.stats, self._finish, self.timeout_s)
+        self._strand()
+        out = list(self._fresh)
+        self._fresh.clear()
+        return out
+
+    def _strand(self) -> None:
+        """Fail waiting items that no live worker can take (every worker of their kind gave up)."""
+        live = {self.kinds[d] for d, w in self._workers.items() if w.alive() or w.item is not None}
+        if not len(self._backlog):
+            return
+        for item, attempt in self._backlog.drop(lambda i: (i.kind not in live) if i.kind else not live):
+            self._finish(Outcome(item=item.id, device="-", status="failed", reason="every worker gave up",
+                                 attempts=attempt))
+
+    def close(self) -> None:
+        for w in self._workers.values():
+            w.stop()
+
+    def __enter__(self) -> LocalPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def run_pool(items: Sequence[Item], devices: Sequence[str], *, evaluator: str = DEFAULT_EVALUATOR,
-             timeout_s: float = 300.0, on_outcome: Callable[[Outcome], None] | None = None
-             ) -> tuple[list[Outcome], PoolStats]:
+             timeout_s: float = 300.0, on_outcome: Callable[[Outcome], None] | None = None,
+             kinds: Mapping[str, str] | None = None) -> tuple[list[Outcome], PoolStats]:
     """Evaluate ``items`` on one worker per device; every item ends ``done`` or ``failed`` exactly once."""
-    if not devices:
-        raise AutooptError("fleet: no devices to run on (pass --gpus all, or a list such as 0,1)")
     if len({i.id for i in items}) != len(items):
         raise AutooptError("fleet: item ids must be unique")
-    ctx = mp.get_context("spawn")
-    workers = {d: _Worker(ctx, d, evaluator) for d in devices}
-    pending: deque[tuple[Item, int]] = deque((i, 1) for i in items)
-    attempts: dict[int, int] = {}
-    outcomes: dict[int, Outcome] = {}
-    stats = PoolStats(per_device={d: 0 for d in devices})
-    restarts = {d: 0 for d in devices}
-    finish = settle(outcomes, stats, on_outcome)
-
-    try:
-        while len(outcomes) < len(items):
-            _assign(workers, pending, attempts, outcomes)
-            _drain(workers, attempts, finish, wait_s=0.1)
-            _police(ctx, workers, evaluator, pending, attempts, restarts, stats, finish, timeout_s)
-            if not any(w.alive() or w.item for w in workers.values()) and pending:
-                for item, _ in pending:
-                    finish(Outcome(item=item.id, device="-", status="failed", reason="every worker gave up",
-                                   attempts=attempts.get(item.id, 0)))
-                pending.clear()
-    finally:
-        for w in workers.values():
-            w.stop()
-    return [outcomes[i.id] for i in items], stats
+    with LocalPool(devices, evaluator=evaluator, timeout_s=timeout_s, kinds=kinds) as pool:
+        for item in items:
+            pool.submit(item)
+        while len(pool.outcomes) < len(items):
+            for o in pool.poll(0.1):
+                if on_outcome is not None:
+                    on_outcome(o)
+        return [pool.outcomes[i.id] for i in items], pool.stats
 
 
-def _assign(workers: dict[str, _Worker], pending: deque[tuple[Item, int]], attempts: dict[int, int],
-            outcomes: Mapping[int, Outcome]) -> None:
-    for w in workers.values():
-        while w.item is None and pending and w.alive():
-            item, attempt = pending.popleft()
+def _assign(workers: dict[str, _Worker], kinds: Mapping[str, str | None], backlog: Backlog,
+            attempts: dict[int, int], outcomes: Mapping[int, Outcome]) -> None:
+    for device, w in workers.items():
+        while w.item is None and w.alive():
+            taken = backlog.take(kinds[device])
+            if taken is None:
+                break
+            item, attempt = taken
             if item.id in outcomes:  # a late result already settled it
                 continue
             attempts[item.id] = attempt
@@ -207,9 +307,8 @@ def _drain(workers: dict[str, _Worker], attempts: Mapping[int, int], finish: Cal
                            attempts=attempts.get(item_id, 1)))
 
 
-def _police(ctx: Any, workers: dict[str, _Worker], evaluator: str,
-            pending: deque[tuple[Item, int]], attempts: dict[int, int], restarts: dict[str, int],
-            stats: PoolStats, finish: Callable[[Outcome], None], timeout_s: float) -> None:
+def _police(ctx: Any, workers: dict[str, _Worker], evaluator: str, backlog: Backlog, attempts: dict[int, int],
+            restarts: dict[str, int], stats: PoolStats, finish: Callable[[Outcome], None], timeout_s: float) -> None:
     """Kill workers past their item's timeout; restart dead ones and retry (or fail) their item."""
     now = time.monotonic()
     for device, w in list(workers.items()):
@@ -228,7 +327,7 @@ def _police(ctx: Any, workers: dict[str, _Worker], evaluator: str,
                                reason=f"timeout: no result after {timeout_s:g} s (worker killed)"))
             elif attempts[item.id] < 2:
                 stats.retries += 1
-                pending.appendleft((item, attempts[item.id] + 1))
+                backlog.push(item, attempts[item.id] + 1)
             else:
                 finish(Outcome(item=item.id, device=device, status="failed", attempts=attempts[item.id],
                                reason=_exit_reason(w.proc.exitcode)))

@@ -4,16 +4,25 @@
 imports the evaluator ("module:function") and answers each ``(id, op, config, profile)`` task with
 ``(device, id, ok, result-or-reason)`` on its own pipe until it receives ``None``. An exception in the evaluator is a
 ``failed`` answer, not a dead worker; a crash of the process itself is the parent's to handle.
+
+Evaluators: :func:`evaluate_item` (the default), :func:`tune_item` (what the tuner's serial path
+runs for a config) and :func:`bench_item` (what ``autoopt bench`` runs: the config, then torch on the
+same inputs). The last two also return the GPU the worker detected here, whose device fingerprint
+keys the results store's rows of that evaluation.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["evaluate_item", "load_evaluator", "worker_main"]
+if TYPE_CHECKING:
+    from autoopt.hardware.profile import GPUProfile
+
+__all__ = ["bench_item", "evaluate_item", "load_evaluator", "tune_item", "worker_gpu", "worker_main"]
 
 
 def load_evaluator(spec: str) -> Callable[..., Mapping[str, Any]]:
@@ -26,8 +35,10 @@ def load_evaluator(spec: str) -> Callable[..., Mapping[str, Any]]:
 
 
 def worker_main(device: str, conn: Any, evaluator: str) -> None:
-    if device.isdigit():
-        os.environ["CUDA_VISIBLE_DEVICES"] = device  # this worker sees one GPU, as cuda:0
+    # this worker sees one GPU, as cuda:0, numbered as NVML (and so detection) numbers them; a CPU
+    # stand-in sees none, so it predicts (or checks in the interpreter) even on a GPU host
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    os.environ["CUDA_VISIBLE_DEVICES"] = device if device.isdigit() else ""
     fn = load_evaluator(evaluator)
     while True:
         try:
@@ -61,3 +72,53 @@ def evaluate_item(op: Mapping[str, Any], config: Mapping[str, Any], *, device: s
     predict = (lambda o, c: predict_config(gpu, o, c).us) if gpu is not None else None
     result = evaluate(spec, cfg, gpu=gpu, predict=predict, device="cuda:0" if on_gpu else None)
     return {**result.to_dict(), "worker_device": device}
+
+
+@functools.lru_cache(maxsize=8)
+def worker_gpu(device: str, profile: str | None = None) -> GPUProfile:
+    """The GPU this worker evaluates for: the known ``profile`` a CPU stand-in predicts for, else the
+    GPU detected here that ``CUDA_VISIBLE_DEVICES`` pins (NVML sees every GPU of the host)."""
+    from autoopt.errors import BackendError
+    from autoopt.hardware.detection import detect
+    from autoopt.hardware.library import load_profile
+
+    gpu = load_profile(profile).gpu if profile else _pinned(detect().gpus)
+    if gpu is None:
+        raise BackendError(f"fleet worker {device}: no GPU detected here and no --profile to predict for")
+    return gpu
+
+
+def _pinned(gpus: Sequence[GPUProfile]) -> GPUProfile | None:
+    pin = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return next((g for g in gpus if pin and pin in (str(g.index), g.uuid)), gpus[0] if gpus else None)
+
+
+def _identified(out: Mapping[str, Any], gpu: GPUProfile, device: str) -> dict[str, Any]:
+    return {**out, "worker_device": device, "fingerprint": gpu.device_fingerprint, "gpu": gpu.to_dict()}
+
+
+def tune_item(op: Mapping[str, Any], config: Mapping[str, Any], *, device: str,
+              profile: str | None = None) -> dict[str, Any]:
+    """One tuning trial's evaluation, exactly as the serial tuner runs it (``runner_evaluate``)."""
+    from autoopt.kernels.config import KernelConfig
+    from autoopt.kernels.ops import OpSpec
+    from autoopt.tuning.tuner import runner_evaluate
+
+    gpu = worker_gpu(device, profile)
+    result = runner_evaluate(gpu)(OpSpec.from_dict(op), KernelConfig.from_dict(config))
+    return _identified(result.to_dict(), gpu, device)
+
+
+def bench_item(op: Mapping[str, Any], config: Mapping[str, Any], *, device: str,
+               profile: str | None = None) -> dict[str, Any]:
+    """One ``autoopt bench`` row, exactly as the serial bench makes it: the config, then torch beside it."""
+    from autoopt.backend import bench
+    from autoopt.kernels.config import KernelConfig
+    from autoopt.kernels.ops import OpSpec
+    from autoopt.search.ranking import predict_config, validate_config
+
+    gpu = worker_gpu(device, profile)
+    row = bench.run_bench([(OpSpec.from_dict(op), KernelConfig.from_dict(config))], gpu, progress=False,
+                          validate=lambda o, c: validate_config(gpu, o, c),
+                          predict=lambda o, c: predict_config(gpu, o, c).us)[0]
+    return _identified(row.to_dict(), gpu, device)

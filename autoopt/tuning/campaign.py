@@ -25,7 +25,7 @@ from autoopt.tuning.tuner import Trial, TuneResult
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TunedOp", "model_ops", "suite_ops", "tune", "tune_op", "tune_ops"]
+__all__ = ["TunedOp", "keep", "known", "model_ops", "suite_ops", "tune", "tune_op", "tune_ops"]
 
 #: labels the store keeps as known failures of a config here (never retried)
 _FAILED = ("rejected", "withheld")
@@ -91,24 +91,33 @@ def _row(gpu: GPUProfile, op: OpSpec, trial: Trial) -> Any:
                             max_error=trial.rel_err, reason=trial.reason)
 
 
+def known(store: ResultStore | None, gpu: GPUProfile, op: OpSpec) -> tuple[list[tuple[Any, ...]], float | None]:
+    """What ``store`` already knows of ``op`` on ``gpu``: the keys of configs that failed here (never
+    retried) and the current measured winner's time (None: none, or stale)."""
+    if store is None:
+        return [], None
+    key = keys.current_key(gpu, op)
+    prev = store.best(key)
+    return ([row.config.key() for row in store.failed(key).values()],
+            prev.us if prev is not None and not keys.is_stale(prev) else None)
+
+
+def keep(gpu: GPUProfile, op: OpSpec, trial: Trial, store: ResultStore | None) -> None:
+    """Write ``trial`` (run on ``gpu``) to ``store`` and remember a measured one in this process."""
+    row = _row(gpu, op, trial)
+    if row is not None:
+        if store is not None:
+            store.put(row)
+        default_lookup().remember(row)
+
+
 def tune_op(gpu: GPUProfile, op: OpSpec, *, name: str = "", budget_trials: int = 8, budget_s: float | None = None,
             store: ResultStore | None = None, on_trial: Callable[[str, Trial], None] | None = None) -> TunedOp:
     """Tune one op, reading known failures from and writing every trial to ``store`` (None: no store)."""
-    key = keys.current_key(gpu, op)
-    failed: list[tuple[Any, ...]] = []
-    previous = None
-    if store is not None:
-        failed = [row.config.key() for row in store.failed(key).values()]
-        prev = store.best(key)
-        previous = prev.us if prev is not None and not keys.is_stale(prev) else None
-    memory = default_lookup()
+    failed, previous = known(store, gpu, op)
 
     def record(trial: Trial) -> None:
-        row = _row(gpu, op, trial)
-        if row is not None:
-            if store is not None:
-                store.put(row)
-            memory.remember(row)
+        keep(gpu, op, trial, store)
         if on_trial is not None:
             on_trial(name or op.label(), trial)
 

@@ -38,7 +38,7 @@ from autoopt.kernels.template import Template
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NOISE", "SEEDS", "Trial", "TuneResult", "neighbours", "tune"]
+__all__ = ["NOISE", "SEEDS", "Trial", "TuneResult", "neighbours", "runner_evaluate", "tune"]
 
 #: run-to-run spread of do_bench medians for one config on the H200 (same process, same inputs):
 #: about 1-2 % for kernels over 50 us, more for short ones (benchmarks/results/h200/ranking_*).
@@ -60,6 +60,8 @@ POOL = 24
 WARMUP_MS, REP_MS = 10, 40
 
 Evaluate = Callable[[OpSpec, KernelConfig], Any]
+#: evaluate_many(op, configs): the runner Results of several configs evaluated at once (the fleet's GPUs)
+EvaluateMany = Callable[[OpSpec, Sequence[KernelConfig]], Sequence[Any]]
 #: prefetch(op, configs): start compiling configs the search will likely try (see precompile.py)
 Prefetch = Callable[[OpSpec, Sequence[KernelConfig]], Any]
 #: how many proposals are handed to the prefetcher at the start, and per new best
@@ -235,7 +237,9 @@ def _check_budget(budget_trials: int, budget_s: float | None) -> None:
         raise AutooptError(f"budget_s must be a number of seconds in (0, 86400] or None, got {budget_s!r}")
 
 
-def _runner_evaluate(gpu: GPUProfile) -> Evaluate:
+def runner_evaluate(gpu: GPUProfile) -> Evaluate:
+    """The tuner's default evaluation: the backend runner with short do_bench windows (also what a
+    fleet worker runs for a tuning item, so both paths label a config alike)."""
     from autoopt.backend import runner
     from autoopt.search.ranking import predict_config, validate_config
 
@@ -249,7 +253,8 @@ def _runner_evaluate(gpu: GPUProfile) -> Evaluate:
 def tune(target: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, budget_trials: int = 8,
          budget_s: float | None = None, noise: float = NOISE, evaluate: Evaluate | None = None,
          failed: Iterable[tuple[Any, ...]] = (), on_trial: Callable[[Trial], None] | None = None,
-         templates: Sequence[Template] | None = None, prefetch: Prefetch | bool = True) -> TuneResult:
+         templates: Sequence[Template] | None = None, prefetch: Prefetch | bool = True,
+         evaluate_many: EvaluateMany | None = None, batch: int = 1) -> TuneResult:
     """Tune ``op`` on ``target`` within ``budget_trials`` evaluations (and ``budget_s`` seconds).
 
     ``evaluate(op, config)`` returns a runner ``Result`` (default: the backend runner with short
@@ -258,6 +263,8 @@ def tune(target: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *
     the results store). ``templates`` restricts the search (default: every installed one).
     ``prefetch`` compiles likely proposals ahead in worker processes (``True``: the default pool,
     only with the real runner on a CUDA GPU; ``False``: off; or a callable).
+    ``evaluate_many(op, configs)`` evaluates up to ``batch`` proposals at once (the fleet's GPUs);
+    with ``batch=1`` the search is the serial one, proposal for proposal.
     Raises :class:`AutooptError` for a bad budget, op or profile.
     """
     from autoopt.search.ranking import rank
@@ -269,8 +276,9 @@ def tune(target: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *
     ranked = list(rank(gpu, o, top=POOL, templates=templates).candidates)
     space = list(rank(gpu, o, top=100_000, exhaustive=True, templates=templates).candidates)
     search = _Search(ranked, space, set(failed))
-    run = evaluate or _runner_evaluate(gpu)
-    ahead = _prefetcher(prefetch, real_runner=evaluate is None)
+    run = evaluate or runner_evaluate(gpu)
+    many = evaluate_many or (lambda op_, cfgs: [run(op_, c) for c in cfgs])
+    ahead = _prefetcher(prefetch, real_runner=evaluate is None and evaluate_many is None)
     if ahead is not None:
         ahead(o, search.likely(PREFETCH_START))
     trials: list[Trial] = []
@@ -280,25 +288,35 @@ def tune(target: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *
         if budget_s is not None and time.perf_counter() - t0 >= budget_s:
             stopped = "seconds"
             break
-        nxt = search.next(best, noise)
-        if nxt is None:
+        picks = _proposals(search, best, noise, min(max(1, batch), budget_trials - len(trials)))
+        if not picks:
             stopped = "converged" if best is not None else "exhausted"
             break
-        cand, source = nxt
-        trial = _evaluate(run, o, cand, source)
-        search.tried.add(cand.config.key())
-        trials.append(trial)
-        improved = trial.ok and (best is None or (trial.us or math.inf) < (best.us or math.inf))
-        if improved:
-            best = trial
-        search.record(trial, best)
-        if improved and ahead is not None:
-            ahead(o, search.likely(PREFETCH_NEIGHBOURS))
-        if on_trial is not None:
-            on_trial(trial)
+        for trial in _evaluate(many, o, picks):
+            trials.append(trial)
+            improved = trial.ok and (best is None or (trial.us or math.inf) < (best.us or math.inf))
+            if improved:
+                best = trial
+            search.record(trial, best)
+            if improved and ahead is not None:
+                ahead(o, search.likely(PREFETCH_NEIGHBOURS))
+            if on_trial is not None:
+                on_trial(trial)
     skipped = tuple(" ".join(map(str, k[:2])) for k in search.failed if k in search.predicted)
     return TuneResult(op=o, gpu=gpu.name, trials=tuple(trials), stopped=stopped,
                       elapsed_s=time.perf_counter() - t0, skipped=skipped)
+
+
+def _proposals(search: _Search, best: Trial | None, noise: float, n: int) -> list[tuple[Candidate, str]]:
+    """The next ``n`` proposals (fewer when the search is done), each marked tried as it is taken."""
+    picks: list[tuple[Candidate, str]] = []
+    while len(picks) < n:
+        nxt = search.next(best, noise)
+        if nxt is None:
+            break
+        search.tried.add(nxt[0].config.key())
+        picks.append(nxt)
+    return picks
 
 
 def _prefetcher(prefetch: Prefetch | bool, *, real_runner: bool) -> Prefetch | None:
@@ -312,11 +330,15 @@ def _prefetcher(prefetch: Prefetch | bool, *, real_runner: bool) -> Prefetch | N
     return pool.submit if pool is not None else None
 
 
-def _evaluate(run: Evaluate, op: OpSpec, cand: Candidate, source: str) -> Trial:
+def _evaluate(many: EvaluateMany, op: OpSpec, picks: Sequence[tuple[Candidate, str]]) -> list[Trial]:
+    """Trials of ``picks``, evaluated together (one at a time on the serial path)."""
     t = time.perf_counter()
-    res = run(op, cand.config)
-    wall = time.perf_counter() - t
-    log.info("%s %s: %s %s", op.label(), cand.config.describe(), res.label, res.us)
-    return Trial(config=cand.config, source=source, predicted_us=cand.predicted_us, label=res.label,
-                 us=res.us if res.label == "measured" else None, rel_err=res.rel_err, reason=res.reason,
-                 wall_s=wall)
+    results = list(many(op, [cand.config for cand, _ in picks]))
+    wall = (time.perf_counter() - t) / len(picks)
+    trials = []
+    for (cand, source), res in zip(picks, results, strict=True):
+        log.info("%s %s: %s %s", op.label(), cand.config.describe(), res.label, res.us)
+        trials.append(Trial(config=cand.config, source=source, predicted_us=cand.predicted_us, label=res.label,
+                            us=res.us if res.label == "measured" else None, rel_err=res.rel_err,
+                            reason=res.reason, wall_s=wall))
+    return trials

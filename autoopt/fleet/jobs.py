@@ -1,0 +1,271 @@
+"""``autoopt tune|bench --gpus ...|--ray ...``: the tuner's and the bench's evaluations spread over a fleet.
+
+:func:`open_fleet` starts one worker per device (:class:`~autoopt.fleet.pool.LocalPool` on this
+host's ``--gpus``, or :class:`~autoopt.fleet.ray_backend.RayPool` on a Ray cluster). The work is
+planned per GPU *kind* (device fingerprint): each kind's own profile ranks its configs, and each
+(op, config) evaluation is an item that any device of that kind may take, costliest first (LPT,
+:mod:`autoopt.fleet.cost`). Workers run the very evaluation of the serial path
+(:func:`~autoopt.fleet.worker.tune_item`, :func:`~autoopt.fleet.worker.bench_item`), so a config gets
+the same label either way. Results come back here; only this process writes the results store, each
+row under the fingerprint of the GPU its worker detected.
+
+- :func:`bench`: every kind's recommended configs at once, rows back in the serial order.
+- :func:`tune`: one search per (op, kind), several in flight on threads of this process; a search
+  proposes ``ceil(devices of its kind / ops)`` configs per round, so with at least as many ops as
+  GPUs it is the serial search, proposal for proposal (with fewer, one op's round spans GPUs).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from autoopt.backend.bench import BenchRow, recommended_cases
+from autoopt.backend.runner import Result
+from autoopt.errors import AutooptError
+from autoopt.fleet.cost import estimated_cost
+from autoopt.fleet.devices import Device, local_devices
+from autoopt.fleet.pool import Dispatcher, Item, LocalPool, Outcome
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
+from autoopt.results.store import open_default
+from autoopt.tuning import campaign, tuner
+from autoopt.tuning.campaign import TunedOp
+from autoopt.tuning.tuner import Trial
+
+__all__ = ["DEFAULT_TIMEOUT_S", "Fleet", "FleetBenchRow", "bench", "open_fleet", "tune"]
+
+log = logging.getLogger(__name__)
+
+#: an evaluation with no answer after this long has its worker killed and is recorded failed
+DEFAULT_TIMEOUT_S = 300.0
+EVALUATORS = {"tune": "autoopt.fleet.worker:tune_item", "bench": "autoopt.fleet.worker:bench_item"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fleet:
+    """A started pool and the devices its workers evaluate on."""
+
+    pool: Dispatcher
+    devices: tuple[Device, ...]
+
+    def kinds(self) -> dict[str, list[Device]]:
+        """Devices by kind (device fingerprint), in device order."""
+        out: dict[str, list[Device]] = {}
+        for d in self.devices:
+            out.setdefault(d.kind, []).append(d)
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FleetBenchRow:
+    """One bench row and where it ran: the worker's device and the GPU that worker detected."""
+
+    row: BenchRow
+    worker: str
+    gpu: GPUProfile
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.row.to_dict(), "worker": self.worker, "gpu": self.gpu.name,
+                "fingerprint": self.gpu.device_fingerprint}
+
+
+@contextmanager
+def open_fleet(*, mode: str, gpus: str | None = None, ray: str | None = None, profile: str | None = None,
+               timeout_s: float = DEFAULT_TIMEOUT_S, evaluator: str | None = None) -> Iterator[Fleet]:
+    """Workers for ``mode`` ("tune" or "bench") on this host's ``gpus`` ("all", "0,1,3"), or on the Ray
+    cluster at ``ray`` ("auto", an address, "local" to start one; ``profile``: what a GPU-less actor
+    stands for); stopped on exit. ``evaluator`` ("module:function") replaces the mode's own."""
+    evaluator = evaluator or EVALUATORS[mode]
+    if ray is not None:
+        from autoopt.fleet.ray_backend import RayPool
+
+        rpool = RayPool(address=None if ray == "local" else ray, evaluator=evaluator, timeout_s=timeout_s,
+                        profile=profile)
+        pool: Dispatcher = rpool
+        try:
+            devices = tuple(_ray_devices(rpool.described, profile))
+        except BaseException:
+            rpool.close()
+            raise
+    else:
+        devices = tuple(local_devices("all" if gpus is None else gpus))
+        pool = LocalPool([d.name for d in devices], evaluator=evaluator, timeout_s=timeout_s,
+                         kinds={d.name: d.kind for d in devices})
+    try:
+        yield Fleet(pool=pool, devices=devices)
+    finally:
+        pool.close()
+
+
+def _ray_devices(described: Sequence[Mapping[str, Any]], profile: str | None) -> Iterator[Device]:
+    for d in described:
+        if d["gpu"] is None:
+            raise AutooptError("--ray: this Ray cluster has no GPUs; pass --profile NAME for its CPU workers to "
+                               "predict for (see `autoopt profiles`)")
+        yield Device(name=d["name"], gpu=GPUProfile.from_dict(d["gpu"]), profile=d["profile"])
+
+
+def run_items(pool: Dispatcher, items: Sequence[Item], on_outcome: Callable[[Outcome], None] | None = None
+              ) -> dict[int, Outcome]:
+    """Submit ``items`` and wait for every outcome."""
+    for item in items:
+        pool.submit(item)
+    done: dict[int, Outcome] = {}
+    while len(done) < len(items):
+        for o in pool.poll(0.1):
+            done[o.item] = o
+            if on_outcome is not None:
+                on_outcome(o)
+    return done
+
+
+def _item(id_: int, op: OpSpec, config: KernelConfig, device: Device) -> Item:
+    o, c = op.to_dict(), config.to_dict()
+    return Item(id=id_, op=o, config=c, profile=device.profile, kind=device.kind, cost=estimated_cost(o, c))
+
+
+#: GPUs that workers reported, by device fingerprint (parsed once)
+_REPORTED: dict[str, GPUProfile] = {}
+
+
+def _result(outcome: Outcome, op: OpSpec, config: KernelConfig, fallback: GPUProfile) -> tuple[Result, GPUProfile]:
+    """The runner Result of an outcome and the GPU it ran on (a failed item: ``rejected``, with why)."""
+    payload = outcome.result
+    if outcome.status != "done" or payload is None:
+        return Result(op=op, config=config, label="rejected", reason=f"fleet: {outcome.reason}",
+                      device=outcome.device), fallback
+    fp = str(payload.get("fingerprint", ""))
+    if fp and fp not in _REPORTED:
+        _REPORTED[fp] = GPUProfile.from_dict(payload["gpu"])
+    gpu = _REPORTED.get(fp, fallback)
+    if gpu.device_fingerprint != fallback.device_fingerprint:
+        log.warning("fleet: worker %s is a %s, not the %s its kind says", outcome.device, gpu.name, fallback.name)
+    return Result.from_dict(payload), gpu
+
+
+def bench(fleet: Fleet, ops: Sequence[OpSpec], *, on_row: Callable[[int, int, FleetBenchRow], None] | None = None
+          ) -> list[FleetBenchRow]:
+    """Each kind's recommended config per op (its own ranking), benchmarked on the fleet; rows in the
+    serial order, kind by kind. ``on_row(done, total, row)`` sees each row as it lands."""
+    cases = [(dev, op, cfg) for devs in fleet.kinds().values() for dev in devs[:1]
+             for op, cfg in recommended_cases(dev.gpu, ops)]
+    items = [_item(k, op, cfg, dev) for k, (dev, op, cfg) in enumerate(cases)]
+    rows: dict[int, FleetBenchRow] = {}
+
+    def land(o: Outcome) -> None:
+        dev, op, cfg = cases[o.item]
+        res, gpu = _result(o, op, cfg, dev.gpu)
+        p = o.result or {}
+        rows[o.item] = FleetBenchRow(row=BenchRow(result=res, torch_us=p.get("torch_us"),
+                                                  ratio=p.get("ratio_vs_torch")), worker=o.device, gpu=gpu)
+        if on_row is not None:
+            on_row(len(rows), len(items), rows[o.item])
+
+    run_items(fleet.pool, items, land)
+    return [rows[k] for k in range(len(items))]
+
+
+class _Exchange:
+    """Search threads hand items to the pool and wait for their outcomes; the calling thread alone
+    drives the pool (:meth:`pump`)."""
+
+    def __init__(self, pool: Dispatcher) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._next = 0
+        self._waiting: dict[int, Future[Outcome]] = {}
+        self._stopped: BaseException | None = None
+
+    def evaluate(self, op: OpSpec, configs: Sequence[KernelConfig], device: Device) -> list[Outcome]:
+        futures = []
+        with self._lock:
+            if self._stopped is not None:
+                raise AutooptError(f"fleet stopped: {self._stopped!r}")
+            for cfg in configs:
+                self._next += 1
+                futures.append(self._waiting.setdefault(self._next, Future()))
+                self._pool.submit(_item(self._next, op, cfg, device))
+        return [f.result() for f in futures]
+
+    def pump(self, finished: Callable[[], bool]) -> None:
+        try:
+            while not finished():
+                for o in self._pool.poll(0.1):
+                    with self._lock:
+                        waiter = self._waiting.pop(o.item, None)
+                    if waiter is not None:
+                        waiter.set_result(o)
+        except BaseException as exc:  # a search thread must not wait for ever on a stopped pool
+            with self._lock:
+                self._stopped = exc
+                for f in self._waiting.values():
+                    f.set_exception(AutooptError(f"fleet stopped: {exc!r}"))
+                self._waiting.clear()
+            raise
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Job:
+    name: str
+    op: OpSpec
+    device: Device  # the first device of its kind: its GPU ranks the configs
+    width: int  # proposals per round
+
+
+def tune(fleet: Fleet, ops: Sequence[tuple[str, OpSpec]], *, budget_trials: int = 8, budget_s: float | None = None,
+         use_store: bool = True, on_trial: Callable[[str, Trial], None] | None = None) -> list[TunedOp]:
+    """Tune every op on every GPU kind of the fleet (as ``campaign.tune_ops`` does on one GPU), writing
+    every trial to the results store from this process only, in (kind, op) order."""
+    kinds = fleet.kinds()
+    tag = len(kinds) > 1
+    jobs = [_Job(name=f"{name} @ {devs[0].gpu.name}" if tag else name, op=op, device=devs[0],
+                 width=math.ceil(len(devs) / len(ops))) for devs in kinds.values() for name, op in ops]
+    exchange = _Exchange(fleet.pool)
+    lock = threading.Lock()
+
+    def report(name: str, trial: Trial) -> None:
+        if on_trial is not None:
+            with lock:
+                on_trial(name, trial)
+
+    store = open_default() if use_store else None
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), 2 * len(fleet.devices)))) as threads:
+            futures = [threads.submit(_tune_job, job, exchange, store, budget_trials, budget_s, report)
+                       for job in jobs]
+            exchange.pump(lambda: all(f.done() for f in futures))
+        return [f.result() for f in futures]
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _tune_job(job: _Job, exchange: _Exchange, store: Any, budget_trials: int, budget_s: float | None,
+              report: Callable[[str, Trial], None]) -> TunedOp:
+    """One op's search on one kind: proposals evaluated on the fleet, each trial kept as it lands."""
+    gpu = job.device.gpu
+    failed, previous = campaign.known(store, gpu, job.op)
+    ran_on: dict[tuple[Any, ...], GPUProfile] = {}
+
+    def evaluate_many(op: OpSpec, configs: Sequence[KernelConfig]) -> list[Result]:
+        results = []
+        for cfg, o in zip(configs, exchange.evaluate(op, configs, job.device), strict=True):
+            res, ran_on[cfg.key()] = _result(o, op, cfg, gpu)
+            results.append(res)
+        return results
+
+    def record(trial: Trial) -> None:
+        campaign.keep(ran_on.get(trial.config.key(), gpu), job.op, trial, store)
+        report(job.name, trial)
+
+    result = tuner.tune(gpu, job.op, budget_trials=budget_trials, budget_s=budget_s, failed=failed,
+                        on_trial=record, evaluate_many=evaluate_many, batch=job.width, prefetch=False)
+    return TunedOp(name=job.name, result=result, previous_us=previous)
