@@ -231,3 +231,37 @@ def test_compare_reports_launches_per_layer(tmp_path):
     b = summarize(read(_kineto(tmp_path / "b.json", COMPILED * 4)))
     rows = {r["class"]: r for r in compare(a, b)["classes"]}
     assert rows["elementwise"]["a_launches_per_layer"] == 5.0 and rows["elementwise"]["b_launches_per_layer"] == 0.0
+
+
+# -- real traces: Llama-3-8B (random bf16 weights) profiled on the lent H100 and H200 ------------------
+# (benchmarks/capture_traces.py; GPU events and step markers of 3 profiled steps, CPU ops dropped)
+REAL = Path(__file__).parent / "fixtures" / "traces"
+
+
+def _real(name: str):
+    return summarize(read(REAL / f"{name}.json.gz"))
+
+
+@pytest.mark.parametrize("name", ["h100_llama3-8b_eager_decode_b1", "h100_llama3-8b_compile_decode_b1",
+                                  "h200_llama3-8b_eager_prefill_b1", "h200_llama3-8b_compile_prefill_b1"])
+def test_real_traces_are_98_percent_classified_and_their_classes_sum_to_the_total(name: str) -> None:
+    s = _real(name)
+    assert s.to_dict()["other_share"] <= 0.02
+    assert sum(us for us, _ in s.by_class.values()) == pytest.approx(s.total_us, rel=0.01)
+    assert s.steps == 3 and s.layers_per_step == 32  # Llama-3-8B has 32 layers
+
+
+def test_real_eager_and_compiled_traces_compare_as_one_model_with_the_same_gemm_launches() -> None:
+    eager, compiled = _real("h100_llama3-8b_eager_decode_b1"), _real("h100_llama3-8b_compile_decode_b1")
+    report = compare(eager, compiled)
+    gemm = next(r for r in report["classes"] if r["class"] == "gemm")
+    assert gemm["a_launches"] == gemm["b_launches"] == 386  # 32 x (q, k, v, o, gate, up, down) + ... per step
+    assert compiled.per_step("norm")[1] == 65  # Inductor's fused RMSNorm: 2 per layer + the final one
+
+
+def test_inductor_pointwise_kernel_named_for_sdpa_is_rope_not_attention() -> None:
+    # a real kernel name from the H100 compile trace: RoPE for cuDNN attention's inputs, a pointwise kernel
+    name = ("triton_poi_fused__scaled_dot_product_cudnn_attention__to_copy__unsafe_view_add_arange_bmm_cat_"
+            "clone_cos_expand_le_mul_neg_scalar_tensor_sin_slice_transpose_unsqueeze_view_where_5")
+    assert classify(name) == "rotary"
+    assert classify("triton_red_fused__to_copy__unsafe_view_add_mean_mul_pow_rsqrt_14") == "norm"

@@ -94,9 +94,22 @@ def inductor_ops(name: str) -> tuple[str, ...]:
     return tuple(sorted(found, key=lambda w: order[w]))
 
 
-def _inductor_class(ops: tuple[str, ...]) -> str:
+#: classes an Inductor kernel of each kind can be: a pointwise (``poi``) kernel neither reduces nor
+#: multiplies matrices, and a reduction (``red``/``per``) one does no MMA, so only templates (``tem``)
+#: are GEMM or attention. Real Llama-3-8B compile traces (H100, H200) hold pointwise kernels named
+#: ``triton_poi_fused__scaled_dot_product_cudnn_attention_..._bmm_cat_cos_...``: RoPE computed for
+#: cuDNN attention's inputs, with the tiny inv_freq matmul folded in, not attention and not a GEMM.
+_INDUCTOR_KIND_CLASSES = {
+    "poi": frozenset({"norm", "embedding", "rotary", "activation"}),
+    "red": frozenset({"norm", "reduction", "embedding", "rotary", "activation"}),
+    "per": frozenset({"norm", "reduction", "embedding", "rotary", "activation"}),
+}
+
+
+def _inductor_class(ops: tuple[str, ...], kind: str = "tem") -> str:
+    allowed = _INDUCTOR_KIND_CLASSES.get(kind)
     for cls, words in _INDUCTOR_WEIGHT:
-        if any(op in words for op in ops):
+        if (allowed is None or cls in allowed) and any(op in words for op in ops):
             return cls
     return "elementwise"
 
@@ -113,7 +126,7 @@ def classify(name: str, category: str = "kernel", rules: Iterable[tuple[str, str
     if category == "gpu_memset":
         return "memset"
     if _INDUCTOR.match(name):
-        return _inductor_class(inductor_ops(name))
+        return _inductor_class(inductor_ops(name), name.split("_", 2)[1])
     short = _short(name)
     compiled = _compiled(tuple(rules) if rules is not None else RULES)
     if "at::native::" in short and ("elementwise_kernel" in short or "reduce_kernel" in short):
