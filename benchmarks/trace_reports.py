@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autoopt.trace import compare, summary_of  # noqa: E402
+from autoopt.trace import compare, summary_of
 
 CASES = [(p, b) for p in ("prefill", "decode") for b in (1, 8)]
 
