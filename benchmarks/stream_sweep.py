@@ -31,6 +31,12 @@ OPS = [
     OpSpec(kind="silu_mul", shape=(4096, 16384)), OpSpec(kind="add", shape=(4096, 16384)),
     OpSpec(kind="rmsnorm", shape=(4096, 4096)), OpSpec(kind="rmsnorm", shape=(16384, 8192)),
 ]
+#: issue 13's shapes at the bandwidth limit: few wide norm rows, and decode weights >= 200 MB
+WIDE = [
+    OpSpec(kind="rmsnorm", shape=(64, 262144)), OpSpec(kind="rmsnorm", shape=(256, 131072)),
+    OpSpec(kind="rmsnorm", shape=(1024, 65536)), OpSpec(kind="rmsnorm", shape=(4096, 4096)),
+    OpSpec(kind="gemv", shape=(1, 28672, 4096)), OpSpec(kind="gemv", shape=(1, 128256, 4096)),
+]
 
 
 def main() -> int:
@@ -40,6 +46,7 @@ def main() -> int:
     ap.add_argument("--spread", type=int, default=20)
     ap.add_argument("--only", default="", help="only ops whose label contains this text")
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop starting new ops after this")
+    ap.add_argument("--set", choices=("llm", "wide"), default="llm", help="the op set: llm suite or wide/large")
     args = ap.parse_args()
     gpu = detect().gpu
     if gpu is None:
@@ -47,12 +54,12 @@ def main() -> int:
         return 2
     t0 = time.time()
     report: dict = {"gpu": gpu.name, "versions": runner._versions(), "ops": []}
-    for op in OPS:
+    for op in OPS if args.set == "llm" else WIDE:
         if args.only not in op.label():
             continue
         if time.time() - t0 > args.budget_s:
             break
-        cands = rank(gpu, op, top=100000).candidates
+        cands = rank(gpu, op, top=100000, measured=False).candidates
         step = max(1, (len(cands) - args.best) // max(1, args.spread))
         chosen = list(cands[:args.best]) + list(cands[args.best::step])[:args.spread]
         rows = []

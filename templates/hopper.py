@@ -25,8 +25,8 @@ from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
 from autoopt.kernels.pruning import BoundedSpace, cached, gpu_key
 from autoopt.kernels.template import Prediction, Template
 from autoopt.templates.gemm import (
-    Leaves,
     LazyTiles,
+    Leaves,
     StageFacts,
     TileTable,
     block_ks,

@@ -42,9 +42,11 @@ __all__ = ["NormTemplate"]
 
 SINGLE_KEYS = ("BLOCK_N", "ROWS_PER_PROGRAM", "num_warps")
 LOOPED_KEYS = ("BLOCK_N", "num_warps")
-SPLIT_KEYS = ("BLOCK_N", "SPLIT_N", "num_warps")
+SPLIT_KEYS = ("BLOCK_N", "SPLIT_N", "num_warps", "num_stages")
 #: row splits and chunk widths offered to ``rmsnorm_split``
 SPLIT_NS, SPLIT_BLOCKS, SPLIT_WARPS = (2, 4, 8, 16, 32, 64, 128, 256), (1024, 2048, 4096), (4, 8)
+#: chunk loads in flight per program (software-pipelined loop); 1: none
+SPLIT_STAGES = (1, 2, 3)
 #: rows below this many per SM are offered split programs: 64 x 262144 (0.5 per SM) split 16 ways
 #: measured 53 % of copy on H100 against 36 % looped; 1024 x 65536 (7.8 per SM) looped 75 %
 _SPLIT_ROWS_PER_SM = 8
@@ -102,8 +104,10 @@ class NormTemplate(Template):
                 if sp * b > n or rows * sp > 64 * sms:
                     continue
                 for warps in SPLIT_WARPS:
-                    yield KernelConfig(kernel="rmsnorm_split", template=self.name, path="standard",
-                                       params={"BLOCK_N": b, "SPLIT_N": sp, "num_warps": warps})
+                    for st in SPLIT_STAGES if -(-n // sp) > b else (1,):  # one chunk: nothing to pipeline
+                        yield KernelConfig(kernel="rmsnorm_split", template=self.name, path="standard",
+                                           params={"BLOCK_N": b, "SPLIT_N": sp, "num_warps": warps,
+                                                   "num_stages": st})
 
     @staticmethod
     def regs(op: OpSpec, config: KernelConfig, threads: int) -> float:
@@ -161,6 +165,8 @@ class NormTemplate(Template):
         if config.path != "standard":
             return [f"path {config.path!r}: norm kernels run 'standard'"]
         out = C.check_pow2("BLOCK_N", p["BLOCK_N"]) + C.check_pow2("SPLIT_N", p["SPLIT_N"])
+        if not 1 <= p["num_stages"] <= 4:
+            out.append(f"num_stages={p['num_stages']}: 1 to 4 chunk loads in flight")
         if not out and p["SPLIT_N"] * p["BLOCK_N"] > n:
             out.append(f"SPLIT_N={p['SPLIT_N']} x BLOCK_N={p['BLOCK_N']} > N={n}: programs without a chunk "
                        f"(use fewer splits or a smaller block)")
@@ -182,6 +188,7 @@ class NormTemplate(Template):
         reread = rows * n * e
         l2_keep = (gpu.l2_bytes or 0) * constants().l2_usable_fraction
         return {"programs": rows * p["SPLIT_N"], "iters": chunk // p["BLOCK_N"], "bytes_per_iter": p["BLOCK_N"] * e,
+                "stages": p["num_stages"],
                 "dram_bytes": op.min_bytes + max(0.0, reread - l2_keep), "l2_bytes": min(float(reread), l2_keep)}
 
     def predict(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> Prediction:
@@ -249,7 +256,8 @@ class NormTemplate(Template):
                 continue
             if cfg.kernel == "rmsnorm_split":
                 t = self._split_terms(gpu, op, cfg)
-                b = bound(t["programs"], occ, t["iters"], t["bytes_per_iter"], t["dram_bytes"], t["l2_bytes"])
+                b = bound(t["programs"], occ, t["iters"], t["bytes_per_iter"], t["dram_bytes"], t["l2_bytes"],
+                          t["stages"])
                 b += bound.c.launch_us
             elif "ROWS_PER_PROGRAM" in p:
                 r = p["ROWS_PER_PROGRAM"]

@@ -186,8 +186,10 @@ def test_gemm_tma_split_k_sums_every_slice_without_mixing_ragged_rows(split_k: i
     assert_correct(OpSpec(kind="gemm", shape=shape, dtype="fp16"), gemm_cfg("gemm_tma", SPLIT_K=split_k))
 
 
-@pytest.mark.parametrize("shape,block_n,split_n", [((3, 1000), 64, 4), ((4, 70), 16, 8), ((2, 4096), 256, 16)])
-def test_rmsnorm_split_rows_matches_the_reference(shape: tuple, block_n: int, split_n: int) -> None:
+@pytest.mark.parametrize("shape,block_n,split_n,stages", [((3, 1000), 64, 4, 2), ((4, 70), 16, 8, 1),
+                                                          ((2, 4096), 256, 16, 1), ((2, 4096), 64, 4, 3)])
+def test_rmsnorm_split_rows_matches_the_reference(shape: tuple, block_n: int, split_n: int, stages: int) -> None:
     # (4, 70) in 16-wide chunks over 8 programs: the last programs own no columns and add nothing
-    cfg = KernelConfig(kernel="rmsnorm_split", params=dict(BLOCK_N=block_n, SPLIT_N=split_n, num_warps=4))
+    cfg = KernelConfig(kernel="rmsnorm_split", params=dict(BLOCK_N=block_n, SPLIT_N=split_n, num_warps=4,
+                                                           num_stages=stages))
     assert_correct(OpSpec(kind="rmsnorm", shape=shape, dtype="fp32"), cfg)

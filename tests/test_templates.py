@@ -29,7 +29,7 @@ KEYS = {
     "add": {"BLOCK_SIZE", "num_warps"},
     "rmsnorm_single": {"BLOCK_N", "ROWS_PER_PROGRAM", "num_warps"},
     "rmsnorm_looped": {"BLOCK_N", "num_warps"},
-    "rmsnorm_split": {"BLOCK_N", "SPLIT_N", "num_warps"},
+    "rmsnorm_split": {"BLOCK_N", "SPLIT_N", "num_warps", "num_stages"},
 }
 OPS = [OpSpec(kind="gemm", shape=(4096, 4096, 4096)), OpSpec(kind="gemm", shape=(16, 4096, 4096)),
        OpSpec(kind="gemv", shape=(1, 4096, 4096)), OpSpec(kind="silu_mul", shape=(512, 14336)),

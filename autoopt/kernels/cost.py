@@ -544,11 +544,12 @@ def matmul_lower_bound(gpu: GPUProfile, op: OpSpec, *, block_m: int, block_n: in
 
 def predict_stream(gpu: GPUProfile, op: OpSpec, *, programs: int, threads: int, smem_bytes: int,
                    regs_per_thread: float, iters: int, bytes_per_iter: float, dram_bytes: float,
-                   l2_bytes: float = 0.0, reason: str = "",
+                   l2_bytes: float = 0.0, reason: str = "", stages: int = 1,
                    consts: CostConstants | None = None) -> Prediction:
     """Predicted time of a bandwidth-bound kernel: ``programs`` programs, each ``iters`` iterations
     loading ``bytes_per_iter`` (the latency-exposed loads); ``dram_bytes`` in total from DRAM and
-    ``l2_bytes`` more re-read from L2."""
+    ``l2_bytes`` more re-read from L2. ``stages``: loads a program keeps in flight (a software-pipelined
+    loop), each hiding its share of the DRAM latency."""
     c = consts or constants()
     lim = limits(gpu)
     sms = lim.sm_count
@@ -558,7 +559,7 @@ def predict_stream(gpu: GPUProfile, op: OpSpec, *, programs: int, threads: int, 
     conc = min(occ, per_sm)
     # per SM: the bytes move at the SM's L2 port share unless latency with `conc` programs in flight
     t_bw = bytes_per_iter / (bw * c.l2_bw_ratio / sms) * 1e6
-    t_iter = max(t_bw, c.dram_latency_us / conc)
+    t_iter = max(t_bw, c.dram_latency_us / (conc * stages))
     sm_us = per_sm * iters * t_iter
     in_flight = min(1.0, conc * threads / lim.warp_size / c.warps_for_full_bandwidth)
     dram_us = dram_bytes / (bw * c.stream_dram_efficiency * in_flight) * 1e6
@@ -597,13 +598,13 @@ class StreamBound:
         self.compute_us = op.flops / peak * 1e6 if peak else 0.0
 
     def __call__(self, programs: int, occ: int, iters: int, bytes_per_iter: float, dram_bytes: float,
-                 l2_bytes: float = 0.0) -> float:
+                 l2_bytes: float = 0.0, stages: int = 1) -> float:
         """``occ``: resident programs per SM as predict_stream computes it (``max(1, occupancy(...))``)."""
         c = self.c
         per_sm = math.ceil(programs / self.sms)
         conc = min(occ, per_sm)
         t_bw = bytes_per_iter / self.l2_rate * 1e6
-        t_iter = max(t_bw, c.dram_latency_us / conc)
+        t_iter = max(t_bw, c.dram_latency_us / (conc * stages))
         sm_us = per_sm * iters * t_iter
         dram_us = dram_bytes / self.dram_rate * 1e6
         l2_us = l2_bytes / self.l2_total_rate * 1e6

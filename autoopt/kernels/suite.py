@@ -1,9 +1,10 @@
 """The standard LLM op suite: Llama-3-8B-class decode and prefill shapes.
 
 Used by ``autoopt profile`` (recommended configs per op) and ``autoopt bench
---suite llm``; ``--suite broad`` adds 28 prefill GEMMs of other families. Projection shapes are Llama-3-8B's (hidden 4096, 32 query heads
-and 8 KV heads of 128 -> qkv N = 6144, MLP intermediate 14336 -> gate_up N =
-28672), from its public config.json.
+--suite llm``; ``--suite broad`` adds 28 prefill GEMMs of other families.
+Projection shapes are Llama-3-8B's (hidden 4096, 32 query heads and 8 KV heads
+of 128 -> qkv N = 6144, MLP intermediate 14336 -> gate_up N = 28672), from its
+public config.json.
 """
 
 from __future__ import annotations

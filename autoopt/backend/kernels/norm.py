@@ -174,13 +174,13 @@ def _softmax_looped(x_ptr, w_ptr, b_ptr, o_ptr, n_rows, N, stride_x, stride_o, e
 
 @triton.jit
 def _rmsnorm_partial(x_ptr, p_ptr, N, stride_x, chunk,  # type: ignore[no-untyped-def]
-                     BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr):
+                     BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, STAGES: tl.constexpr):
     """p[row, s] = sum of x[row, c]^2 over chunk s of the row (columns s*chunk .. (s+1)*chunk - 1)."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     x_row = x_ptr + row * stride_x
     acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for off in range(0, chunk, BLOCK_N):
+    for off in tl.range(0, chunk, BLOCK_N, num_stages=STAGES):
         cols = s * chunk + off + tl.arange(0, BLOCK_N)
         x = tl.load(x_row + cols, mask=cols < N, other=0.0, eviction_policy="evict_last").to(tl.float32)
         acc += x * x
@@ -189,7 +189,7 @@ def _rmsnorm_partial(x_ptr, p_ptr, N, stride_x, chunk,  # type: ignore[no-untype
 
 @triton.jit
 def _rmsnorm_apply(x_ptr, w_ptr, p_ptr, o_ptr, n_rows, N, stride_x, stride_o, chunk, eps,  # type: ignore[no-untyped-def]
-                   BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr):
+                   BLOCK_N: tl.constexpr, SPLIT_N: tl.constexpr, STAGES: tl.constexpr):
     """Normalise chunk s of a row with the row's summed partials; programs in reverse launch order."""
     row = (n_rows - 1 - tl.program_id(0)).to(tl.int64)
     s = SPLIT_N - 1 - tl.program_id(1)
@@ -197,7 +197,7 @@ def _rmsnorm_apply(x_ptr, w_ptr, p_ptr, o_ptr, n_rows, N, stride_x, stride_o, ch
     rstd = tl.rsqrt(tl.sum(parts, axis=0) / N + eps)
     x_row = x_ptr + row * stride_x
     o_row = o_ptr + row * stride_o
-    for off in range(0, chunk, BLOCK_N):
+    for off in tl.range(0, chunk, BLOCK_N, num_stages=STAGES):
         cols = s * chunk + off + tl.arange(0, BLOCK_N)
         cmask = cols < N
         x = tl.load(x_row + cols, mask=cmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
@@ -215,13 +215,13 @@ def _rmsnorm_split_prepare(x: Any, weight: Any, out: Any, params: dict[str, int]
     chunk = triton.cdiv(triton.cdiv(n, split), block_n) * block_n  # whole BLOCK_N steps: chunks never overlap
     partials = torch.empty((rows, split), device=x.device, dtype=torch.float32)
     grid = (rows, split)
-    warps = params.get("num_warps", 4)
+    # STAGES: chunk loads the loop keeps in flight (Triton's software pipelining of tl.range)
+    meta = dict(BLOCK_N=block_n, SPLIT_N=split, STAGES=params.get("num_stages", 1),
+                num_warps=params.get("num_warps", 4))
 
     def run() -> None:
-        _rmsnorm_partial[grid](x, partials, n, x.stride(0), chunk, BLOCK_N=block_n, SPLIT_N=split,
-                               num_warps=warps)
-        _rmsnorm_apply[grid](x, weight, partials, out, rows, n, x.stride(0), out.stride(0), chunk, eps,
-                             BLOCK_N=block_n, SPLIT_N=split, num_warps=warps)
+        _rmsnorm_partial[grid](x, partials, n, x.stride(0), chunk, **meta)
+        _rmsnorm_apply[grid](x, weight, partials, out, rows, n, x.stride(0), out.stride(0), chunk, eps, **meta)
     return run
 
 
