@@ -133,6 +133,15 @@ def _positive(value: Any, name: str) -> None:
         raise ModelError(f"must be a positive integer, got {value!r}", field=name)
 
 
+def _causal_keys(first: int, kv: int, q_len: int) -> int | float:
+    """``sum(min(first + t, kv) for t in range(q_len))``: keys the ``q_len`` new queries see in all. In
+    closed form for integers (the same integer, without a 1024-step loop per prefill layer op)."""
+    if not (isinstance(first, int) and isinstance(kv, int)):
+        return sum(min(first + t, kv) for t in range(q_len))
+    rising = max(0, min(q_len, kv - first + 1))  # queries t with first + t <= kv
+    return rising * first + rising * (rising - 1) // 2 + (q_len - rising) * kv
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """A decoder-only transformer, by the numbers (HF config.json names in comments).
@@ -420,8 +429,7 @@ class ModelSpec:
         kv = self.kv_len(i, context)
         # Causal attention: query t (0-based, of q_len new) sees context - q_len + t + 1 keys, capped by the window.
         first = context - q_len + 1
-        keys = sum(min(first + t, kv) for t in range(q_len)) if q_len <= 4096 else \
-            q_len * min(kv, (first + context) / 2)
+        keys = _causal_keys(first, kv, q_len) if q_len <= 4096 else q_len * min(kv, (first + context) / 2)
         n, nkv = self.num_attention_heads, self.num_kv_heads
         if self.is_mla:
             qk = self.qk_nope_head_dim + self.qk_rope_head_dim  # type: ignore[operator]

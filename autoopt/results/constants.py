@@ -30,14 +30,12 @@ changing it, call :func:`clear_cache`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import re
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -48,8 +46,7 @@ from typing import Any
 from autoopt.errors import StoreError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.cost import DEFAULT_CONSTANTS, FRACTIONS, CostConstants
-from autoopt.results import keys
-from autoopt.results.store import CACHE_ENV, default_path
+from autoopt.results.location import CACHE_ENV, default_path
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +216,11 @@ def save(gpu: GPUProfile, consts: CostConstants, *, fitted: Iterable[str] = (),
     """Keep ``consts`` as the calibrated constants of ``gpu``'s device (atomically); returns the file.
 
     StoreError when the cache is off or the file cannot be written."""
+    import contextlib
+    import tempfile  # here, not at import: tempfile (shutil, bz2, lzma, random) is ~5 ms of a cold rank()
+
+    from autoopt.results import keys
+
     path = path_for(gpu)
     if path is None:
         raise StoreError(f"the results cache is off ({CACHE_ENV}=off): calibrated constants cannot be kept; "

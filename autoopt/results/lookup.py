@@ -22,14 +22,17 @@ import os
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoopt.errors import StoreError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.ops import OpSpec
 from autoopt.results import keys
-from autoopt.results.records import WINNER_LABEL, ResultKey, StoredResult
-from autoopt.results.store import ResultStore, default_path
+from autoopt.results.location import default_path
+from autoopt.results.records import WINNER_LABEL, EnvKey, ResultKey, StoredResult
+
+if TYPE_CHECKING:  # opened only when the user store exists: a machine that measured nothing never imports SQLite
+    from autoopt.results.store import ResultStore
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +85,8 @@ class ResultLookup:
         self._memory: dict[ResultKey, StoredResult] = {}
         self._store: ResultStore | None = None
         self._store_broken = False
-        #: per device fingerprint, the shipped rows measured on it (read on first lookup for that device)
-        self._shipped: dict[str, dict[ResultKey, list[StoredResult]]] = {}
+        #: per (device fingerprint, torch, triton), the shipped rows measured there (read on first lookup)
+        self._shipped: dict[tuple[str, str, str], dict[ResultKey, list[StoredResult]]] = {}
 
     @classmethod
     def default(cls) -> ResultLookup:
@@ -114,6 +117,8 @@ class ResultLookup:
         if self._store is None:
             if not self.store_path.exists():
                 return None
+            from autoopt.results.store import ResultStore
+
             try:
                 self._store = ResultStore(self.store_path, create=False)
             except StoreError as exc:
@@ -128,10 +133,12 @@ class ResultLookup:
             self._store.close()
             self._store = None
 
-    def _shipped_index(self, device: str) -> dict[ResultKey, list[StoredResult]]:
-        """The shipped winners measured on ``device``; only that device's rows are validated, so the
-        first start-up lookup pays for one GPU's rows, not every shipped GPU's."""
-        index = self._shipped.get(device)
+    def _shipped_index(self, env: EnvKey) -> dict[ResultKey, list[StoredResult]]:
+        """The shipped winners measured on ``env``'s device with its torch and triton (the only rows a key
+        of ``env`` can match, under any driver); only those rows are validated, so the first start-up
+        lookup pays for one GPU and software stack, not every shipped row."""
+        ident = (env.device, env.torch, env.triton)
+        index = self._shipped.get(ident)
         if index is None:
             from autoopt.results.transfer import read_file
 
@@ -139,7 +146,7 @@ class ResultLookup:
             files = sorted(self.shipped_dir.glob("*.json")) if self.shipped_dir and self.shipped_dir.is_dir() else []
             for path in files:
                 try:
-                    rows = read_file(path, device=device)
+                    rows = read_file(path, device=env.device, env={"torch": env.torch, "triton": env.triton})
                 except StoreError as exc:  # package data a user edited: skip that file, keep the rest
                     log.warning("shipped results skipped: %s", exc)
                     continue
@@ -149,7 +156,7 @@ class ResultLookup:
                         index.setdefault(_any_driver(row.key), []).append(row)
             for rows in index.values():
                 rows.sort(key=lambda r: r.us or 0.0)
-            self._shipped[device] = index
+            self._shipped[ident] = index
         return index
 
     # -- the lookup --------------------------------------------------------------------------
@@ -169,7 +176,7 @@ class ResultLookup:
                     found = None
                 if found is not None:
                     return Hit(result=found, layer="store")
-            for row in self._shipped_index(key.env.device).get(key, ()):
+            for row in self._shipped_index(key.env).get(key, ()):
                 if not keys.source_changed(row):
                     return Hit(result=row, layer="shipped")
         return None

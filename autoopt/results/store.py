@@ -50,6 +50,7 @@ from autoopt.errors import StoreError
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
 from autoopt.results import keys
+from autoopt.results.location import CACHE_ENV, FILE_NAME, default_path
 from autoopt.results.records import (
     FAILED_LABELS,
     LABELS,
@@ -66,8 +67,6 @@ log = logging.getLogger(__name__)
 __all__ = ["APPLICATION_ID", "CACHE_ENV", "FILE_NAME", "SCHEMA_SQL", "SCHEMA_VERSION", "PutSummary", "ResultStore",
            "default_path", "open_default"]
 
-CACHE_ENV = "AUTOOPT_CACHE_DIR"
-FILE_NAME = "results.sqlite3"
 SCHEMA_VERSION = 1
 #: the SQLite header's application_id: "aoRS" (autoopt results store), so `file` and we can tell it apart
 APPLICATION_ID = 0x616F5253
@@ -127,23 +126,6 @@ _KEY_WHERE = " AND ".join(["device = ?", "(driver = ? OR ? = '')",
 #: connections a forked child inherited: never used (SQLite forbids it) and never closed (closing
 #: could drop the parent's POSIX locks on the file), only kept from the garbage collector
 _inherited: list[sqlite3.Connection] = []
-
-
-def default_path() -> Path | None:
-    """Where the user store lives, or None when ``AUTOOPT_CACHE_DIR=off`` switches it off."""
-    value = os.environ.get(CACHE_ENV, "").strip()
-    if value.lower() == "off":
-        return None
-    if value:
-        folder = Path(value).expanduser()
-        if folder.exists() and not folder.is_dir():
-            raise StoreError(f"{CACHE_ENV}={value!r} is not a folder; set it to a folder or to 'off'")
-        return folder / FILE_NAME
-    try:
-        import platformdirs
-    except ImportError:  # a dependency, but a broken environment should still have a cache
-        return Path.home() / ".cache" / "autoopt" / FILE_NAME
-    return Path(platformdirs.user_cache_dir("autoopt")) / FILE_NAME
 
 
 def open_default(*, create: bool = True) -> ResultStore | None:
@@ -231,8 +213,6 @@ class ResultStore:
         handler never waits on (a journal-mode change, a read lock upgraded mid-check), seen here as 1 of
         8 writers failing to open on a loaded 2-core machine; so opening is retried, with jitter, until
         the busy timeout."""
-        import random
-
         deadline = time.monotonic() + self._busy_timeout_s
         while True:
             try:
@@ -240,6 +220,8 @@ class ResultStore:
             except _Locked as exc:
                 if time.monotonic() >= deadline:
                     raise self._error(exc.error) from None
+                import random  # only on a retry: ~1.5 ms of a cold start-up lookup otherwise
+
                 time.sleep(random.uniform(0.005, 0.05))
 
     def _connect_once(self) -> sqlite3.Connection:

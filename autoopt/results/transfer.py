@@ -37,12 +37,14 @@ import stat
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autoopt.errors import StoreError
 from autoopt.results import keys
 from autoopt.results.records import StoredResult
-from autoopt.results.store import PutSummary, ResultStore
+
+if TYPE_CHECKING:  # the shipped results are read at start-up: SQLite is imported only by who imports a file
+    from autoopt.results.store import PutSummary, ResultStore
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ FORMAT_VERSION = 1
 #: tuned set is thousands)
 MAX_FILE_BYTES = 256 << 20
 _TOP_FIELDS = ("format", "version", "exported_at", "autoopt_version", "rows")
+_FORMAT_TEXT = json.dumps(FORMAT).encode()
 
 
 def document(rows: Iterable[StoredResult]) -> dict[str, Any]:
@@ -63,10 +66,14 @@ def document(rows: Iterable[StoredResult]) -> dict[str, Any]:
             "autoopt_version": keys.autoopt_version(), "rows": [r.to_dict() for r in rows]}
 
 
-def parse(data: Any, *, source: str = "<data>", device: str | None = None) -> list[StoredResult]:
+def parse(data: Any, *, source: str = "<data>", device: str | None = None,
+          env: Mapping[str, str] | None = None) -> list[StoredResult]:
     """Every row of an export document, each checked; StoreError naming the row and field otherwise.
-    With ``device``, only the rows measured on that device (``env.device``) are checked and returned:
-    a start-up lookup for one GPU does not pay for validating every other GPU's rows."""
+    With ``device``, only the rows measured on that device (``env.device``) are checked and returned,
+    and with ``env`` only those whose environment has these values (``{"torch": "2.11.0", ...}``): a
+    start-up lookup for one GPU and software stack does not pay for validating rows it can never use
+    (157 rows of another torch: ~10 ms of a cold recommend() on a 2-core box)."""
+    want = {**(env or {}), **({"device": device} if device is not None else {})}
     if not isinstance(data, Mapping):
         raise StoreError(f"expected a JSON object with \"format\": \"{FORMAT}\", got {type(data).__name__}",
                          source=source)
@@ -90,8 +97,8 @@ def parse(data: Any, *, source: str = "<data>", device: str | None = None) -> li
         raise StoreError(f"expected a list of rows, got {type(rows).__name__}", source=source, field="rows")
     out = []
     for i, raw in enumerate(rows):
-        if device is not None and not (isinstance(raw, Mapping) and isinstance(raw.get("env"), Mapping)
-                                       and raw["env"].get("device") == device):
+        if want and not (isinstance(raw, Mapping) and isinstance(raw.get("env"), Mapping)
+                         and all(raw["env"].get(k) == v for k, v in want.items())):
             continue
         try:
             out.append(StoredResult.from_dict(raw))
@@ -107,10 +114,12 @@ def _bare(exc: StoreError) -> str:
     return text[len(prefix):] if prefix and text.startswith(prefix) else text
 
 
-def read_file(path: str | os.PathLike[str], *, device: str | None = None) -> list[StoredResult]:
+def read_file(path: str | os.PathLike[str], *, device: str | None = None,
+              env: Mapping[str, str] | None = None) -> list[StoredResult]:
     """The rows of a results file, checked: a regular file, at most :data:`MAX_FILE_BYTES`, UTF-8 JSON
     in the format above. Anything else is a StoreError naming the file (and the row and field).
-    ``device`` keeps only that device's rows (see :func:`parse`)."""
+    ``device`` and ``env`` keep only that device's / environment's rows (see :func:`parse`); a results
+    file whose text lacks one of them, written as :func:`export_file` writes it, is not decoded at all."""
     p = Path(path)
     source = str(p)
     try:
@@ -130,6 +139,12 @@ def read_file(path: str | os.PathLike[str], *, device: str | None = None) -> lis
         raise StoreError(f"cannot read: {exc.strerror or exc}", source=source) from None
     if len(raw) > MAX_FILE_BYTES:
         raise StoreError(f"is over {MAX_FILE_BYTES} bytes; a results file is at most that", source=source)
+    want = [*(env or {}).values(), *((device,) if device is not None else ())]
+    if want and _FORMAT_TEXT in raw and any(json.dumps(v, ensure_ascii=False).encode() not in raw for v in want):
+        # a results file (as export_file writes them) with a row of these values holds their JSON text:
+        # none here, so nothing to decode (a shipped file of another GPU or torch costs a read, not a
+        # ~1.5 ms parse). A file that does not even look like one is parsed, so its error is reported.
+        return []
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -141,7 +156,7 @@ def read_file(path: str | os.PathLike[str], *, device: str | None = None) -> lis
                          source=source) from None
     except RecursionError:
         raise StoreError("is JSON nested too deeply to be a results file", source=source) from None
-    return parse(data, source=source, device=device)
+    return parse(data, source=source, device=device, env=env)
 
 
 def import_file(store: ResultStore, path: str | os.PathLike[str]) -> PutSummary:

@@ -1,0 +1,58 @@
+"""Where this machine's results cache lives: the folder of the results store and the calibrated constants.
+
+Kept apart from :mod:`autoopt.results.store` so that the start-up lookups (calibrated constants,
+measured winners) can find the folder, and find it empty, without importing SQLite and the store
+(~5 ms of a cold ``recommend()`` on a 2-core box).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from autoopt.errors import StoreError
+
+__all__ = ["CACHE_ENV", "FILE_NAME", "default_path"]
+
+CACHE_ENV = "AUTOOPT_CACHE_DIR"
+FILE_NAME = "results.sqlite3"
+
+
+def default_path() -> Path | None:
+    """Where the user store lives, or None when ``AUTOOPT_CACHE_DIR=off`` switches it off."""
+    value = os.environ.get(CACHE_ENV, "").strip()
+    if value.lower() == "off":
+        return None
+    if value:
+        folder = Path(value).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise StoreError(f"{CACHE_ENV}={value!r} is not a folder; set it to a folder or to 'off'")
+        return folder / FILE_NAME
+    linux = _linux_cache_dir()
+    if linux is not None:
+        return Path(linux) / "autoopt" / FILE_NAME
+    try:
+        import platformdirs
+    except ImportError:  # a dependency, but a broken environment should still have a cache
+        return Path.home() / ".cache" / "autoopt" / FILE_NAME
+    return Path(platformdirs.user_cache_dir("autoopt")) / FILE_NAME
+
+
+def _linux_cache_dir() -> str | None:
+    """``platformdirs.user_cache_dir()`` without ``appname`` on plain Linux, computed without importing
+    platformdirs (which imports tempfile, shutil, bz2, lzma, random: ~8 ms of a cold ``recommend()`` on
+    a 2-core box). Only the case every platformdirs release (3.x, 4.x) answers alike: ``$XDG_CACHE_HOME``
+    when it is an absolute path, else ``~/.cache`` with an absolute ``$HOME``. None for anything else
+    (other systems, Android, a relative or blank ``$XDG_CACHE_HOME`` or ``$HOME``): ask platformdirs.
+    tests/test_results_store.py checks the two agree."""
+    import sys
+
+    if sys.platform != "linux" or hasattr(sys, "getandroidapilevel") or os.environ.get("ANDROID_DATA"):
+        return None
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg is not None:
+        return xdg if os.path.isabs(xdg) else None
+    home = os.environ.get("HOME")
+    if not home or not os.path.isabs(home):
+        return None
+    return os.path.expanduser("~/.cache")
