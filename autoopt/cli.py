@@ -554,8 +554,24 @@ def cmd_trace(args: argparse.Namespace) -> int:
     text += "\n" + format_table(("kernel", "class", "A us", "B us", "delta"),
                                 [(k["kernel"][:70], k["class"], k["a_us"], k["b_us"], k["delta_us"])
                                  for k in data["kernels_by_delta"]], title="kernels by delta per step")
-    if data["fusions"]:
-        text += "\nfusion differences:\n" + "\n".join("  " + json.dumps(f) for f in data["fusions"])
+    # fusion differences: one line per fused-kernel signature, then the classes only one side runs
+    align = data["fusion_alignment"]
+    how = (f"aligned on {align['anchors_per_step']} GEMM/attention/communication launches, {align['basis']}"
+           if align["mode"] == "aligned segments" else f"class-level estimate: {align['reason']}")
+    fused = [f for f in data["fusions"] if f["kind"] != "class only on one side"]
+    ops_text = [" ".join(dict.fromkeys(f["ops"])) for f in fused]  # each op once, in the kernel name's order
+    text += "\n" + (format_table(
+        ("side", "fused ops", "its launches", "replaces (launches/step)", "launches saved/step", "us saved/step"),
+        [(f["side"].upper(), o if len(o) <= 60 else o[:57] + "...", f["launches_per_step"],
+          ", ".join(f"{n:.4g} {c}" for c, n in f["replaced"].items()) or "-", f["launches_saved_per_step"],
+          f["us_saved_per_step"]) for f, o in zip(fused, ops_text, strict=True)],
+        title=f"fusion differences per step ({how})") if fused else f"fusion differences per step ({how}): none")
+    if align["mode"] == "aligned segments":
+        text += "\nA - B per step: " + ", ".join(f"{k} {v:g} us" for k, v in align["a_minus_b_us"].items())
+    only = [f"{f['side'].upper()} {f['class']} ({f['us_per_step']:g} us, {f['launches_per_step']:g} launches)"
+            for f in data["fusions"] if f["kind"] == "class only on one side"]
+    if only:
+        text += "\nclasses on one side only: " + "; ".join(only)
     if args.plot:
         from autoopt.report import plot_trace_classes
 

@@ -2,6 +2,7 @@
 
 For each phase and batch: eager against torch.compile on each GPU, and the H100 against the H200 for
 each variant; plus each trace's coverage (share of GPU time classified, classes summing to the total).
+Fusions are attributed by aligning each pair on its GEMM/attention launches (see autoopt.trace.analysis).
 Writes ``benchmarks/results/traces/reports.json`` and one stacked-bar PNG:
 
     PYTHONPATH=. python benchmarks/trace_reports.py --h100 DIR --h200 DIR
@@ -57,6 +58,10 @@ def main() -> int:
     (args.out / "reports.json").write_text(json.dumps(report, indent=1) + "\n")
     worst = min(c["classified_share"] for c in report["coverage"].values())
     print(f"16 traces: lowest classified share {worst:.4%}", file=sys.stderr)
+    for case, cmp in report["eager_vs_compile"].items():
+        saved = sum(f["us_saved_per_step"] for f in cmp["fusions"] if f["kind"].startswith("fused kernel"))
+        print(f"{case}: fusions attributed by {cmp['fusion_alignment']['mode']}, {saved:.1f} us/step saved "
+              f"(A - B: {cmp['fusion_alignment'].get('a_minus_b_us')})", file=sys.stderr)
     return 0
 
 

@@ -7,6 +7,7 @@ The CPU trace is a real one, exported by torch.profiler in the test.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from pathlib import Path
@@ -238,6 +239,7 @@ def test_compare_reports_launches_per_layer(tmp_path):
 REAL = Path(__file__).parent / "fixtures" / "traces"
 
 
+@functools.cache
 def _real(name: str):
     return summarize(read(REAL / f"{name}.json.gz"))
 
@@ -265,3 +267,74 @@ def test_inductor_pointwise_kernel_named_for_sdpa_is_rope_not_attention() -> Non
             "clone_cos_expand_le_mul_neg_scalar_tensor_sin_slice_transpose_unsqueeze_view_where_5")
     assert classify(name) == "rotary"
     assert classify("triton_red_fused__to_copy__unsafe_view_add_mean_mul_pow_rsqrt_14") == "norm"
+
+
+# -- fusions attributed by aligning the two runs on their GEMM/attention launches ---------------------------
+DECODE = ("h100_llama3-8b_eager_decode_b1", "h100_llama3-8b_compile_decode_b1")
+PREFILL = ("h200_llama3-8b_eager_prefill_b1", "h200_llama3-8b_compile_prefill_b1")
+
+
+def _fused(report: dict) -> list[dict]:
+    return [f for f in report["fusions"] if f["kind"] != "class only on one side"]
+
+
+@pytest.mark.parametrize(("pair", "total"), [(DECODE, 1778.51), (PREFILL, 11363.56)])
+def test_real_fusion_savings_add_up_to_no_more_than_the_time_between_gemms_the_compiled_step_lost(pair, total):
+    """Each eager kernel's time is credited to at most one fusion. The bound is the step difference less the
+    GEMM/attention difference: on the H200 prefill trace compile's GEMMs and cuDNN attention run 7.8 ms per
+    step slower than eager's, so its step is only 3.5 ms shorter while fusions saved 11.4 ms."""
+    report = compare(_real(pair[0]), _real(pair[1]))
+    align = report["fusion_alignment"]
+    saved = [f["us_saved_per_step"] for f in _fused(report)]
+    between = align["a_step_us"] - align["b_step_us"] - align["a_minus_b_us"]["anchor kernels"]
+    assert align["mode"] == "aligned segments"
+    assert sum(saved) == pytest.approx(total, abs=0.05)
+    assert sum(saved) <= between + 0.05
+    assert max(saved) <= align["a_step_us"]
+    if pair == DECODE:  # GEMMs and attention about as fast on both sides: the step difference bounds it too
+        assert sum(saved) <= align["a_step_us"] - align["b_step_us"]
+
+
+def test_real_compiled_rmsnorm_replaces_the_eager_reduction_and_elementwise_kernels() -> None:
+    norms = [f for f in _fused(compare(_real(DECODE[0]), _real(DECODE[1])))
+             if f["side"] == "b" and {"rsqrt", "mean", "pow"} <= set(f["ops"])]
+    main = max(norms, key=lambda f: f["launches_per_step"])  # the per-layer norms (+ residual add)
+    assert main["launches_per_step"] == 61
+    # eager: cast, pow, mean, add eps, rsqrt, mul, cast, mul weight, residual add = 8 elementwise + 1 reduce
+    assert main["replaced"] == {"elementwise": 488.0, "reduction": 61.0}
+    assert main["launches_saved_per_step"] == 488.0
+    assert main["us_saved_per_step"] == pytest.approx(732.5, abs=0.1)
+
+
+@pytest.mark.parametrize(("pair", "signatures"), [(DECODE, 9), (PREFILL, 7)])
+def test_every_inductor_fusion_of_the_real_compiled_trace_is_found_and_attributed(pair, signatures) -> None:
+    compiled = _real(pair[1])
+    present = {tuple(ops) for _, ops, _, _ in compiled.fused}  # call-site numbers dropped
+    reported = {tuple(f["ops"]): f for f in _fused(compare(_real(pair[0]), compiled)) if f["side"] == "b"}
+    assert len(present) == signatures
+    assert set(reported) == present
+    assert all(f["segment_pairs"] > 0 and f["attribution"].startswith("aligned") for f in reported.values())
+
+
+def test_a_fusion_inductor_moved_past_a_gemm_is_credited() -> None:
+    """Eager runs SiLU after the gate GEMM and the mul after the up GEMM; Inductor runs both, fused, after
+    the up GEMM: the pair with the lone SiLU joins the next one."""
+    silu = next(f for f in _fused(compare(_real(DECODE[0]), _real(DECODE[1]))) if f["ops"] == ["view", "mul", "silu"])
+    assert silu["replaced"] == {"activation": 32.0, "elementwise": 32.0}
+    assert silu["launches_saved_per_step"] == 32.0 and silu["segment_pairs"] == 32
+
+
+def test_traces_with_different_gemm_counts_fall_back_to_a_labelled_class_level_report(tmp_path):
+    qkv_fused = [k for k in COMPILED if k != (GEMM, 15.0)]  # one GEMM fewer per layer, as if K and V were one
+    a = summarize(read(_kineto(tmp_path / "a.json", EAGER * 4)))
+    b = summarize(read(_kineto(tmp_path / "b.json", qkv_fused * 4)))
+    out = compare(a, b)
+    assert out["fusion_alignment"]["mode"] == "class-level"
+    assert "20 (A) and 16 (B) GEMM/attention/communication kernels" in out["fusion_alignment"]["reason"]
+    fused = _fused(out)
+    assert {f["kind"] for f in fused} == {"fused kernel (class-level estimate)"}
+    rms = next(f for f in fused if f["kernel"] == RMS_FUSED)
+    # each eager class credited once: the norm (most launches) takes elementwise, the SiLU*mul keeps SiLU
+    assert rms["replaced"] == {"reduction": 8.0, "elementwise": 20.0} and rms["us_saved_per_step"] == 56.0
+    classes = [c for f in fused for c in f["replaced"]]
+    assert len(classes) == len(set(classes))

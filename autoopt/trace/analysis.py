@@ -1,18 +1,27 @@
 """Where a trace spends GPU time, and how two traces of the same model differ.
 
 :func:`summarize` reduces a trace (:mod:`autoopt.trace.reader`) to time and launches per op class and
-per profiler step, the top kernels, and the fused kernels Inductor's names describe. :func:`compare`
-lines two summaries up class by class (per step, so traces of different lengths compare), ranks
-kernels by their time delta, and reports fusion differences: classes one side runs and the other
-does not, launch-count imbalances, and each fused kernel of one side with the separate launches of
-the same op classes on the other side it replaces.
+per profiler step, the top kernels, the fused kernels Inductor's names describe, and the first step's
+kernel sequence. :func:`compare` lines two summaries up class by class (per step, so traces of
+different lengths compare), ranks kernels by their time delta, and reports fusion differences.
+
+Fusions are attributed by alignment: two runs of one model launch the same GEMM, attention and
+collective kernels in the same order (eager and torch.compile Llama-3-8B on the H100 and H200: 386
+GEMMs and 32 attention calls per decode step on both sides), and a compiler fuses only what lies
+between them. Those anchors cut each side's first step into segments; segment i of one side pairs
+with segment i of the other, and a side that runs a fused kernel and fewer launches in a pair fused
+the other side's kernels there: launches and time saved are the pair's difference, so each kernel's
+time is credited at most once. When the anchor counts differ the report falls back to a labelled
+class-level estimate (:func:`_class_level`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from array import array
+from bisect import bisect_left
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +29,39 @@ from autoopt.errors import TraceError
 from autoopt.trace.classify import CLASSES, _short, classify, inductor_ops
 from autoopt.trace.reader import TraceEvents
 
-__all__ = ["TraceSummary", "compare", "layer_period", "summarize"]
+__all__ = ["ANCHOR_CLASSES", "StepKernels", "TraceSummary", "compare", "layer_period", "summarize"]
+
+#: the kernels both runs of one model launch alike and in the same order: the aligner's fixed points. On the
+#: real Llama-3-8B traces eager and torch.compile launch the same 386 GEMMs + 32 attention calls per decode
+#: step and 226 + 32 per prefill step (H100 and H200); Inductor fuses only the kernels between them
+ANCHOR_CLASSES = frozenset({"gemm", "moe_gemm", "attention", "communication"})
+#: the farthest apart two anchors a scheduler launches in swapped order: Inductor runs RoPE's inv_freq bmm
+#: after the first layer's q projection, eager before it (1 GEMM apart in the real traces)
+_SWAP_WINDOW = 8
+#: how many pairs ahead a kernel run early may find the pair it belongs to: Inductor's RoPE on K runs 2
+#: segments before eager's (after the K projection, not after V)
+_MOVE_HOPS = 3
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class StepKernels:
+    """One profiler step's kernels in launch order (name index and microseconds per launch), with each
+    name's class and fused-op signature: what :func:`compare` aligns. 12 bytes per launch."""
+
+    names: tuple[str, ...]
+    classes: tuple[str, ...]
+    #: per name: the ops of a fused kernel (Inductor's name with its call-site number dropped, or a
+    #: KNOWN_FUSED kernel), () for any other kernel
+    fused_ops: tuple[tuple[str, ...], ...]
+    seq: array
+    dur: array
+
+    @property
+    def anchors(self) -> int:
+        return sum(1 for i in self.seq if self.classes[i] in ANCHOR_CLASSES)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kernels": len(self.seq), "anchors": self.anchors, "us": round(float(sum(self.dur)), 3)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,6 +78,8 @@ class TraceSummary:
     #: repeating layers found in one step (the period of the kernel sequence), and one layer's median time
     layers_per_step: int | None = None
     layer_us: float | None = None
+    #: the first profiler step's kernel sequence (the whole trace without step markers), for alignment
+    step: StepKernels | None = None
 
     @property
     def other_share(self) -> float:
@@ -57,18 +100,20 @@ class TraceSummary:
                           for k, ops, us, n in self.fused],
                 "layers_per_step": self.layers_per_step,
                 "layer_us": None if self.layer_us is None else round(self.layer_us, 3),
+                "first_step": None if self.step is None else self.step.to_dict(),
                 "label": "measured (profiler trace)"}
 
 
 def _first_step(ev: TraceEvents) -> tuple[int, int]:
-    """Index range of the kernels that start inside the first profiler step (all of them without steps)."""
+    """Index range of the kernels that start inside the first profiler step (all of them without steps):
+    from its start up to, not including, its end (where the next step's first kernel may start). The
+    reader returns kernels sorted by start, so the range is two binary searches."""
     steps = sorted((a for a in ev.annotations if a.name.startswith("ProfilerStep#") and not a.gpu),
                    key=lambda a: a.ts)
     if not steps:
         return 0, len(ev.seq)
-    lo, hi = steps[0].ts, steps[0].ts + steps[0].dur
-    idx = [k for k in range(len(ev.seq)) if lo <= ev.ts[k] <= hi]
-    return (idx[0], idx[-1] + 1) if idx else (0, len(ev.seq))
+    lo, hi = bisect_left(ev.ts, steps[0].ts), bisect_left(ev.ts, steps[0].ts + steps[0].dur)
+    return (lo, hi) if hi > lo else (0, len(ev.seq))
 
 
 def layer_period(ev: TraceEvents, anchors: frozenset[int] = frozenset()) -> tuple[int, int, float] | None:
@@ -131,17 +176,26 @@ def summarize(ev: TraceEvents, *, rules: Iterable[tuple[str, str]] | None = None
         s = by_short[(_short(name), cls_of[i])]
         s[0] += per_name_us[i]
         s[1] += per_name_n[i]
-        ops = inductor_ops(name)
-        if len(ops) > 1:
+        ops = _fused_ops(name)
+        if ops:
             fused[name] = [ops, per_name_us[i], per_name_n[i]]
     ranked = sorted(by_short.items(), key=lambda kv: -kv[1][0])[:top]
     period = layer_period(ev, frozenset(i for i, c in enumerate(cls_of) if c == "attention"))
+    lo, hi = _first_step(ev)
+    step = StepKernels(names=ev.names, classes=tuple(cls_of), fused_ops=tuple(_fused_ops(n) for n in ev.names),
+                       seq=ev.seq[lo:hi], dur=ev.dur[lo:hi])
     return TraceSummary(
         source=ev.source, steps=_steps(ev), kernels=len(ev.seq), total_us=float(sum(ev.dur)),
         by_class={c: (by_class[c][0], int(by_class[c][1])) for c in CLASSES if c in by_class},
         top=tuple((k, c, v[0], int(v[1])) for (k, c), v in ranked),
         fused=tuple(sorted(((k, v[0], v[1], int(v[2])) for k, v in fused.items()), key=lambda t: -t[2])),
-        layers_per_step=period[0] if period else None, layer_us=period[2] if period else None)
+        layers_per_step=period[0] if period else None, layer_us=period[2] if period else None, step=step)
+
+
+def _fused_ops(name: str) -> tuple[str, ...]:
+    """A fused kernel's op signature (one op is no fusion), () for any other kernel."""
+    ops = inductor_ops(name)
+    return ops if len(ops) > 1 else ()
 
 
 def compare(a: TraceSummary, b: TraceSummary, *, top: int = 10) -> dict[str, Any]:
@@ -165,7 +219,7 @@ def compare(a: TraceSummary, b: TraceSummary, *, top: int = 10) -> dict[str, Any
             "layers_per_step": a.layers_per_step or b.layers_per_step,
             "a_layer_us": a.layer_us, "b_layer_us": b.layer_us,
             "a_per_step_us": round(a.total_us / a.steps, 3), "b_per_step_us": round(b.total_us / b.steps, 3),
-            "classes": rows, "kernels_by_delta": _kernel_deltas(a, b, top), "fusions": _fusions(a, b),
+            "classes": rows, "kernels_by_delta": _kernel_deltas(a, b, top), **_fusions(a, b),
             "label": "measured (profiler traces)"}
 
 
@@ -178,8 +232,23 @@ def _kernel_deltas(a: TraceSummary, b: TraceSummary, top: int) -> list[dict[str,
              "delta_us": round(db.get(k, 0.0) - da.get(k, 0.0), 3)} for k in keys]
 
 
-def _fusions(a: TraceSummary, b: TraceSummary) -> list[dict[str, Any]]:
-    """Classes on one side only; and each side's fused kernels against the other side's launches."""
+def _fusions(a: TraceSummary, b: TraceSummary) -> dict[str, Any]:
+    """``fusions``: classes one side runs and the other does not, and one entry per fused-kernel signature
+    (side, ops, the kernels it replaced, launches and time saved per step); ``fusion_alignment``: how they
+    were attributed, and the step's time difference split into anchors, fusions and the rest."""
+    out = _one_side_classes(a, b)
+    why = _unalignable(a, b)
+    if why is None and a.step is not None and b.step is not None:
+        entries, info = _aligned(a.step, b.step)
+    else:
+        entries = _class_level(a, b)
+        info = {"mode": "class-level", "reason": why, "basis": "per-step averages over all profiler steps",
+                "a_anchors_per_step": a.step.anchors if a.step else None,
+                "b_anchors_per_step": b.step.anchors if b.step else None}
+    return {"fusions": out + entries, "fusion_alignment": info}
+
+
+def _one_side_classes(a: TraceSummary, b: TraceSummary) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for side, x, y in (("a", a, b), ("b", b, a)):
         for c in x.by_class:
@@ -187,21 +256,358 @@ def _fusions(a: TraceSummary, b: TraceSummary) -> list[dict[str, Any]]:
                 us, n = x.per_step(c)
                 out.append({"kind": "class only on one side", "side": side, "class": c, "us_per_step": round(us, 3),
                             "launches_per_step": round(n, 2)})
-        # Inductor emits one copy of a kernel per call site (..._rsqrt_11, _12, _13): one entry per op list
-        groups: dict[tuple[str, ...], list[Any]] = {}
-        for name, ops, us, n in x.fused:
-            g = groups.setdefault(tuple(ops), [name, 0.0, 0])
-            g[1] += us
-            g[2] += n
-        for ops, (name, us, n) in groups.items():
-            parts = sorted({classify(f"triton_poi_fused_{op}_0") for op in ops} - {"elementwise"} | {"elementwise"})
-            other_n = sum(y.per_step(c)[1] for c in parts)
-            mine_n = n / x.steps
-            if other_n > mine_n:
-                saved_us = sum(y.per_step(c)[0] for c in parts) - us / x.steps
-                out.append({"kind": "fused kernel", "side": side, "kernel": name, "ops": list(ops),
-                            "classes": parts, "launches_per_step": round(mine_n, 2),
-                            "other_side_launches_per_step": round(other_n, 2),
-                            "launches_saved_per_step": round(other_n - mine_n, 2),
-                            "us_saved_per_step_upper_bound": round(saved_us, 3)})
     return out
+
+
+def _unalignable(a: TraceSummary, b: TraceSummary) -> str | None:
+    """Why the two first steps cannot be cut into pairs of segments, or None when they can."""
+    if a.step is None or b.step is None:
+        return "a summary without its first step's kernel sequence: nothing to align"
+    na, nb = a.step.anchors, b.step.anchors
+    if na != nb:
+        return (f"the first steps launch {na} (A) and {nb} (B) GEMM/attention/communication kernels, so the "
+                "segments between them do not pair one to one (one side may have fused GEMMs, e.g. Q, K and V "
+                "into one)")
+    if na == 0:
+        return "no GEMM, attention or communication kernel to align the steps on"
+    return None
+
+
+# -- alignment: anchors cut each first step into segments, paired in order ------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Cut:
+    """One step cut at its anchors: their names in launch order, and the launch positions of the
+    other kernels in each segment (segment i precedes anchor i; the last one follows the last anchor)."""
+
+    anchors: tuple[str, ...]
+    segments: tuple[tuple[int, ...], ...]
+
+
+def _cut(step: StepKernels) -> _Cut:
+    anchors: list[str] = []
+    segments: list[list[int]] = [[]]
+    for k, i in enumerate(step.seq):
+        if step.classes[i] in ANCHOR_CLASSES:
+            anchors.append(step.names[i])
+            segments.append([])
+        else:
+            segments[-1].append(k)
+    return _Cut(anchors=tuple(anchors), segments=tuple(tuple(s) for s in segments))
+
+
+def _resync(a: Sequence[str], b: Sequence[str], i: int) -> int | None:
+    """The end of the shortest run from ``i`` in which both sides launch the same anchors in another
+    order (the same multiset of names), within :data:`_SWAP_WINDOW`; None when there is none."""
+    diff: dict[str, int] = defaultdict(int)
+    nonzero = 0
+    for q in range(i, min(len(a), i + _SWAP_WINDOW)):
+        for key, d in ((a[q], 1), (b[q], -1)):
+            before = diff[key]
+            diff[key] += d
+            nonzero += (diff[key] != 0) - (before != 0)
+        if nonzero == 0:
+            return q + 1
+    return None
+
+
+def _hard_anchors(a: Sequence[str], b: Sequence[str]) -> list[bool]:
+    """Per anchor position: whether it separates segments. An anchor inside a swapped run does not (the
+    kernels around a swapped pair cannot be told apart); a different name that never resyncs is the
+    same op run by another kernel (another GPU's cuBLAS pick) and still separates."""
+    hard = [True] * len(a)
+    i = 0
+    while i < len(a):
+        q = _resync(a, b, i) if a[i] != b[i] else None
+        if q is None:
+            i += 1
+            continue
+        hard[i:q] = [False] * (q - i)
+        i = q
+    return hard
+
+
+Pair = tuple[list[int], list[int]]
+
+
+def _pair_segments(ca: _Cut, cb: _Cut) -> list[Pair]:
+    """Segment i of A with segment i of B, merged across anchors that are not hard."""
+    hard = _hard_anchors(ca.anchors, cb.anchors)
+    pairs: list[Pair] = [([], [])]
+    for s, (sa, sb) in enumerate(zip(ca.segments, cb.segments, strict=True)):
+        if s > 0 and hard[s - 1]:
+            pairs.append(([], []))
+        pairs[-1][0].extend(sa)
+        pairs[-1][1].extend(sb)
+    return pairs
+
+
+def _has_fused(step: StepKernels, launches: Sequence[int]) -> bool:
+    return any(step.fused_ops[step.seq[k]] for k in launches)
+
+
+def _concat(pairs: Sequence[Pair]) -> Pair:
+    return [k for p in pairs for k in p[0]], [k for p in pairs for k in p[1]]
+
+
+def _target(pending: Sequence[Pair], i: int, merged: Sequence[Pair], sa: StepKernels, sb: StepKernels) -> int | None:
+    """Where pair i's kernels belong when the compiler moved them across anchors: the index of a later pair
+    (pairs between join too), -1 for the last pair already merged, None when they stay.
+
+    - A side that launches fewer kernels here and none fused had them fused into a neighbour where it
+      runs a fused kernel (the next first). Real traces: Inductor runs SiLU after the up-projection GEMM,
+      fused with the mul there.
+    - A side that launches more kernels here, fused ones among them, ran them early: they join the next
+      pair (within :data:`_MOVE_HOPS`) where it fused the other side's kernels. Real decode traces:
+      Inductor applies RoPE to K right after the K projection, eager after the V projection."""
+    pair = pending[i]
+    for j, step in ((0, sa), (1, sb)):
+        mine, theirs, side = len(pair[j]), len(pair[1 - j]), "ab"[j]
+        fused = _has_fused(step, pair[j])
+        if mine < theirs and not fused:
+            if i + 1 < len(pending) and _has_fused(step, pending[i + 1][j]):
+                return i + 1
+            if merged and _has_fused(step, merged[-1][j]):
+                return -1
+        if mine > theirs and fused:
+            return next((k for k in range(i + 1, min(len(pending), i + 1 + _MOVE_HOPS))
+                         if _fused_side(pending[k], sa, sb) == side), None)
+    return None
+
+
+def _regroup(pairs: list[Pair], sa: StepKernels, sb: StepKernels) -> list[Pair]:
+    """The pairs, with kernels a compiler moved across anchors joined to the pair where it fused them."""
+    pending = list(pairs)
+    out: list[Pair] = []
+    i = 0
+    while i < len(pending):
+        k = _target(pending, i, out, sa, sb)
+        if k == -1:
+            out[-1] = _concat([out[-1], pending[i]])
+        elif k is not None:
+            pending[k] = _concat(pending[i:k + 1])
+            i = k
+            continue
+        else:
+            out.append(pending[i])
+        i += 1
+    return out
+
+
+def _us(step: StepKernels, launches: Sequence[int]) -> float:
+    return float(sum(step.dur[k] for k in launches))
+
+
+def _fused_side(pair: Pair, sa: StepKernels, sb: StepKernels) -> str | None:
+    """The side that fused the other's kernels in this pair: it runs a fused kernel and fewer launches."""
+    if len(pair[1]) < len(pair[0]) and _has_fused(sb, pair[1]):
+        return "b"
+    if len(pair[0]) < len(pair[1]) and _has_fused(sa, pair[0]):
+        return "a"
+    return None
+
+
+def _credited_side(pair: Pair, sa: StepKernels, sb: StepKernels) -> str | None:
+    """The side whose fused kernels this pair's difference is credited to: the one that fused (fewer
+    launches), else the only side running fused kernels here, whose saving is then zero or negative (real
+    compiled decode traces end each step with 32 ``add_copy_`` kernels writing the KV cache back, where
+    eager runs 1 kernel); None when neither or both sides run fused kernels."""
+    side = _fused_side(pair, sa, sb)
+    if side is None and _has_fused(sa, pair[0]) != _has_fused(sb, pair[1]):
+        side = "a" if _has_fused(sa, pair[0]) else "b"
+    return side
+
+
+@dataclass(slots=True)
+class _Credit:
+    """What one fused-kernel signature of one side is credited with, summed over its pairs."""
+
+    launches: int = 0
+    names: Counter[str] = field(default_factory=Counter)
+    other_launches: float = 0.0
+    replaced: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
+    saved_launches: float = 0.0
+    saved_us: float = 0.0
+    pairs: int = 0
+    shared: int = 0
+    shared_with: set[tuple[str, ...]] = field(default_factory=set)
+
+
+def _credit(acc: dict[tuple[str, ...], _Credit], x: list[int], y: list[int], sx: StepKernels,
+            sy: StepKernels) -> float:
+    """Credit side x's fused kernels in one pair with y's kernels there; the time saved, returned.
+
+    The pair's saving (y's launches and time minus x's) is exact; with several fused signatures in one
+    pair it is split by their own time (the real decode traces run RoPE and the KV-cache write as 5
+    Inductor kernels against 20 eager ones between the V projection and attention: no finer order to
+    pair them by). Replaced kernels: y's, less those x still runs unfused (a memset on both sides)."""
+    own: dict[tuple[str, ...], list[Any]] = {}
+    for k in x:
+        name = sx.names[sx.seq[k]]
+        ops = sx.fused_ops[sx.seq[k]]
+        if ops:
+            g = own.setdefault(ops, [0.0, Counter()])
+            g[0] += sx.dur[k]
+            g[1][name] += 1
+    kept = Counter((sx.names[sx.seq[k]], sx.classes[sx.seq[k]]) for k in x if not sx.fused_ops[sx.seq[k]])
+    replaced = Counter((sy.names[sy.seq[k]], sy.classes[sy.seq[k]]) for k in y) - kept
+    saved_us = _us(sy, y) - _us(sx, x)
+    total = sum(g[0] for g in own.values())
+    for ops, (us, names) in own.items():
+        w = us / total if total > 0 else sum(names.values()) / sum(sum(g[1].values()) for g in own.values())
+        c = acc.setdefault(ops, _Credit())
+        c.launches += sum(names.values())
+        c.names.update(names)
+        c.other_launches += w * len(y)
+        for key, n in replaced.items():
+            c.replaced[key] += w * n
+        c.saved_launches += w * (len(y) - len(x))
+        c.saved_us += w * saved_us
+        c.pairs += 1
+        if len(own) > 1:
+            c.shared += 1
+            c.shared_with.update(o for o in own if o != ops)
+    return saved_us
+
+
+def _aligned(sa: StepKernels, sb: StepKernels) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Fusions of both sides from the paired segments of the two first steps (equal anchor counts)."""
+    pairs = _regroup(_pair_segments(_cut(sa), _cut(sb)), sa, sb)
+    credit: dict[str, dict[tuple[str, ...], _Credit]] = {"a": {}, "b": {}}
+    saved = {"a": 0.0, "b": 0.0}
+    unattributed = 0.0
+    for pair in pairs:
+        side = _credited_side(pair, sa, sb)
+        if side == "b":
+            saved["b"] += _credit(credit["b"], pair[1], pair[0], sb, sa)
+        elif side == "a":
+            saved["a"] += _credit(credit["a"], pair[0], pair[1], sa, sb)
+        else:
+            unattributed += _us(sa, pair[0]) - _us(sb, pair[1])
+    entries = [_credit_entry(side, ops, c) for side in ("a", "b")
+               for ops, c in sorted(credit[side].items(), key=lambda kv: -kv[1].saved_us)]
+    entries += _uncredited(sa, sb, credit)
+    step_a, step_b = float(sum(sa.dur)), float(sum(sb.dur))
+    anchors_a = sum(d for i, d in zip(sa.seq, sa.dur, strict=True) if sa.classes[i] in ANCHOR_CLASSES)
+    anchors_b = sum(d for i, d in zip(sb.seq, sb.dur, strict=True) if sb.classes[i] in ANCHOR_CLASSES)
+    info = {"mode": "aligned segments", "basis": "first profiler step of each trace",
+            "anchors_per_step": sa.anchors, "segment_pairs": len(pairs),
+            "a_step_us": round(step_a, 3), "b_step_us": round(step_b, 3),
+            # the step's time difference, accounted for: these four add up to a_step_us - b_step_us
+            "a_minus_b_us": {"anchor kernels": round(anchors_a - anchors_b, 3),
+                             "fused by B": round(saved["b"], 3), "fused by A": round(-saved["a"], 3) + 0.0,
+                             "unattributed": round(unattributed, 3)}}
+    return entries, info
+
+
+def _credit_entry(side: str, ops: tuple[str, ...], c: _Credit) -> dict[str, Any]:
+    by_class: dict[str, float] = defaultdict(float)
+    by_kernel: dict[tuple[str, str], float] = defaultdict(float)
+    for (name, cls), n in c.replaced.items():
+        by_class[cls] += n
+        by_kernel[(_short(name), cls)] += n
+    return {"kind": "fused kernel", "side": side, "kernel": c.names.most_common(1)[0][0], "call_sites": len(c.names),
+            "ops": list(ops), "classes": sorted(by_class), "launches_per_step": c.launches,
+            "other_side_launches_per_step": round(c.other_launches, 2),
+            "replaced": {cls: round(n, 2) for cls, n in sorted(by_class.items(), key=lambda kv: -kv[1])},
+            "replaced_kernels": [{"kernel": k, "class": cls, "launches": round(n, 2)} for (k, cls), n
+                                 in sorted(by_kernel.items(), key=lambda kv: -kv[1])[:5]],
+            "launches_saved_per_step": round(c.saved_launches, 2), "us_saved_per_step": round(c.saved_us, 3),
+            "segment_pairs": c.pairs, "shared_pairs": c.shared,
+            "shared_with": sorted("_".join(o) for o in c.shared_with),
+            "attribution": "aligned segments of the first profiler step"}
+
+
+def _uncredited(sa: StepKernels, sb: StepKernels,
+                credit: Mapping[str, Mapping[tuple[str, ...], _Credit]]) -> list[dict[str, Any]]:
+    """Fused signatures one first step runs, the other's does not, and no pair credits (each pair where
+    they run has fused kernels on both sides): listed with nothing saved, so every fusion found is
+    reported. A signature both steps run, uncredited, is no difference between them."""
+    ops_a = {sa.fused_ops[i] for i in set(sa.seq)} - {()}
+    ops_b = {sb.fused_ops[i] for i in set(sb.seq)} - {()}
+    out = []
+    for side, step, only in (("a", sa, ops_a - ops_b), ("b", sb, ops_b - ops_a)):
+        seen: dict[tuple[str, ...], Counter[str]] = {}
+        for i in step.seq:
+            if step.fused_ops[i] in only and step.fused_ops[i] not in credit[side]:
+                seen.setdefault(step.fused_ops[i], Counter())[step.names[i]] += 1
+        out += [{"kind": "fused kernel", "side": side, "kernel": names.most_common(1)[0][0],
+                 "call_sites": len(names), "ops": list(ops), "classes": [],
+                 "launches_per_step": sum(names.values()), "other_side_launches_per_step": 0.0, "replaced": {},
+                 "replaced_kernels": [], "launches_saved_per_step": 0.0, "us_saved_per_step": 0.0,
+                 "segment_pairs": 0, "shared_pairs": 0, "shared_with": [],
+                 "attribution": "aligned segments of the first profiler step: not credited (the other side "
+                                "runs fused kernels in the same segments)"} for ops, names in seen.items()]
+    return out
+
+
+# -- fallback: class-level, each class's time credited at most once -----------------------------------------
+
+
+def _parts(ops: tuple[str, ...]) -> list[str]:
+    """The non-anchor classes a fused kernel's ops stand for (its casts and views: elementwise)."""
+    found = {classify(f"triton_tem_fused_{op}_0") for op in ops} | {"elementwise"}
+    return [c for c in CLASSES if c in found and c not in ANCHOR_CLASSES]
+
+
+def _class_level(a: TraceSummary, b: TraceSummary) -> list[dict[str, Any]]:
+    return [*_class_level_side("a", a, b), *_class_level_side("b", b, a)]
+
+
+@dataclass(slots=True)
+class _Tally:
+    """A fused signature in the class-level estimate, per step: its own kernels, the other side's kernels
+    of the classes it owns, and this side's kernels charged to it (its own, and unfused ones of its classes)."""
+
+    names: Counter[str] = field(default_factory=Counter)
+    us: float = 0.0
+    n: float = 0.0
+    other_us: float = 0.0
+    other_n: float = 0.0
+    charged_us: float = 0.0
+    charged_n: float = 0.0
+    replaced: dict[str, float] = field(default_factory=dict)
+
+
+def _class_level_side(side: str, x: TraceSummary, y: TraceSummary) -> list[dict[str, Any]]:
+    """Each fused signature of ``x`` against ``y``'s launches of the classes its ops stand for, per step.
+
+    Without paired segments only classes can be matched, so each class goes to one signature (the one
+    with most launches among those whose ops include it) and each kernel is counted once: y's kernels of
+    an owned class, x's unfused ones of that class and x's fused ones (a signature that owns no class is
+    charged to the owner of its first class, and credited nothing)."""
+    sigs: dict[tuple[str, ...], _Tally] = defaultdict(_Tally)
+    fused_in: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])  # class -> x's fused (us, launches)
+    for name, ops, us, n in x.fused:
+        t = sigs[tuple(ops)]
+        t.names[name] += n
+        t.us, t.n = t.us + us / x.steps, t.n + n / x.steps
+        f = fused_in[classify(name)]
+        f[0], f[1] = f[0] + us / x.steps, f[1] + n / x.steps
+    parts = {ops: _parts(ops) for ops in sigs}
+    owner = {c: max((o for o in sigs if c in parts[o]), key=lambda o: sigs[o].n)
+             for c in {c for p in parts.values() for c in p}}
+    for c, ops in owner.items():
+        (yu, yn), (xu, xn), t = y.per_step(c), x.per_step(c), sigs[ops]
+        t.other_us, t.other_n = t.other_us + yu, t.other_n + yn
+        t.charged_us, t.charged_n = t.charged_us + xu - fused_in[c][0], t.charged_n + xn - fused_in[c][1]
+        if yn:
+            t.replaced[c] = round(yn, 2)
+    owners = set(owner.values())
+    for ops, t in sigs.items():
+        payer = sigs[ops if ops in owners else owner[parts[ops][0]]]
+        payer.charged_us, payer.charged_n = payer.charged_us + t.us, payer.charged_n + t.n
+    return [_tally_entry(side, ops, t, None if ops in owners else owner[parts[ops][0]])
+            for ops, t in sorted(sigs.items(), key=lambda kv: -kv[1].n)]
+
+
+def _tally_entry(side: str, ops: tuple[str, ...], t: _Tally, payer: tuple[str, ...] | None) -> dict[str, Any]:
+    return {"kind": "fused kernel (class-level estimate)", "side": side, "kernel": t.names.most_common(1)[0][0],
+            "call_sites": len(t.names), "ops": list(ops), "classes": sorted(t.replaced),
+            "launches_per_step": round(t.n, 2), "other_side_launches_per_step": round(t.other_n, 2),
+            "replaced": t.replaced, "replaced_kernels": [],
+            "launches_saved_per_step": 0.0 if payer else round(t.other_n - t.charged_n, 2),
+            "us_saved_per_step": 0.0 if payer else round(t.other_us - t.charged_us, 3),
+            **({"credited_to": "_".join(payer)} if payer else {}),
+            "attribution": "class-level estimate (per-step averages): see fusion_alignment.reason"}
