@@ -528,6 +528,13 @@ def cmd_store(args: argparse.Namespace) -> int:
     return 0
 
 
+def _around(around: dict[str, list[list[Any]]]) -> str:
+    """`` after X, before Y``: the most frequent kernels launched around a one-sided class."""
+    parts = [f"{where} {around[key][0][0][:40]}" for key, where in (("before", "after"), ("after", "before"))
+             if around.get(key)]
+    return (": " + ", ".join(parts)) if parts else ""
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     """``autoopt trace summary T`` / ``autoopt trace compare A B``: GPU time by op class, and the differences."""
     from autoopt.report import format_table
@@ -568,10 +575,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
         title=f"fusion differences per step ({how})") if fused else f"fusion differences per step ({how}): none")
     if align["mode"] == "aligned segments":
         text += "\nA - B per step: " + ", ".join(f"{k} {v:g} us" for k, v in align["a_minus_b_us"].items())
-    only = [f"{f['side'].upper()} {f['class']} ({f['us_per_step']:g} us, {f['launches_per_step']:g} launches)"
-            for f in data["fusions"] if f["kind"] == "class only on one side"]
+    only = [f"  {f['side'].upper()} {f['class']} ({f['us_per_step']:g} us, {f['launches_per_step']:g} launches)"
+            + _around(f.get("around") or {}) for f in data["fusions"] if f["kind"] == "class only on one side"]
     if only:
-        text += "\nclasses on one side only: " + "; ".join(only)
+        text += "\nclasses on one side only:\n" + "\n".join(only)
     if args.plot:
         from autoopt.report import plot_trace_classes
 

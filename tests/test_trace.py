@@ -338,3 +338,12 @@ def test_traces_with_different_gemm_counts_fall_back_to_a_labelled_class_level_r
     assert rms["replaced"] == {"reduction": 8.0, "elementwise": 20.0} and rms["us_saved_per_step"] == 56.0
     classes = [c for f in fused for c in f["replaced"]]
     assert len(classes) == len(set(classes))
+
+
+def test_a_class_only_one_side_runs_names_the_kernels_launched_around_it() -> None:
+    report = compare(_real("h100_llama3-8b_eager_decode_b1"), _real("h100_llama3-8b_compile_decode_b1"))
+    norm = next(f for f in report["fusions"] if f["kind"] == "class only on one side" and f["class"] == "norm")
+    assert norm["side"] == "b"
+    # Inductor's fused RMSNorm sits between GEMMs: after the previous projection, before the next one
+    assert norm["around"]["after"][0][0].startswith("cublasLt::splitKreduce")
+    assert norm["around"]["before"][0][0].startswith("nvjet_sm90")

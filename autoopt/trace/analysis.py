@@ -249,14 +249,34 @@ def _fusions(a: TraceSummary, b: TraceSummary) -> dict[str, Any]:
 
 
 def _one_side_classes(a: TraceSummary, b: TraceSummary) -> list[dict[str, Any]]:
+    """Classes one side runs and the other does not, each with the kernels launched around it."""
     out: list[dict[str, Any]] = []
     for side, x, y in (("a", a, b), ("b", b, a)):
         for c in x.by_class:
             if c not in y.by_class and c != "other":
                 us, n = x.per_step(c)
                 out.append({"kind": "class only on one side", "side": side, "class": c, "us_per_step": round(us, 3),
-                            "launches_per_step": round(n, 2)})
+                            "launches_per_step": round(n, 2), "around": _neighbours(x.step, c)})
     return out
+
+
+def _neighbours(step: StepKernels | None, cls: str, top: int = 3) -> dict[str, list[list[Any]]]:
+    """The kernels launched just before and just after each launch of class ``cls`` in the first step
+    (short names with how often, most frequent first): where in the layer the class sits."""
+    if step is None:
+        return {}
+    before: Counter[str] = Counter()
+    after: Counter[str] = Counter()
+    seq = step.seq
+    for k, i in enumerate(seq):
+        if step.classes[i] != cls:
+            continue
+        if k > 0 and step.classes[seq[k - 1]] != cls:
+            before[_short(step.names[seq[k - 1]])] += 1
+        if k + 1 < len(seq) and step.classes[seq[k + 1]] != cls:
+            after[_short(step.names[seq[k + 1]])] += 1
+    return {"before": [[n, c] for n, c in before.most_common(top)],
+            "after": [[n, c] for n, c in after.most_common(top)]}
 
 
 def _unalignable(a: TraceSummary, b: TraceSummary) -> str | None:
