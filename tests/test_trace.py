@@ -344,6 +344,7 @@ def test_a_class_only_one_side_runs_names_the_kernels_launched_around_it() -> No
     report = compare(_real("h100_llama3-8b_eager_decode_b1"), _real("h100_llama3-8b_compile_decode_b1"))
     norm = next(f for f in report["fusions"] if f["kind"] == "class only on one side" and f["class"] == "norm")
     assert norm["side"] == "b"
-    # Inductor's fused RMSNorm sits between GEMMs: after the previous projection, before the next one
-    assert norm["around"]["after"][0][0].startswith("cublasLt::splitKreduce")
-    assert norm["around"]["before"][0][0].startswith("nvjet_sm90")
+    # Inductor's fused RMSNorm sits between GEMMs: launched after the previous projection's split-K
+    # reduce ("before": what runs just before it), followed by the next projection's nvjet GEMM
+    assert norm["around"]["before"][0][0].startswith("cublasLt::splitKreduce")
+    assert norm["around"]["after"][0][0].startswith("nvjet_sm90")
