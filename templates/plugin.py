@@ -4,20 +4,31 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.choices import ImplChoice, PathChoice, default_impl, default_path
 from autoopt.kernels.ops import OpSpec
-from autoopt.kernels.template import Template
 from autoopt.plugins.hookspecs import hookimpl
-from autoopt.templates.elementwise import ElementwiseTemplate
-from autoopt.templates.gemm import GemmTemplate
-from autoopt.templates.gemv import GemvTemplate
-from autoopt.templates.hopper import HopperTmaGemmTemplate
-from autoopt.templates.norm import NormTemplate
+
+if TYPE_CHECKING:
+    from autoopt.kernels.template import Template
+
+#: the names of the templates :func:`autoopt_templates` returns, in its order, known without importing
+#: them: a start-up lookup (the shipped rank cache) checks them against its header, and importing the
+#: five template modules costs ~10 ms of a ~125 ms cold recommend() on a 2-core box
+#: (tests/test_plugins.py checks the two agree)
+TEMPLATE_NAMES = ("gemm", "gemv", "hopper-tma-gemm", "elementwise", "norm")
 
 
 @hookimpl
 def autoopt_templates() -> list[Template]:
+    from autoopt.templates.elementwise import ElementwiseTemplate
+    from autoopt.templates.gemm import GemmTemplate
+    from autoopt.templates.gemv import GemvTemplate
+    from autoopt.templates.hopper import HopperTmaGemmTemplate
+    from autoopt.templates.norm import NormTemplate
+
     return [GemmTemplate(), GemvTemplate(), HopperTmaGemmTemplate(), ElementwiseTemplate(), NormTemplate()]
 
 

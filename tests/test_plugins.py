@@ -256,3 +256,9 @@ def test_installed_plugin_is_found_by_entry_point_and_used_only_on_its_architect
     assert row["version"] == "0.1.0" and row["distribution"] == "autoopt-blackwell"
     assert row["templates"] == ["blackwell-tcgen05-gemm"] and row["hooks"] == ["autoopt_choose_path"]
     assert row["problems"] == []
+
+
+def test_builtin_template_names_known_without_import_match_the_templates_hook() -> None:
+    from autoopt.templates import plugin
+
+    assert tuple(t.name for t in plugin.autoopt_templates()) == plugin.TEMPLATE_NAMES

@@ -127,7 +127,7 @@ def write(files: Iterable[Path], mirror: Path) -> Path:
         out[path.name] = {"text": text, "data": data}
     doc = {"format": FORMAT, "version": VERSION, "files": out}
     tmp = mirror.with_name(f".{mirror.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=0, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(doc, indent=0) + "\n", encoding="utf-8")
     os.replace(tmp, mirror)
     clear_cache()
     return mirror

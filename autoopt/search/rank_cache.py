@@ -150,14 +150,17 @@ def _effective_constants(gpu: GPUProfile) -> CostConstants:
 
 
 def _builtin_templates() -> tuple[str, ...] | None:
-    """The names of the templates rank() would use, or None when a plugin contributes one."""
+    """The names of the templates rank() would use, or None when a plugin contributes one. Only the
+    built-in plugin implementing ``autoopt_templates`` means the built-in names, read without importing
+    the template modules (see ``autoopt.templates.plugin.TEMPLATE_NAMES``)."""
     from autoopt.plugins.manager import BUILTIN, get_plugin_manager
 
     pm = get_plugin_manager()
-    tpls = pm.templates()
-    if any(pm.owner_of(t) != BUILTIN for t in tpls):
+    if any(impl.plugin_name != BUILTIN for impl in pm.pm.hook.autoopt_templates.get_hookimpls()):
         return None
-    return tuple(t.name for t in tpls)
+    from autoopt.templates.plugin import TEMPLATE_NAMES
+
+    return TEMPLATE_NAMES
 
 
 # -- entries -------------------------------------------------------------------------------
