@@ -13,7 +13,8 @@ against a float64 reference first, ``do_bench`` median) beside its reference on 
 - ``explore``: the ranking's top ``--explore-top`` configs of each prefill M = 256 and decode shape,
   measured, so the cost model's misjudgements show (zero-shot top-1 vs the best of its own top-k);
 - ``splits``: for the skinny GEMMs (M = 256 and the 70B TP=8 shards), the best-ranked TMA config of
-  each SPLIT_K value, measured: what split-K buys where the output tiles underfill the SMs.
+  each SPLIT_K value and of stream-K (labelled SPLIT_K=0), measured: what each decomposition buys where
+  the output tiles underfill the SMs.
 
 Zero-shot means the cost model's ranking alone (``rank(..., measured=False)``): no stored winner.
 Writes JSON (device, driver, torch, triton versions) after every section, so a run cut short keeps
@@ -113,7 +114,8 @@ def split_cases(gpu: Any, labelled: list[tuple[str, OpSpec]]) -> list[tuple[str,
     for label, op in labelled:
         seen: set[int] = set()
         for c in rank(gpu, op, top=400, measured=False).candidates:
-            s = c.config.params.get("SPLIT_K", 1)
+            # stream-K as SPLIT_K=0 in the label and the seen set
+            s = 0 if c.config.params.get("STREAM_K", 0) else c.config.params.get("SPLIT_K", 1)
             if c.config.kernel == "gemm_tma" and s not in seen:
                 seen.add(s)
                 out.append((f"{label} SPLIT_K={s}", op, c.config))

@@ -1,6 +1,6 @@
 """Hopper persistent TMA + WGMMA GEMM template (backend kernel ``gemm_tma``), sm_90a only.
 
-Keys: ``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, num_warps, num_stages``; path
+Keys: ``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, SPLIT_K, STREAM_K, num_warps, num_stages``; path
 ``tma_wgmma``. The grid is one program per SM walking tiles in group-M order
 (Triton tutorial 09); A, W and C go through TMA descriptors, so the TMA rules
 (16-byte row strides, box <= 256 per dim, >= 16-byte inner box row) and the
@@ -8,8 +8,10 @@ WGMMA rules (BLOCK_M % 64, whole warpgroups, N multiple of 8 up to 256, K per
 instruction 16 / 32 for 16-/8-bit types) are hard constraints here. The C tile
 is staged in its own shared-memory buffer for the TMA store (fp32 partials
 under split-K). Split-K is offered only where the output tiles make fewer than
-two waves over the SMs (see :func:`tma_splits`); configs stored before split-K
-existed carry no ``SPLIT_K`` key and read as ``SPLIT_K=1``.
+two waves over the SMs (see :func:`tma_splits`), and so is stream-K (``STREAM_K=1``:
+the tiles' K-iterations dealt evenly to the SMs, partial tiles handed over in
+L2; see ``backend/kernels/gemm_tma.py``). Configs stored before either existed
+carry neither key and read as ``SPLIT_K=1, STREAM_K=0``.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ from autoopt.templates.gemm import (
 
 __all__ = ["HopperTmaGemmTemplate"]
 
-KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages")
+KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "STREAM_K", "num_warps", "num_stages")
+#: the cost model's and the bound's code for stream-K in place of a SPLIT_K value
+STREAM = 0
 MIN_BM, MIN_BN, MIN_BK = 64, 64, 32
 BMS = BNS = (64, 128, 256)
 #: GROUP_M 8 only: see templates/gemm.py GROUPS for the measurement behind it
@@ -67,9 +71,29 @@ def tma_splits(gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int) -> list[i
     return [1] + [s for s in SPLITS if tiles * s <= 4 * sms and k // s >= max(MIN_SLICE_K, bk)]
 
 
+def stream_k_offered(gpu: GPUProfile, op: OpSpec, bm: int, bn: int) -> bool:
+    """Stream-K where split-K is offered (fewer than two waves of output tiles); any K works."""
+    m, n, _k = op.shape
+    return -(-m // bm) * -(-n // bn) < 2 * (gpu.sm_count or 1)
+
+
+def decompositions(gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int) -> list[int]:
+    """Every way one tile's work is dealt: SPLIT_K values (1 first), then :data:`STREAM` if offered."""
+    return tma_splits(gpu, op, bm, bn, bk) + ([STREAM] if stream_k_offered(gpu, op, bm, bn) else [])
+
+
+def _split_params(split: int) -> dict[str, int]:
+    """SPLIT_K and STREAM_K of a decomposition code (:data:`STREAM` or a SPLIT_K value)."""
+    return {"SPLIT_K": 1, "STREAM_K": 1} if split == STREAM else {"SPLIT_K": split, "STREAM_K": 0}
+
+
 def _params(config: KernelConfig) -> Mapping[str, int]:
-    """The config's params with ``SPLIT_K`` defaulted to 1 (configs from before split-K lack it)."""
-    return config.params if "SPLIT_K" in config.params else {**config.params, "SPLIT_K": 1}
+    """The config's params with ``SPLIT_K=1`` and ``STREAM_K=0`` where missing (configs stored before
+    either existed)."""
+    p = config.params
+    if "SPLIT_K" in p and "STREAM_K" in p:
+        return p
+    return {"SPLIT_K": 1, "STREAM_K": 0, **p}
 
 
 class HopperTmaGemmTemplate(Template):
@@ -89,14 +113,14 @@ class HopperTmaGemmTemplate(Template):
         for bm in blocks(BMS, m, MIN_BM):
             for bn in blocks(BNS, n, MIN_BN):
                 for bk in blocks(block_ks(op.dtype), k, MIN_BK):
-                    splits = tma_splits(gpu, op, bm, bn, bk)
+                    splits = decompositions(gpu, op, bm, bn, bk)
                     for warps in WARPS:
                         for stages in STAGES:
                             for g in GROUPS:
                                 for s in splits:
                                     yield KernelConfig(kernel=self.kernel, template=self.name, path="tma_wgmma",
                                                        params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                                                               "GROUP_M": g, "SPLIT_K": s, "num_warps": warps,
+                                                               "GROUP_M": g, **_split_params(s), "num_warps": warps,
                                                                "num_stages": stages})
 
     @staticmethod
@@ -150,6 +174,9 @@ class HopperTmaGemmTemplate(Template):
         out += C.check_threads(lim, warps)
         out += C.wgmma_problems(bm, bn, bk, warps, op.dtype)
         out += C.check_split_k(p["SPLIT_K"], bk, k)
+        if p["STREAM_K"] not in (0, 1) or (p["STREAM_K"] and p["SPLIT_K"] != 1):
+            out.append(f"STREAM_K={p['STREAM_K']} with SPLIT_K={p['SPLIT_K']}: STREAM_K is 0 or 1, "
+                       "and stream-K (1) deals K itself, so SPLIT_K must be 1")
         out += self.tma_rules(op, bm, bn, bk, p["SPLIT_K"])
         if config.num_stages < 2:
             out.append(f"num_stages={config.num_stages}: the TMA pipeline needs >= 2 buffers")
@@ -200,8 +227,8 @@ class HopperTmaGemmTemplate(Template):
         op = OpSpec(kind="gemm", shape=(bm, bn, bk), dtype=dtype, out_dtype=out_dtype)
         return probe_t_comp(self, gpu, op, KernelConfig(
             kernel=self.kernel, template=self.name, path=path,
-            params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "num_warps": w,
-                    "num_stages": st}))
+            params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 1, "SPLIT_K": 1, "STREAM_K": 0,
+                    "num_warps": w, "num_stages": st}))
 
     def bounded_space(self, gpu: GPUProfile, op: OpSpec) -> BoundedSpace | None:
         """The space as tile -> num_warps -> num_stages -> GROUP_M configs with lower bounds."""
@@ -220,7 +247,8 @@ class HopperTmaGemmTemplate(Template):
                 for bn in bns:
                     for bk in bks:
                         tile, leaves = (bm, bn, bk), partial(self._leaves, bm, bn, bk)
-                        yield tables[tile], len(GROUPS), tile, [1], leaves
+                        same = [1] + ([STREAM] if stream_k_offered(gpu, op, bm, bn) else [])  # C in out dtype
+                        yield tables[tile], len(GROUPS) * len(same), tile, same, leaves
                         splits = tma_splits(gpu, op, bm, bn, bk)[1:]
                         if splits:
                             yield split_tables[tile], len(GROUPS) * len(splits), tile, splits, leaves
@@ -230,5 +258,5 @@ class HopperTmaGemmTemplate(Template):
     def _leaves(self, bm: int, bn: int, bk: int, split: int, w: int, path: str,
                 st: int) -> list[KernelConfig]:
         return [KernelConfig(kernel=self.kernel, template=self.name, path=path,
-                             params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g, "SPLIT_K": split,
-                                     "num_warps": w, "num_stages": st}) for g in GROUPS]
+                             params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": g,
+                                     **_split_params(split), "num_warps": w, "num_stages": st}) for g in GROUPS]

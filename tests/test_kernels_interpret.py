@@ -193,3 +193,29 @@ def test_rmsnorm_split_rows_matches_the_reference(shape: tuple, block_n: int, sp
     cfg = KernelConfig(kernel="rmsnorm_split", params=dict(BLOCK_N=block_n, SPLIT_N=split_n, num_warps=4,
                                                            num_stages=stages))
     assert_correct(OpSpec(kind="rmsnorm", shape=shape, dtype="fp32"), cfg)
+
+
+@pytest.mark.parametrize("shape,layout", [((33, 48, 64), "nk"), ((70, 40, 80), "kn"), ((16, 32, 256), "nk"),
+                                          ((16, 32, 32), "nk")])
+def test_gemm_tma_stream_k_hands_partial_tiles_to_their_finisher(shape: tuple, layout: str) -> None:
+    # 4 programs under the interpreter: (33,48,64) gives each 1.5 tiles; (16,32,256) one tile over all
+    # four programs; (16,32,32) two K-iterations over four programs, two of which get none
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("gemm_tma needs TMA (sm_90+)")
+    assert_correct(OpSpec(kind="gemm", shape=shape, dtype="fp16", layout=layout),
+                   gemm_cfg("gemm_tma", STREAM_K=1))
+
+
+def test_gemm_tma_stream_k_flags_reset_so_a_second_launch_is_right_too() -> None:
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("gemm_tma needs TMA (sm_90+)")
+    op = OpSpec(kind="gemm", shape=(33, 48, 64), dtype="fp16")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = registry.make_inputs(op, device, seed=3)
+    out = registry.alloc_out(op, device)
+    run = registry.prepare(inputs, gemm_cfg("gemm_tma", STREAM_K=1), out, op)
+    want = registry.reference(inputs, op)
+    for _ in range(2):
+        out.zero_()
+        run()
+        assert torch.allclose(out.double(), want, rtol=1e-2, atol=1e-2)

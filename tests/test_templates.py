@@ -23,7 +23,7 @@ from autoopt.templates.norm import NormTemplate  # noqa: E402
 H100 = load_profile("h100-sxm").gpu
 KEYS = {
     "gemm": {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages"},
-    "gemm_tma": {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "num_warps", "num_stages"},
+    "gemm_tma": {"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "SPLIT_K", "STREAM_K", "num_warps", "num_stages"},
     "gemv": {"BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages"},
     "silu_mul": {"BLOCK_SIZE", "num_warps"},
     "add": {"BLOCK_SIZE", "num_warps"},
@@ -217,3 +217,15 @@ def test_tma_split_k_is_offered_only_where_output_tiles_make_under_two_waves():
     assert tma_splits(H100, OpSpec(kind="gemm", shape=(4096, 4096, 4096)), 128, 128, 64) == [1]
     # 256x6144 in 128x128 tiles: 96 tiles on 132 SMs
     assert tma_splits(H100, OpSpec(kind="gemm", shape=(256, 6144, 4096)), 128, 128, 64) == [1, 2, 3, 4]
+
+
+def test_stream_k_is_offered_with_split_k_and_never_combined_with_it():
+    from autoopt.templates.hopper import HopperTmaGemmTemplate, decompositions
+
+    assert decompositions(H100, OpSpec(kind="gemm", shape=(4096, 4096, 4096)), 128, 128, 64) == [1]
+    assert decompositions(H100, OpSpec(kind="gemm", shape=(256, 6144, 4096)), 128, 128, 64) == [1, 2, 3, 4, 0]
+    op = OpSpec(kind="gemm", shape=(256, 6144, 4096))
+    both = KernelConfig(kernel="gemm_tma", path="tma_wgmma", params={
+        "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 2, "STREAM_K": 1,
+        "num_warps": 8, "num_stages": 4})
+    assert any("STREAM_K" in p for p in HopperTmaGemmTemplate().validate(H100, op, both))

@@ -52,8 +52,8 @@ def _replay_grid():
         for section in ("gemm", "gemm_tma"):
             for row in grid.get(section, {}).get(key, {}).get("configs", []):
                 if row["label"] == "measured":
-                    # the grid predates split-K in the TMA kernel: its configs are SPLIT_K=1
-                    params = {"SPLIT_K": 1, **row["config"]} if section == "gemm_tma" else row["config"]
+                    # the grid predates split-K and stream-K in the TMA kernel: its configs are SPLIT_K=1, STREAM_K=0
+                    params = {"SPLIT_K": 1, "STREAM_K": 0, **row["config"]} if section == "gemm_tma" else row["config"]
                     times[(section, tuple(sorted(params.items())))] = row["us"]
         use = _templates("gemm", *(["hopper-tma-gemm"] if key in grid["gemm_tma"] else []))
         op = OpSpec(kind="gemm", shape=(m, n, k))

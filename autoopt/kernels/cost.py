@@ -130,6 +130,13 @@ class CostConstants:
     #: where a per-SM cap h predicts (132 / 112) / h: h = 1.07 and 1.05.
     sm_dram_share: float = 1.06
 
+    #: K-iteration rate the stream-K TMA kernel keeps relative to the data-parallel one (its segments
+    #: restart the TMA/WGMMA pipeline inside a while loop and a finisher waits on its neighbours' flags).
+    #: H200, 12 skinny GEMMs (benchmarks/results/h200/hw_limit_streamk.json): measured over predicted
+    #: with 1.0 has median 1.27 for stream-K against 1.01 for the other decompositions; 0.70 brings it
+    #: to 1.00 and picks best among each shape's decompositions (0.976 of the measured best, geomean).
+    stream_k_efficiency: float = 0.70
+
     #: issue cost of one 16-byte global->shared copy per thread (us): a K-iteration cannot finish
     #: before each thread has issued its share of the A and W tiles. H200 GEMV sweep at M = 16
     #: (benchmarks/results/h200/stream_gemv16.json), 16x6144x4096: a 16x64x256 tile on 1 warp
@@ -311,7 +318,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     e = DTYPE_BYTES[op.dtype]
     out_e = DTYPE_BYTES[op.out_dtype or op.dtype]
     bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
-    split = p.get("SPLIT_K", 1)
+    split = 0 if p.get("STREAM_K", 0) else p.get("SPLIT_K", 1)  # 0: stream-K (see matmul_work)
     warps, stages = config.num_warps, config.num_stages
     sms = lim.sm_count
     threads = warps * lim.warp_size
@@ -320,10 +327,8 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
         occ = 1  # grid = NUM_SMS programs, one per SM
 
     tm, tn = math.ceil(m / bm), math.ceil(n / bn)
-    tiles = tm * tn * split
-    k_slice = math.ceil(k / split)
-    k_iters = max(1, math.ceil(k_slice / bk))
-    tiles_per_sm = math.ceil(tiles / sms)
+    tiles = tm * tn * max(split, 1)
+    tiles_per_sm, k_iters, work = matmul_work(m, n, k, bm, bn, bk, split, sms)
     conc = min(occ, tiles_per_sm)
 
     # Compute per K-iteration on one SM (padded tile: the MMA computes masked rows too).
@@ -355,23 +360,25 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     # a stage lands latency + its transfer time after issue; depth stages cover that many iterations
     depth = max(stages - 1, 0.5)
     t_it_eff = max(t_it, (c.dram_latency_us + t_l2) / (depth * conc))
+    if split == 0:
+        t_it_eff /= c.stream_k_efficiency
     fills = math.ceil(tiles_per_sm / conc) * c.dram_latency_us
     if persistent:
         fills = c.dram_latency_us + (tiles_per_sm - 1) * c.dram_latency_us * c.persistent_fill_fraction
     epilogue = tiles_per_sm * c.epilogue_iters * t_it
-    sm_us = tiles_per_sm * k_iters * t_it_eff + fills + epilogue
+    sm_us = work * t_it_eff + fills + epilogue + stream_fixup_us(bm, bn, split, bw * c.l2_bw_ratio / sms, c)
 
     # DRAM: operands after L2 reuse, output (or fp32 partials) once.
     l2_eff = (gpu.l2_bytes or 0) * c.l2_usable_fraction
     conc_grid = min(tiles, sms * occ)
     ra, rw = _reuse(tm, tn, p.get("GROUP_M", 1), conc_grid, min(bm, m) * k * e, min(bn, n) * k * e, l2_eff)
     a_bytes, w_bytes = m * k * e, n * k * e
-    out_bytes = m * n * (4 * split if split > 1 else out_e)
+    out_bytes = m * n * (4 * split if split > 1 else out_e)  # stream-K partials stay in L2
     dram_bytes = a_bytes * ra + w_bytes * rw + out_bytes
     # register-fed loads (the FMA path) need enough warps in flight; cp.async/TMA stages do not
     in_flight = min(1.0, conc * warps / c.warps_for_full_bandwidth) if mma == "fma" else 1.0
     dram_us = dram_bytes / (bw * c.dram_efficiency * in_flight) * 1e6
-    dram_us = max(dram_us, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, bw * c.dram_efficiency, c))
+    dram_us = max(dram_us, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, bw * c.dram_efficiency, c, bk))
     launch = c.launch_us
     reduce_us = 0.0
     if split > 1:  # fp32 partials read back by a second kernel, output written once
@@ -380,12 +387,12 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     main_us = _softmax(sm_us, dram_us, c.overlap_exponent)
     total = main_us + reduce_us + launch
 
-    compute_us = tiles_per_sm * k_iters * t_comp
+    compute_us = work * t_comp
     terms = {
         "compute_us": compute_us,
-        "l2_us": tiles_per_sm * k_iters * t_l2,
+        "l2_us": work * t_l2,
         "dram_us": dram_us + reduce_us,
-        "latency_us": max(0.0, sm_us - tiles_per_sm * k_iters * t_it),
+        "latency_us": max(0.0, sm_us - work * t_it),
         "launch_us": launch,
         "waves": (waves := tiles / (sms * occ)),
         "ctas_per_sm": float(occ),
@@ -396,20 +403,50 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
               f"{dram_bytes / 1e6:.1f} MB DRAM (A x{ra}, W x{rw}); {mma} path")
     if split > 1:
         reason += f"; split-K {split}: +{m * n * 4 * split * 2 / 1e6:.2f} MB fp32 partials, +1 launch"
+    if split == 0:
+        reason += f"; stream-K: {work} K-iterations per SM, partial tiles handed over in L2"
     return _finish(gpu, op, terms, total, reason)
 
 
+def matmul_work(m: int, n: int, k: int, bm: int, bn: int, bk: int, split: int, sms: int
+                ) -> tuple[int, int, int]:
+    """(tiles an SM runs, K-iterations per tile, K-iterations on the busiest SM) of a grid.
+
+    ``split`` >= 1: ``tm * tn * split`` work units dealt whole to the SMs. ``split == 0``: stream-K,
+    the ``tm * tn * ceil(k / bk)`` iterations cut into one equal range per SM; an SM then touches at
+    most ``ceil(tiles / sms) + 1`` tiles (a range may start and end inside one)."""
+    tiles = -(-m // bm) * -(-n // bn)
+    if split == 0:
+        k_iters = max(1, -(-k // bk))
+        work = -(-(tiles * k_iters) // sms)
+        return min(-(-tiles // sms) + 1, work), k_iters, work
+    tiles_per_sm = -(-(tiles * split) // sms)
+    k_iters = max(1, -(-k // split // bk))  # ceil(ceil(k / split) / bk)
+    return tiles_per_sm, k_iters, tiles_per_sm * k_iters
+
+
+def stream_fixup_us(bm: int, bn: int, split: int, l2_rate_per_sm: float, c: CostConstants) -> float:
+    """Stream-K's hand-over (``split == 0``): one fp32 partial tile written and read back through L2,
+    and one flag round trip at DRAM latency; 0 for any other decomposition."""
+    if split != 0:
+        return 0.0
+    return 2 * bm * bn * 4 / l2_rate_per_sm * 1e6 + c.dram_latency_us
+
+
 def busiest_sm_dram_us(m: int, n: int, k: int, bm: int, bn: int, split: int, e: float, sms: int,
-                       dram_rate: float, c: CostConstants) -> float:
+                       dram_rate: float, c: CostConstants, bk: int = 1) -> float:
     """DRAM time of the SM with the most tiles, at :attr:`CostConstants.sm_dram_share` of its even
     share of ``dram_rate``. Each tile's W block is fetched from DRAM once per row of M-tiles sharing
     it (the rest come from L2), and its A block once per column of N-tiles; so the term binds only
-    where M or N is one tile wide and the tiles spread unevenly over the SMs (decode, skinny prefill)."""
+    where M or N is one tile wide and the tiles spread unevenly over the SMs (decode, skinny prefill).
+    Stream-K (``split == 0``, ``bk`` given) spreads K-iterations evenly instead of whole tiles."""
     tm, tn = -(-m // bm), -(-n // bn)
+    per_k = (min(bn, n) / tm + min(bm, m) / tn) * e  # bytes per element of K one tile brings in
+    if split == 0:
+        work = matmul_work(m, n, k, bm, bn, bk, 0, sms)[2]
+        return work * bk * per_k / (c.sm_dram_share * dram_rate / sms) * 1e6
     tiles_per_sm = -(-(tm * tn * split) // sms)
-    k_slice = -(-k // split)
-    tile_bytes = (min(bn, n) / tm + min(bm, m) / tn) * k_slice * e
-    return tiles_per_sm * tile_bytes / (c.sm_dram_share * dram_rate / sms) * 1e6
+    return tiles_per_sm * -(-k // split) * per_k / (c.sm_dram_share * dram_rate / sms) * 1e6
 
 
 # -- lower bounds of predict_matmul (branch-and-bound ranking) ---------------------------
@@ -483,8 +520,7 @@ class MatmulBound:
         for bm, bn, bk, split, t_comp, max_ctas, max_stages in tiles:
             t_l2 = (min(bm, m) / 1 + min(bn, n) / 1) * bk * e / l2_rate * 1e6
             iter_us = max(t_comp, t_l2) + ovh
-            tiles_per_sm = -(-(-(-m // bm) * -(-n // bn) * split) // sms)
-            k_iters = max(1, -(-k // split // bk))  # ceil(ceil(k / split) / bk)
+            tiles_per_sm, _k_iters, work = matmul_work(m, n, k, bm, bn, bk, split, sms)
             if persistent:
                 t_eff = max(iter_us, (lat + t_l2) / max(max_stages - 1, 0.5))
                 fills = lat + (tiles_per_sm - 1) * lat * pff
@@ -492,9 +528,12 @@ class MatmulBound:
                 conc = min(max(1, max_ctas), tiles_per_sm)
                 t_eff = max(iter_us, (lat + t_l2) / (max(max_stages - 1, 0.5) * conc))
                 fills = -(-tiles_per_sm // conc) * lat
-            a = tiles_per_sm * k_iters * t_eff + fills + tiles_per_sm * epi * iter_us
+            if split == 0:
+                t_eff /= c.stream_k_efficiency
+            a = (work * t_eff + fills + tiles_per_sm * epi * iter_us
+                 + stream_fixup_us(bm, bn, split, l2_rate, c))
             b, fixed = self._split1 if split == 1 else self._fixed(split)
-            b = max(b, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, self.dram_rate, c))
+            b = max(b, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, self.dram_rate, c, bk))
             hi = a if a > b else b
             out.append(fixed if hi <= 0 else hi * ((a / hi) ** p + (b / hi) ** p) ** inv_p + fixed)
         return out
@@ -506,8 +545,7 @@ class MatmulBound:
         c = self.c
         # integer ceil-division: equal to predict_matmul's math.ceil of the float quotient here
         # (operands < 2^40, so the quotient is never within one ulp of an integer it is not)
-        tiles_per_sm = -(-(-(-self.m // bm) * -(-self.n // bn) * split) // self.sms)
-        k_iters = max(1, -(-self.k // split // bk))  # ceil(ceil(k / split) / bk)
+        tiles_per_sm, _k_iters, work = matmul_work(self.m, self.n, self.k, bm, bn, bk, split, self.sms)
         lat = c.dram_latency_us
         if persistent:
             t_eff = max(iter_us, (lat + l2_us) / max(max_stages - 1, 0.5))
@@ -516,9 +554,13 @@ class MatmulBound:
             conc = min(max(1, max_ctas), tiles_per_sm)
             t_eff = max(iter_us, (lat + l2_us) / (max(max_stages - 1, 0.5) * conc))
             fills = -(-tiles_per_sm // conc) * lat
-        a = tiles_per_sm * k_iters * t_eff + fills + tiles_per_sm * c.epilogue_iters * iter_us
+        if split == 0:
+            t_eff /= c.stream_k_efficiency
+        a = (work * t_eff + fills + tiles_per_sm * c.epilogue_iters * iter_us
+             + stream_fixup_us(bm, bn, split, self.l2_rate, c))
         b, fixed = self._split1 if split == 1 else self._fixed(split)
-        b = max(b, busiest_sm_dram_us(self.m, self.n, self.k, bm, bn, split, self.e, self.sms, self.dram_rate, c))
+        b = max(b, busiest_sm_dram_us(self.m, self.n, self.k, bm, bn, split, self.e, self.sms, self.dram_rate, c,
+                                      bk))
         p = c.overlap_exponent
         hi = a if a > b else b  # _softmax(a, b, p), inlined
         if hi <= 0:

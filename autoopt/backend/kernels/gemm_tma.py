@@ -77,6 +77,70 @@ def _gemm_tma_kernel(a_desc, b_desc, c_desc, M, N, K, tiles_per_split, M_PAD,  #
             c_desc.store([ks * M_PAD + off_m, off_n], acc)
 
 
+@triton.jit
+def _tile_of(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):  # type: ignore[no-untyped-def]
+    """(pid_m, pid_n) of a tile in group-M order (Triton matmul tutorial)."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    first_pid_m = (tile_id // num_pid_in_group) * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    return first_pid_m + (tile_id % group_size_m), (tile_id % num_pid_in_group) // group_size_m
+
+
+@triton.jit
+def _gemm_tma_streamk_kernel(a_desc, b_desc, c_desc, ws_ptr, flag_ptr, M, N, K,  # type: ignore[no-untyped-def]
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                             GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, KN: tl.constexpr):
+    """Stream-K: the tiles x K-iterations of the whole GEMM are cut into ``NUM_SMS`` equal contiguous
+    ranges, one per program. A program that ends inside a tile parks its fp32 partial in its workspace
+    slot and raises its flag; the program holding the tile's last iteration (always a higher pid) adds
+    the partials of the lower programs that share the tile, lowers their flags and stores C.
+
+    Each program walks its range from the end: its first segment is the one it hands over (published at
+    once) and its last the one it finishes, so a finisher waits only for work its neighbours did first.
+    Walking forwards chains the programs (each finisher waits for its neighbour's whole range): measured
+    4-20x slower than data-parallel on the H200 (benchmarks/results/h200/hw_limit_streamk_forward.json)."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    total = num_pid_m * num_pid_n * k_tiles
+    start = pid * total // NUM_SMS
+    tile_elems = BLOCK_M * BLOCK_N
+    slot = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    cur = (pid + 1) * total // NUM_SMS  # the end of the segment still to do
+    while cur > start:
+        tile_id = (cur - 1) // k_tiles
+        seg_start = tl.maximum(start, tile_id * k_tiles)
+        pid_m, pid_n = _tile_of(tile_id, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(seg_start - tile_id * k_tiles, cur - tile_id * k_tiles):
+            a = a_desc.load([off_m, ki * BLOCK_K])  # past K: TMA fills the box with zeros
+            if KN:
+                b = b_desc.load([ki * BLOCK_K, off_n])
+                acc = tl.dot(a, b, acc)
+            else:
+                b = b_desc.load([off_n, ki * BLOCK_K])
+                acc = tl.dot(a, b.T, acc)
+        if cur == (tile_id + 1) * k_tiles:
+            # the owner of the tile's first iteration, and every program up to this one, left a partial
+            first = ((tile_id * k_tiles + 1) * NUM_SMS - 1) // total
+            for c in range(first, pid):
+                if (c + 1) * total // NUM_SMS > c * total // NUM_SMS:  # a program with no iterations left none
+                    flag = tl.atomic_add(flag_ptr + c, 0, sem="acquire")
+                    while flag == 0:
+                        flag = tl.atomic_add(flag_ptr + c, 0, sem="acquire")
+                    acc += tl.load(ws_ptr + c * tile_elems + slot, cache_modifier=".cg")
+                    tl.atomic_xchg(flag_ptr + c, 0)  # self-resetting: ready for the next launch
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+        else:
+            tl.store(ws_ptr + pid * tile_elems + slot, acc, cache_modifier=".cg")
+            tl.debug_barrier()  # every thread's part of the partial is written before the flag rises
+            tl.atomic_xchg(flag_ptr + pid, 1, sem="release")
+        cur = seg_start
+
+
 def tma_support(device: Any) -> str | None:
     """Why TMA GEMM cannot run on ``device`` (None: it can)."""
     try:
@@ -127,6 +191,8 @@ def gemm_tma_prepare(a: Any, w: Any, out: Any, params: dict[str, int], *,
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=params.get("GROUP_M", 8),
                 NUM_SMS=num_sms, KN=layout == "kn", SPLIT_K=split_k)
     launch = {"num_warps": params.get("num_warps", 4), "num_stages": params.get("num_stages", 3)}
+    if params.get("STREAM_K", 0):
+        return _streamk_launcher(a_desc, b_desc, out, (M, N, K), params, num_sms, layout)
     if split_k == 1:
         c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
 
@@ -143,3 +209,22 @@ def gemm_tma_prepare(a: Any, w: Any, out: Any, params: dict[str, int], *,
         _gemm_tma_kernel[grid](a_desc, b_desc, w_desc, M, N, K, tiles_per_split, m_pad, **meta, **launch)
         reduce()
     return run_split
+
+
+def _streamk_launcher(a_desc: Any, b_desc: Any, out: Any, dims: tuple[int, int, int], params: dict[str, int],
+                      num_sms: int, layout: str) -> Callable[[], None]:
+    """One program per SM over a ``[NUM_SMS, BLOCK_M, BLOCK_N]`` fp32 partials workspace and one int32
+    flag per program (zeroed once here; every launch leaves them zero again)."""
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, bk = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"]
+    c_desc = TensorDescriptor.from_tensor(out, [bm, bn])
+    ws = torch.empty((num_sms, bm, bn), device=out.device, dtype=torch.float32)
+    flags = torch.zeros((num_sms,), device=out.device, dtype=torch.int32)
+    meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=params.get("GROUP_M", 8), NUM_SMS=num_sms,
+                KN=layout == "kn", num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 3))
+
+    def run() -> None:
+        _gemm_tma_streamk_kernel[(num_sms,)](a_desc, b_desc, c_desc, ws, flags, *dims, **meta)
+    return run
