@@ -11,7 +11,7 @@ from autoopt.runtimes import get_runtime, runtime_names
 from autoopt.runtimes.export import export, format_args, transformers_device_map
 from autoopt.runtimes.spec import RuntimeSpec
 
-GGUF = {"bf16", "fp16", "q8_0", "q6_k", "q5_k_m", "q4_k_m"}
+GGUF = {"bf16", "fp16", "q8_0", "q6_k", "q5_k_m", "q4_k_m", "mxfp4"}
 
 # Engine flags as the runtimes document them (checked 2026-11-23):
 # vLLM: https://docs.vllm.ai/en/latest/configuration/engine_args.html
@@ -266,3 +266,25 @@ def test_a_kv_rule_with_a_non_numeric_capability_is_refused_by_name():
     with pytest.raises(RuntimeRuleError, match=r"min_cc must be a number like 8\.9, got 'hopper'"):
         RuntimeSpec.from_dict({"name": "x", "formats": [{"format": "bf16"}],
                                "kv_dtypes": [{"dtype": "fp8", "arg": "fp8", "min_cc": "hopper"}]})
+
+
+def test_gpt_oss_is_served_as_shipped_with_its_mxfp4_experts_under_vllm_on_hopper():
+    # vLLM refuses a --quantization that does not match the checkpoint's (mxfp4): requantizing to fp8
+    # is no runnable plan; on sm_90 vLLM runs MXFP4 experts through its Triton backend
+    rec = recommend(load_profile("h100-sxm"), "gpt-oss-120b", runtime="vllm", compare_wfc=False, top=1)
+    assert rec.quant.format.name == "bf16" and rec.model.expert_dtype == "mxfp4" and rec.fits
+    args = export(rec.to_dict(), "vllm")["args"]
+    assert args[args.index("--quantization") + 1] == "mxfp4"
+
+
+def test_gpt_oss_under_llama_cpp_loads_the_mxfp4_gguf():
+    rec = recommend(load_profile("h100-sxm"), "gpt-oss-120b", runtime="llama.cpp", compare_wfc=False, top=1)
+    kw = export(rec.to_dict(), "llama.cpp")["kwargs"]
+    assert kw["-m"] == "gpt-oss-120b-MXFP4.gguf"
+
+
+def test_gpt_oss_where_the_runtime_has_no_mxfp4_kernels_is_refused_naming_the_rule():
+    with pytest.raises(RuntimeRuleError, match=r"ships its experts in mxfp4.*SGLang runs mxfp4 from compute "
+                                               r"capability 9\.0") as exc:
+        recommend(load_profile("a100-sxm-80gb"), "gpt-oss-120b", runtime="sglang", compare_wfc=False, top=1)
+    assert exc.value.rule == "format"

@@ -28,12 +28,12 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autoopt.errors import AutooptError, ModelError
+from autoopt.errors import AutooptError, ModelError, RuntimeRuleError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.kernels.ops import OpSpec
 from autoopt.planning.catalog import parse_model
@@ -416,6 +416,21 @@ class _Fit:
     notes: tuple[str, ...]
 
 
+def _runtime_formats(rt: RuntimeSpec, gpu: GPUProfile | None, spec: ModelSpec, requested: str | None
+                     ) -> Collection[str]:
+    """The weight formats ``rt`` can serve ``spec`` in on ``gpu``. A checkpoint that ships its experts
+    quantized (gpt-oss: MXFP4 experts, bf16 elsewhere) is served as shipped: the runtimes read its
+    quantization config and refuse another (vLLM: a --quantization that does not match the checkpoint's
+    is an error), so the automatic choice is its own dtype, where the runtime has kernels for its experts."""
+    offered = rt.formats_for(gpu)
+    if requested is not None or spec.expert_dtype is None or spec.expert_dtype == spec.dtype:
+        return offered
+    if spec.expert_dtype not in offered:
+        raise RuntimeRuleError(f"{spec.name} ships its experts in {spec.expert_dtype} and is served as shipped, "
+                               f"but {rt.why_not(spec.expert_dtype, gpu)}", runtime=rt.name, rule="format")
+    return [n for n in offered if n == spec.dtype]
+
+
 def _fit(hw: HardwareProfile, spec: ModelSpec, wl: Workload, *, preference: str, weight_dtype: str | None,
          max_devices: int | None, include_cpu: bool, shape: _Shape | None = None) -> _Fit:
     """The format the preference asks for among those that fit some split, then the fastest fitting split
@@ -430,7 +445,8 @@ def _fit(hw: HardwareProfile, spec: ModelSpec, wl: Workload, *, preference: str,
     gpu_devs = tuple(d for d in devs if d.kind == "gpu") or devs
     quant = choose_format(hw.gpu, spec, preference=preference, requested=weight_dtype,
                           fits=lambda f: _fits_somewhere(gpu_devs, spec, f, wl, max_devices),
-                          names=None if rt is None else rt.formats_for(hw.gpu), runtime=rt.name if rt else None)
+                          names=None if rt is None else _runtime_formats(rt, hw.gpu, spec, weight_dtype),
+                          runtime=rt.name if rt else None)
     if rt is not None and weight_dtype is None:
         offered = ", ".join(rt.formats_for(hw.gpu))
         quant = dataclasses.replace(quant, reason=f"{quant.reason} (runtime rule: {rt.display} runs {offered} on "

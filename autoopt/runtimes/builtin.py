@@ -32,7 +32,9 @@ BUILTIN_RUNTIMES: tuple[dict[str, Any], ...] = (
             {"format": "int8", "arg": "compressed-tensors", "min_cc": 8.0, "note": "compressed-tensors W8A16"},
             {"format": "nf4", "arg": "bitsandbytes", "min_cc": 7.0, "note": "bitsandbytes 4-bit"},
             {"format": "nvfp4", "arg": "modelopt_fp4", "min_cc": 10.0, "note": "ModelOpt NVFP4 checkpoint"},
-            {"format": "mxfp4", "arg": "mxfp4", "min_cc": 10.0, "note": "MXFP4 (gpt-oss experts)"},
+            # MXFP4 MoE (gpt-oss experts): native on sm_100, its Triton backend on sm_90, Marlin weight-only
+            # below (vllm/model_executor/layers/quantization/mxfp4.py backend selection, vllm#31085)
+            {"format": "mxfp4", "arg": "mxfp4", "min_cc": 8.0, "note": "MXFP4 experts (gpt-oss): Marlin/Triton/native"},
         ),
         "kv_dtypes": ({"dtype": "bf16", "arg": "auto"}, {"dtype": "fp16", "arg": "auto"},
                       {"dtype": "fp8", "arg": "fp8", "min_cc": 8.0}),
@@ -54,7 +56,8 @@ BUILTIN_RUNTIMES: tuple[dict[str, Any], ...] = (
             {"format": "w8a8_int8", "arg": "w8a8_int8", "min_cc": 8.0},
             {"format": "nf4", "arg": "bitsandbytes", "min_cc": 8.0},
             {"format": "nvfp4", "arg": "modelopt_fp4", "min_cc": 10.0},
-            {"format": "mxfp4", "arg": "mxfp4", "min_cc": 10.0},
+            # gpt-oss's MXFP4 experts through triton_kernels on Hopper, native on Blackwell
+            {"format": "mxfp4", "arg": "mxfp4", "min_cc": 9.0},
         ),
         "kv_dtypes": ({"dtype": "bf16", "arg": "auto"}, {"dtype": "fp16", "arg": "auto"},
                       {"dtype": "fp8", "arg": "fp8_e4m3", "min_cc": 8.9}),
@@ -67,7 +70,8 @@ BUILTIN_RUNTIMES: tuple[dict[str, Any], ...] = (
         "name": "llama.cpp", "display": "llama.cpp",
         "sources": ("https://github.com/ggml-org/llama.cpp/blob/master/tools/server/README.md",
                     "https://github.com/ggml-org/llama.cpp/blob/master/docs/build.md"),
-        "formats": tuple({"format": f, "arg": f.upper(), "min_cc": 5.0, "cpu": True} for f in _GGUF),
+        # MXFP4: ggml's type for gpt-oss's shipped experts (the ggml-org gpt-oss GGUFs), on CPU and CUDA
+        "formats": tuple({"format": f, "arg": f.upper(), "min_cc": 5.0, "cpu": True} for f in (*_GGUF, "mxfp4")),
         "kv_dtypes": ({"dtype": "fp16", "arg": "f16"}, {"dtype": "bf16", "arg": "bf16"},
                       {"dtype": "q8_0", "arg": "q8_0"}, {"dtype": "q4_0", "arg": "q4_0"}),
         # several GPUs: --split-mode layer (layers over GPUs, one at a time), no tensor parallelism here
@@ -90,6 +94,9 @@ BUILTIN_RUNTIMES: tuple[dict[str, Any], ...] = (
             {"format": "bnb_int8", "arg": "BitsAndBytesConfig(load_in_8bit=True)", "min_cc": 7.0},
             {"format": "nf4", "arg": "BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type='nf4')",
              "min_cc": 7.0},
+            # gpt-oss's MXFP4 experts run through the kernels hub's triton kernels from Hopper on; below
+            # it transformers dequantizes them to bf16 (four times the expert memory)
+            {"format": "mxfp4", "arg": "Mxfp4Config", "min_cc": 9.0},
         ),
         "kv_dtypes": ({"dtype": "bf16", "arg": "auto"}, {"dtype": "fp16", "arg": "auto"},
                       {"dtype": "fp32", "arg": "auto"}),

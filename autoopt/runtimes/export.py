@@ -31,7 +31,15 @@ def _rule(rules: tuple[Any, ...], attr: str, value: str, rt: RuntimeSpec, what: 
 
 
 def _format_arg(rec: Mapping[str, Any], rt: RuntimeSpec) -> str | None:
-    arg: str | None = _rule(rt.formats, "format", rec["quant"]["format"], rt, "format").arg
+    """The runtime's name for the plan's weight format. A checkpoint served as shipped with quantized
+    experts (gpt-oss) is named by its expert format: vLLM's --quantization must match the checkpoint's
+    (mxfp4), and llama.cpp's GGUF of it is the MXFP4 file."""
+    model = rec["model"]
+    fmt = rec["quant"]["format"]
+    expert = model.get("expert_dtype")
+    if expert and expert != model.get("dtype") and fmt == model.get("dtype"):
+        fmt = expert
+    arg: str | None = _rule(rt.formats, "format", fmt, rt, "format").arg
     return arg
 
 
