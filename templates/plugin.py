@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autoopt.hardware.profile import GPUProfile
-from autoopt.kernels.choices import ImplChoice, PathChoice, default_impl, default_path
 from autoopt.kernels.ops import OpSpec
 from autoopt.plugins.hookspecs import hookimpl
 
 if TYPE_CHECKING:
+    from autoopt.kernels.choices import ImplChoice, PathChoice
     from autoopt.kernels.template import Template
 
 #: the names of the templates :func:`autoopt_templates` returns, in its order, known without importing
@@ -34,9 +34,13 @@ def autoopt_templates() -> list[Template]:
 
 @hookimpl(trylast=True)
 def autoopt_choose_path(gpu: GPUProfile, op: OpSpec) -> PathChoice:
+    from autoopt.kernels.choices import default_path
+
     return default_path(gpu, op)
 
 
 @hookimpl(trylast=True)
 def autoopt_choose_impl(gpu: GPUProfile, kernel_class: str) -> ImplChoice:
+    from autoopt.kernels.choices import default_impl
+
     return default_impl(gpu, kernel_class)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.gpu_key import gpu_key
 
 __all__ = ["RELATIVE_SLACK", "BoundedSpace", "Tally", "cached", "count_rejection", "gpu_key", "rule_of"]
 
@@ -40,27 +40,8 @@ __all__ = ["RELATIVE_SLACK", "BoundedSpace", "Tally", "cached", "count_rejection
 #: (~1e-15 relative per operation); 1e-9 is far above that and far below any real difference.
 RELATIVE_SLACK = 1e-9
 
-_GPU_KEY_FIELDS = ("name", "vendor", "arch", "cc_major", "cc_minor", "sm_count", "max_threads_per_sm",
-                   "max_threads_per_block", "warp_size", "regs_per_sm", "regs_per_block",
-                   "max_regs_per_thread", "smem_per_sm_bytes", "smem_per_block_bytes",
-                   "smem_per_block_optin_bytes", "l2_bytes", "sm_clock_max_mhz", "mem_bandwidth_gbs",
-                   "measured_bandwidth_gbs")
-_KEY_CACHE: dict[int, tuple[GPUProfile, tuple[Any, ...]]] = {}
 _TABLES: dict[Hashable, Any] = {}
 _TABLES_MAX = 512
-
-
-def gpu_key(gpu: GPUProfile) -> tuple[Any, ...]:
-    """Everything about a GPU that templates and the cost model read (cached per profile object)."""
-    hit = _KEY_CACHE.get(id(gpu))
-    if hit is not None and hit[0] is gpu:
-        return hit[1]
-    key = (tuple(getattr(gpu, f) for f in _GPU_KEY_FIELDS), tuple(sorted(gpu.peak_tflops.items())),
-           tuple(sorted(gpu.measured_tflops.items())))
-    if len(_KEY_CACHE) > 256:
-        _KEY_CACHE.clear()
-    _KEY_CACHE[id(gpu)] = (gpu, key)
-    return key
 
 
 def cached(key: Hashable, build: Callable[[], Any]) -> Any:
@@ -77,8 +58,10 @@ def cached(key: Hashable, build: Callable[[], Any]) -> Any:
 
 
 def clear_tables() -> None:
+    from autoopt.kernels import gpu_key as keys
+
     _TABLES.clear()
-    _KEY_CACHE.clear()
+    keys._KEY_CACHE.clear()
 
 
 _DIGITS = re.compile(r"\d+")

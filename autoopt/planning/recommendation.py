@@ -816,7 +816,7 @@ def _rank(gpu: GPUProfile, op: OpSpec, top: int) -> Candidate | AutooptError:
     per profile object. A first ask in the process is answered by the shipped rank cache where it
     holds the op (:mod:`autoopt.search.rank_cache`: the same answer, ~0.1 ms instead of ~2-5 ms of
     branch and bound per op), else by rank() itself."""
-    from autoopt.kernels.pruning import gpu_key
+    from autoopt.kernels.gpu_key import gpu_key
 
     if _RECORD is not None:
         _RECORD.append((gpu, op))

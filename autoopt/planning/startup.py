@@ -24,8 +24,8 @@ from autoopt.hardware.library import known_names, load_profile
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.kernels.config import Candidate
 from autoopt.kernels.cost import DEFAULT_CONSTANTS, using
+from autoopt.kernels.gpu_key import gpu_key
 from autoopt.kernels.ops import OpSpec
-from autoopt.kernels.pruning import gpu_key
 from autoopt.planning import recommendation as rec
 from autoopt.planning.catalog import model_names
 from autoopt.runtimes.builtin import BUILTIN_RUNTIMES

@@ -83,7 +83,7 @@ def op_key(op: OpSpec) -> str:
 
 
 def _gpu_repr(gpu: GPUProfile) -> str:
-    from autoopt.kernels.pruning import gpu_key
+    from autoopt.kernels.gpu_key import gpu_key
 
     return repr(gpu_key(gpu))
 
