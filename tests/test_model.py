@@ -22,9 +22,10 @@ LLAMA3_8B_HF = {
 PUBLISHED_TOTAL = {"llama-3-8b": 8.03, "llama-3-70b": 70.6, "mistral-7b": 7.24, "mixtral-8x7b": 46.7,
                    "qwen2.5-7b": 7.62, "qwen2.5-72b": 72.7, "gemma-2-9b": 9.24, "deepseek-v3": 671.0,
                    # model cards / technical reports (sources in models.yaml); Scout: the text model
-                   # (107.8 B of the 109 B, the rest is the vision encoder), Gemma 3: report Table 1
+                   # (107.8 B of the 109 B, the rest is the vision encoder), Gemma 3: report Table 1;
+                   # Maverick: 400 B with its vision encoder (tests/test_model_families.py adds it)
                    "qwen3-30b-a3b": 30.5, "gpt-oss-20b": 20.91, "gpt-oss-120b": 116.83, "gemma-3-27b": 27.0,
-                   "llama-4-scout": 107.8}
+                   "llama-4-scout": 107.8, "llama-4-maverick": 400.0}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED_TOTAL))

@@ -82,6 +82,10 @@ LLAMA4_SCOUT = {
         "projector_input_dim": 4096, "projector_output_dim": 4096, "vision_output_dim": 4096,
     },
 }
+# https://huggingface.co/meta-llama/Llama-4-Maverick-17B-128E/blob/main/config.json: Scout's keys but 128
+# experts on every second layer (interleave_moe_layer_step 2), dense MLPs of intermediate_size_mlp between
+LLAMA4_MAVERICK = {**LLAMA4_SCOUT, "text_config": {**LLAMA4_SCOUT["text_config"], "interleave_moe_layer_step": 2,
+                                                   "num_local_experts": 128}}
 # https://huggingface.co/google/gemma-3-27b-it/blob/main/config.json (text_config omits vocab_size,
 # tie_word_embeddings and the local/global pattern: transformers' Gemma3TextConfig defaults fill them)
 GEMMA3_27B = {
@@ -140,6 +144,7 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "gpt-oss-20b": ("gpt_oss", GPT_OSS_20B, "GptOssConfig"),
     "gpt-oss-120b": ("gpt_oss", GPT_OSS_120B, "GptOssConfig"),
     "llama-4-scout": ("llama4", LLAMA4_SCOUT, "Llama4Config"),
+    "llama-4-maverick": ("llama4", LLAMA4_MAVERICK, "Llama4Config"),
     "gemma-3-27b": ("gemma3", GEMMA3_27B, "Gemma3Config"),
     "gemma-3-12b": ("gemma3", GEMMA3_12B, "Gemma3Config"),
     "phi-3.5-moe": ("phimoe", PHI35_MOE, "PhimoeConfig"),
@@ -176,6 +181,7 @@ PUBLISHED_ACTIVE: dict[str, tuple[float, float, str]] = {
     "gpt-oss-20b": (3.61, 0.005, "https://arxiv.org/abs/2508.10925 (gpt-oss model card, Table 1)"),
     "gpt-oss-120b": (5.13, 0.005, "https://arxiv.org/abs/2508.10925 (gpt-oss model card, Table 1)"),
     "llama-4-scout": (17.0, 0.5 / 17, "https://github.com/meta-llama/llama-models (Llama 4 model card: 17B)"),
+    "llama-4-maverick": (17.0, 0.5 / 17, "https://github.com/meta-llama/llama-models (Llama 4 model card: 17B)"),
     "phi-3.5-moe": (6.6, 0.05 / 6.6, "https://huggingface.co/microsoft/Phi-3.5-MoE-instruct (6.6B active)"),
 }
 _EMBEDDING_NOT_ACTIVE = {"gpt-oss-20b", "gpt-oss-120b"}
@@ -305,11 +311,31 @@ def test_llama4_routes_to_one_of_16_experts_beside_one_shared_expert_of_the_same
     assert (spec.moe_intermediate_size, spec.intermediate_size, spec.first_k_dense_replace) == (8192, 16384, 0)
 
 
-def test_interleaved_dense_and_moe_layers_are_refused_naming_the_field():
-    maverick_like = {**LLAMA4_SCOUT, "text_config": {**LLAMA4_SCOUT["text_config"], "interleave_moe_layer_step": 2}}
-    with pytest.raises(ModelError, match="interleaved") as exc:
-        from_hf_config(maverick_like)
-    assert exc.value.field == "interleave_moe_layer_step"
+def test_llama4_maverick_runs_experts_on_every_second_layer_and_dense_mlps_between():
+    spec = from_hf_config(LLAMA4_MAVERICK)
+    assert [spec.is_moe_layer(i) for i in range(6)] == [False, True] * 3
+    assert (spec.count_layers(range(48), moe=True), spec.count_layers(range(48), moe=False)) == (24, 24)
+    # chunked attention on three layers of four: 12 of the 24 MoE layers are local
+    assert spec.count_layers(range(48), moe=True, local=True) == 12
+    assert spec.count_layers(range(5, 13), moe=True) == sum(spec.is_moe_layer(i) for i in range(5, 13)) == 4
+
+
+def test_llama4_maverick_total_matches_the_published_400_billion_with_its_vision_encoder(transformers):
+    import torch
+
+    cfg = transformers.Llama4Config(**LLAMA4_MAVERICK)
+    with torch.device("meta"):
+        model = transformers.Llama4ForConditionalGeneration(cfg)
+    vision = sum(p.numel() for n, p in model.named_parameters() if "vision" in n or "multi_modal_projector" in n)
+    text = from_hf_config(cfg.to_dict()).num_params
+    assert (text + vision) / 1e9 == pytest.approx(400.0, rel=0.005)
+
+
+def test_moe_layers_in_a_pattern_not_modelled_are_refused_naming_the_field():
+    odd = {**LLAMA4_SCOUT, "text_config": {**LLAMA4_SCOUT["text_config"], "moe_layers": [1, 2, 5, 40]}}
+    with pytest.raises(ModelError, match="pattern autoopt does not model") as exc:
+        from_hf_config(odd)
+    assert exc.value.field == "moe_layers"
 
 
 def test_qwen2_moe_shared_expert_counts_as_four_routed_widths_behind_a_gate():

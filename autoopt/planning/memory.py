@@ -95,7 +95,7 @@ def activation_bytes(model: ModelSpec, *, tokens: int, batch: int, tp: int = 1) 
     if model.is_moe:
         mi = model.moe_intermediate_size
         moe = 3 * mi * (model.experts_per_token + model.num_shared_experts) // tp  # type: ignore[operator]
-        mlp = max(mlp if model.first_k_dense_replace else 0, moe + model.num_experts)
+        mlp = max(mlp if model.has_dense_layers else 0, moe + model.num_experts)
     per_token = 2 * h + max(attn, mlp)
     logits = batch * model.vocab_size * 4 / tp
     return float(tokens * per_token * 2 + logits)

@@ -180,6 +180,9 @@ class ModelSpec:
     moe_bias: bool = False                 # biases on the router and every expert projection (gpt-oss)
     moe_intermediate_size: int | None = None
     first_k_dense_replace: int = 0         # leading dense layers in a MoE model
+    #: from first_k_dense_replace on, MoE on the layers i with (i + 1) % moe_layer_step == 0 and dense
+    #: on the others (Llama-4-Maverick's interleave_moe_layer_step: 2); 1: every layer from there
+    moe_layer_step: int = 1
     q_lora_rank: int | None = None         # MLA (DeepSeek-V2/V3)
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
@@ -224,6 +227,9 @@ class ModelSpec:
             _positive(self.moe_intermediate_size, "moe_intermediate_size")
             if not 0 <= self.first_k_dense_replace <= self.num_layers:
                 raise ModelError(f"must be in 0..num_layers ({self.num_layers})", field="first_k_dense_replace")
+            if isinstance(self.moe_layer_step, bool) or not isinstance(self.moe_layer_step, int) \
+                    or not 1 <= self.moe_layer_step <= self.num_layers:
+                raise ModelError(f"must be an integer in 1..num_layers ({self.num_layers})", field="moe_layer_step")
         elif self.experts_per_token or self.num_shared_experts:
             raise ModelError("set without num_experts (a MoE model needs num_experts > 0)",
                              field="experts_per_token" if self.experts_per_token else "num_shared_experts")
@@ -254,7 +260,20 @@ class ModelSpec:
         return self.kv_lora_rank is not None
 
     def is_moe_layer(self, i: int) -> bool:
-        return self.is_moe and i >= self.first_k_dense_replace
+        return self.is_moe and i >= self.first_k_dense_replace and (i + 1) % self.moe_layer_step == 0
+
+    @property
+    def first_moe_layer(self) -> int:
+        """The first MoE layer's index (a dense model: num_layers)."""
+        if not self.is_moe:
+            return self.num_layers
+        k, s = self.first_k_dense_replace, self.moe_layer_step
+        return min(self.num_layers, k + (-(k + 1)) % s)
+
+    @property
+    def has_dense_layers(self) -> bool:
+        """Whether any layer runs a dense MLP (all of a dense model; leading or interleaved ones of a MoE)."""
+        return not self.is_moe or self.first_k_dense_replace > 0 or self.moe_layer_step > 1
 
     def is_local_layer(self, i: int) -> bool:
         """Whether layer ``i`` uses sliding-window (local) attention."""
@@ -268,6 +287,8 @@ class ModelSpec:
         a, b = max(0, layers.start), min(self.num_layers, layers.stop)
         if b <= a:
             return 0
+        if moe is not None and self.is_moe and self.moe_layer_step > 1:
+            return self._count_interleaved(a, b, moe, local)
         if moe is None:
             lo, hi = a, b
         else:
@@ -288,6 +309,27 @@ class ModelSpec:
             n_global = hi // p - lo // p  # i in [0, x) with i % p == p-1: x // p of them
             n_local = total - n_global
         return n_local if local else total - n_local
+
+    def _count_interleaved(self, a: int, b: int, moe: bool, local: bool | None) -> int:
+        """count_layers for interleaved MoE: below first_k_dense_replace every layer is dense; from there
+        the MoE and local/global patterns repeat every lcm(moe_layer_step, window pattern) layers, so one
+        period is counted and multiplied (O(period), a few layers)."""
+        p = self.sliding_window_pattern if self.sliding_window is not None else 1
+        period = math.lcm(self.moe_layer_step, p)
+
+        def want(i: int) -> bool:
+            return self.is_moe_layer(i) == moe and (local is None or self.is_local_layer(i) == local)
+
+        total = 0
+        k = self.first_k_dense_replace
+        for lo, hi in ((a, min(b, k)), (max(a, k), b)):
+            if hi <= lo:
+                continue
+            full, _ = divmod(hi - lo, period)
+            if full:
+                total += full * sum(want(i) for i in range(lo, lo + period))
+            total += sum(want(i) for i in range(lo + full * period, hi))
+        return total
 
     def layer_kind(self, i: int) -> str:
         """A short key naming what distinguishes layer ``i`` ("dense/global", "moe/local", ...)."""
@@ -674,8 +716,9 @@ def _local_attention(cfg: Mapping[str, Any], family: str | None, layers: int,
     return window, int(pattern)
 
 
-def _first_moe_layer(cfg: Mapping[str, Any], layers: int) -> int:
-    """first_k_dense_replace: where the MoE layers start; they must run from there to the last layer."""
+def _moe_layers(cfg: Mapping[str, Any], layers: int) -> tuple[int, int]:
+    """(first_k_dense_replace, moe_layer_step): MoE on the layers i >= k with (i + 1) % step == 0. Other
+    layouts (DeepSeek's moe_layer_freq > 1, arbitrary mlp_only_layers) are refused naming the field."""
     if isinstance(cfg.get("moe_layers"), list):  # Llama 4 (transformers fills it from interleave_moe_layer_step)
         moe, key = sorted(set(cfg["moe_layers"])), "moe_layers"
     else:
@@ -687,11 +730,17 @@ def _first_moe_layer(cfg: Mapping[str, Any], layers: int) -> int:
                if i not in dense and (i + 1) % step == 0 and i % freq == 0]
         key = next((k for k in ("interleave_moe_layer_step", "decoder_sparse_step", "moe_layer_freq", "mlp_only_layers")
                     if cfg.get(k) not in (None, 1, [])), "first_k_dense_replace")
-    if not moe or moe != list(range(moe[0], layers)):
-        raise ModelError(f"MoE on {len(moe)} of {layers} layers, not one unbroken run to the last layer: interleaved "
-                         "dense and MoE layers (as in Llama-4-Maverick) are not modelled; autoopt models k dense "
-                         "layers followed by MoE layers to the last (first_k_dense_replace)", field=key)
-    return moe[0]
+    if not moe:
+        raise ModelError(f"MoE fields but no MoE layer among {layers}", field=key)
+    step = moe[1] - moe[0] if len(moe) > 1 else 1
+    # where the dense prefix ends: the first MoE layer (every layer MoE from there, or the pattern's
+    # first layer at or after it; both describe the same layers)
+    k = moe[0]
+    if moe != [i for i in range(k, layers) if (i + 1) % step == 0]:
+        raise ModelError(f"MoE on {len(moe)} of {layers} layers in a pattern autoopt does not model: it models k "
+                         "dense layers, then MoE on every layer or on every step-th layer ((i + 1) % step == 0, "
+                         "as Llama 4's interleave_moe_layer_step) to the last", field=key)
+    return k, step
 
 
 def _shared_experts(cfg: Mapping[str, Any], family: str | None, width: int) -> int:
@@ -723,7 +772,8 @@ def _moe_fields(cfg: Mapping[str, Any], family: str | None, layers: int,
     shared = _shared_experts(cfg, family, width)
     top_k = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0  # gpt-oss has both spellings
     return {"num_experts": experts, "experts_per_token": top_k, "num_shared_experts": shared,
-            "moe_intermediate_size": width, "first_k_dense_replace": _first_moe_layer(cfg, layers),
+            "moe_intermediate_size": width, **dict(zip(("first_k_dense_replace", "moe_layer_step"),
+                                                      _moe_layers(cfg, layers), strict=True)),
             "shared_expert_gate": bool(shared) and bool(defaults.get("shared_expert_gate", False)),
             "moe_bias": bool(defaults.get("moe_bias", False))}
 
@@ -862,10 +912,11 @@ def _assumed(spec: ModelSpec, cfg: Mapping[str, Any]) -> str:
                 ", as many KV heads (num_key_value_heads absent)")
              + (f", biases on q/k/v{'/o' if s.o_bias else ''}" if s.qkv_bias else ", no biases")]
     if s.is_moe:
-        parts.append(f"MoE from layer {s.first_k_dense_replace}: {s.num_experts} experts of "
+        every = f", on every {s.moe_layer_step}th layer" if s.moe_layer_step > 1 else ""
+        parts.append(f"MoE from layer {s.first_moe_layer}{every}: {s.num_experts} experts of "
                      f"{s.moe_intermediate_size}, top-{s.experts_per_token}"
                      + (f", {s.num_shared_experts} shared" if s.num_shared_experts else ", none shared"))
-    if not s.is_moe or s.first_k_dense_replace:
+    if s.has_dense_layers:
         parts.append(f"gated {s.activation} MLP of {s.intermediate_size}")
     parts.append(f"{s.norms_per_layer} {s.norm}s per layer, no q/k norms")
     if s.sliding_window:

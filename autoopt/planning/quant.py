@@ -185,8 +185,8 @@ def weight_bytes(model: ModelSpec, fmt: QuantFormat, layers: range | None = None
         count = model.count_layers(layers, moe=moe)
         if not count:
             continue
-        i = model.first_k_dense_replace if moe else 0
-        if not moe and model.is_moe and model.first_k_dense_replace == 0:
+        i = model.first_moe_layer if moe else 0  # a layer of this kind (layer 0 is dense when any is)
+        if not moe and not model.has_dense_layers:
             continue
         lin = model.linear_params(i)
         rest = model.layer_params(i) - lin
