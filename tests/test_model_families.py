@@ -440,3 +440,22 @@ def test_an_expert_dtype_without_experts_is_refused():
     with pytest.raises(ModelError, match="without num_experts") as exc:
         dataclasses.replace(from_hf_config(STARLING), expert_dtype="mxfp4")
     assert exc.value.field == "expert_dtype"
+
+
+def _attention_flops(spec, layer, *, q_len, context):
+    return next(o for o in spec.layer_ops(layer, batch=1, q_len=q_len, context=context) if o.name == "attention").flops
+
+
+def test_llama4_chunked_layers_see_their_own_chunk_not_a_sliding_window():
+    spec = from_hf_config(LLAMA4_SCOUT)
+    assert spec.chunked_attention and spec.sliding_window == 8192
+    # a 16384-token prefill: in the chunked layer 0 each query sees p % 8192 + 1 keys (8192 * 8193 per
+    # chunk, two chunks); the global layer 3 sees p + 1 (16384 * 16385 / 2): 1.9999x the chunked work
+    chunked, full = (_attention_flops(spec, i, q_len=16384, context=16384) for i in (0, 3))
+    assert full / chunked == pytest.approx(16384 * 16385 / 2 / (2 * 8192 * 8193 / 2), rel=1e-6)
+
+
+def test_decode_in_a_chunked_layer_attends_to_the_chunk_so_far():
+    spec = from_hf_config(LLAMA4_SCOUT)
+    # position 8291 is the 100th token of its chunk: the same work as a global layer at 100 tokens
+    assert _attention_flops(spec, 0, q_len=1, context=8192 + 100) == _attention_flops(spec, 3, q_len=1, context=100)

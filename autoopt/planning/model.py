@@ -142,13 +142,22 @@ def _causal_keys(first: int, kv: int, q_len: int) -> int | float:
     return rising * first + rising * (rising - 1) // 2 + (q_len - rising) * kv
 
 
+def _chunked_keys(start: int, stop: int, chunk: int) -> int:
+    """``sum(p % chunk + 1 for p in range(start, stop))``: keys seen by queries at positions start..stop-1
+    under chunked attention (a query sees its own chunk up to itself), in closed form."""
+    def upto(n: int) -> int:  # the sum over positions 0..n-1
+        full, rest = divmod(n, chunk)
+        return full * chunk * (chunk + 1) // 2 + rest * (rest + 1) // 2
+    return upto(stop) - upto(max(0, start))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     """A decoder-only transformer, by the numbers (HF config.json names in comments).
 
     Local layers attend to at most ``sliding_window`` tokens and cache that many: a sliding
-    window (Mistral, Gemma 2/3, gpt-oss) or Llama 4's chunked attention, whose chunk bounds
-    what a token sees the same way (taken at its worst case, a full chunk).
+    window (Mistral, Gemma 2/3, gpt-oss), or with ``chunked_attention`` Llama 4's fixed chunks, where
+    a token sees only its own chunk so far (its KV cache is still taken at its worst case, a full chunk).
     """
 
     name: str
@@ -173,6 +182,9 @@ class ModelSpec:
     sliding_window: int | None = None      # tokens a local layer attends to
     #: 1: every layer is local when sliding_window is set; N > 1: layer i is global when i % N == N-1.
     sliding_window_pattern: int = 1
+    #: local layers attend within fixed chunks of sliding_window tokens (Llama 4's attention_chunk_size)
+    #: instead of a window sliding with the token: position p sees p % chunk + 1 keys
+    chunked_attention: bool = False
     num_experts: int = 0                   # num_local_experts / n_routed_experts
     experts_per_token: int = 0             # num_experts_per_tok
     num_shared_experts: int = 0            # n_shared_experts (or shared_expert_intermediate_size / moe width)
@@ -216,6 +228,9 @@ class ModelSpec:
         self._check_moe_extras()
         if self.sliding_window is not None:
             _positive(self.sliding_window, "sliding_window")
+        if not isinstance(self.chunked_attention, bool) or (self.chunked_attention and self.sliding_window is None):
+            raise ModelError("must be true or false, and true only with sliding_window (the chunk length)",
+                             field="chunked_attention")
         if self.num_experts:
             _positive(self.num_experts, "num_experts")
             _positive(self.experts_per_token, "experts_per_token")
@@ -469,9 +484,13 @@ class ModelSpec:
 
         rowwise("input_norm", norm_kind, tokens, h, "norm")
         kv = self.kv_len(i, context)
-        # Causal attention: query t (0-based, of q_len new) sees context - q_len + t + 1 keys, capped by the window.
+        # Causal attention: query t (0-based, of q_len new) sees context - q_len + t + 1 keys, capped by the
+        # window; in a chunked layer, the keys of its own chunk up to itself
         first = context - q_len + 1
-        keys = _causal_keys(first, kv, q_len) if q_len <= 4096 else q_len * min(kv, (first + context) / 2)
+        if self.chunked_attention and self.is_local_layer(i):
+            keys: int | float = _chunked_keys(context - q_len, context, self.sliding_window)  # type: ignore[arg-type]
+        else:
+            keys = _causal_keys(first, kv, q_len) if q_len <= 4096 else q_len * min(kv, (first + context) / 2)
         n, nkv = self.num_attention_heads, self.num_kv_heads
         if self.is_mla:
             qk = self.qk_nope_head_dim + self.qk_rope_head_dim  # type: ignore[operator]
@@ -886,6 +905,7 @@ def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None =
             max_position_embeddings=cfg.get("max_position_embeddings") or 8192,
             sliding_window=window,
             sliding_window_pattern=pattern,
+            chunked_attention=family == "llama4" and window is not None,
             **moe,
             **_mla_fields(cfg),
             dtype=dtype,
