@@ -219,17 +219,21 @@ def test_total_parameters_match_the_published_count(transformers, case):
     assert spec.num_params / 1e9 == pytest.approx(figure, rel=rel)
 
 
-def test_llama4_scout_total_matches_the_published_109_billion_with_its_vision_encoder(transformers):
-    # "109B total" (Llama 4 model card) is the whole checkpoint; autoopt plans the text decoder, so the
-    # vision encoder and projector transformers builds from the published vision_config are added here.
+def _llama4_with_vision(transformers: Any, published: dict[str, Any]) -> float:
+    """Billions: autoopt's text-decoder count plus the vision encoder and projector that transformers
+    builds (on the meta device) from the published vision_config."""
     import torch
 
-    cfg = transformers.Llama4Config(**LLAMA4_SCOUT)
+    cfg = transformers.Llama4Config(**published)
     with torch.device("meta"):
         model = transformers.Llama4ForConditionalGeneration(cfg)
     vision = sum(p.numel() for n, p in model.named_parameters() if "vision" in n or "multi_modal_projector" in n)
-    text = from_hf_config(cfg.to_dict()).num_params
-    assert (text + vision) / 1e9 == pytest.approx(109.0, rel=0.005)
+    return (from_hf_config(cfg.to_dict()).num_params + vision) / 1e9
+
+
+def test_llama4_scout_total_matches_the_published_109_billion_with_its_vision_encoder(transformers):
+    # "109B total" (Llama 4 model card) is the whole checkpoint; autoopt plans the text decoder
+    assert _llama4_with_vision(transformers, LLAMA4_SCOUT) == pytest.approx(109.0, rel=0.005)
 
 
 @pytest.mark.parametrize("case", sorted(PUBLISHED_ACTIVE))
@@ -321,14 +325,7 @@ def test_llama4_maverick_runs_experts_on_every_second_layer_and_dense_mlps_betwe
 
 
 def test_llama4_maverick_total_matches_the_published_400_billion_with_its_vision_encoder(transformers):
-    import torch
-
-    cfg = transformers.Llama4Config(**LLAMA4_MAVERICK)
-    with torch.device("meta"):
-        model = transformers.Llama4ForConditionalGeneration(cfg)
-    vision = sum(p.numel() for n, p in model.named_parameters() if "vision" in n or "multi_modal_projector" in n)
-    text = from_hf_config(cfg.to_dict()).num_params
-    assert (text + vision) / 1e9 == pytest.approx(400.0, rel=0.005)
+    assert _llama4_with_vision(transformers, LLAMA4_MAVERICK) == pytest.approx(400.0, rel=0.005)
 
 
 def test_moe_layers_in_a_pattern_not_modelled_are_refused_naming_the_field():
