@@ -263,13 +263,22 @@ def run_pool(items: Sequence[Item], devices: Sequence[str], *, evaluator: str = 
     if len({i.id for i in items}) != len(items):
         raise AutooptError("fleet: item ids must be unique")
     with LocalPool(devices, evaluator=evaluator, timeout_s=timeout_s, kinds=kinds) as pool:
-        for item in items:
-            pool.submit(item)
-        while len(pool.outcomes) < len(items):
-            for o in pool.poll(0.1):
-                if on_outcome is not None:
-                    on_outcome(o)
-        return [pool.outcomes[i.id] for i in items], pool.stats
+        return drain(pool, items, wait_s=0.1, on_outcome=on_outcome), pool.stats
+
+
+def drain(pool: Dispatcher, items: Sequence[Item], *, wait_s: float,
+          on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Submit ``items`` and poll until each has its outcome (passed to ``on_outcome`` as it comes); the
+    outcomes in item order. Shared by the local pool and the Ray backend."""
+    for item in items:
+        pool.submit(item)
+    got: dict[int, Outcome] = {}
+    while len(got) < len(items):
+        for o in pool.poll(wait_s):
+            got.setdefault(o.item, o)
+            if on_outcome is not None:
+                on_outcome(o)
+    return [got[i.id] for i in items]
 
 
 def _assign(workers: dict[str, _Worker], kinds: Mapping[str, str | None], backlog: Backlog,

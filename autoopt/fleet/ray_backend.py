@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autoopt.errors import AutooptError
-from autoopt.fleet.pool import DEFAULT_EVALUATOR, Backlog, Item, Outcome, PoolStats, settle
+from autoopt.fleet.pool import DEFAULT_EVALUATOR, Backlog, Item, Outcome, PoolStats, drain, settle
 
 __all__ = ["RayPool", "run_ray"]
 
@@ -185,12 +185,6 @@ def run_ray(items: Sequence[Item], *, address: str | None = None, evaluator: str
     one); every item ends ``done`` or ``failed`` exactly once, here."""
     pool = RayPool(address=address, evaluator=evaluator, timeout_s=timeout_s, workers=workers)
     try:
-        for item in items:
-            pool.submit(item)
-        while len(pool.outcomes) < len(items):
-            for o in pool.poll(0.2):
-                if on_outcome is not None:
-                    on_outcome(o)
-        return [pool.outcomes[i.id] for i in items], pool.stats
+        return drain(pool, items, wait_s=0.2, on_outcome=on_outcome), pool.stats
     finally:
         pool.close()
