@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -133,6 +134,19 @@ def test_from_dict_unknown_field_is_named():
     with pytest.raises(ModelError) as exc:
         ModelSpec.from_dict({**get_model("llama-3-8b").to_dict(), "hiden_size": 1})
     assert exc.value.field == "hiden_size"
+
+
+@pytest.mark.parametrize("value", [0, 49, True])
+def test_an_moe_layer_step_outside_1_to_the_layer_count_is_named(value):
+    with pytest.raises(ModelError, match=r"1\.\.num_layers \(48\)") as exc:
+        dataclasses.replace(get_model("llama-4-maverick"), moe_layer_step=value)
+    assert exc.value.field == "moe_layer_step"
+
+
+def test_chunked_attention_without_a_chunk_length_is_named():
+    with pytest.raises(ModelError, match="only with sliding_window") as exc:
+        dataclasses.replace(get_model("llama-3-8b"), chunked_attention=True)
+    assert exc.value.field == "chunked_attention"
 
 
 def test_llama_layer_ops_are_the_projection_gemms():
