@@ -19,7 +19,7 @@ from autoopt.fleet import Item, run_pool
 from autoopt.fleet import devices as fleet_devices
 from autoopt.fleet.cost import estimated_cost
 from autoopt.fleet.devices import FAKE_ENV
-from autoopt.fleet.pool import Backlog
+from autoopt.fleet.pool import Backlog, op_key
 from autoopt.hardware.library import load_profile
 from autoopt.kernels import suite as suites
 from autoopt.kernels.ops import OpSpec
@@ -62,7 +62,7 @@ def _fails(capsys, argv: list[str]) -> str:
 # -- same labels as the serial path --------------------------------------------------------
 
 def test_bench_on_two_fake_gpus_gives_the_serial_rows_from_both_workers(monkeypatch, capsys):
-    argv = ["bench", "--suite", "tiny", "--format", "json"]
+    argv = ["bench", "--suite", "tiny", "--top", "2", "--format", "json"]
     serial = _json(capsys, [*argv, "--profile", "h100-sxm"])
     monkeypatch.setenv(FAKE_ENV, "h100-sxm,h100-sxm")
     fleet = _json(capsys, [*argv, "--gpus", "all"])
@@ -157,6 +157,38 @@ def test_backlog_hands_a_worker_its_kinds_costliest_item_and_retries_first():
     assert [backlog.take("a") for _ in range(6)] == [(items[5], 2), (items[1], 1), (items[4], 1), (items[3], 1),
                                                      (items[0], 1), None]
     assert backlog.take("b") == (items[2], 1)
+
+
+def test_backlog_keeps_a_worker_on_the_op_it_evaluated_last_before_a_costlier_one():
+    a, b = {"kind": "gemm", "shape": [4096, 512, 512]}, {"kind": "gemm", "shape": [16, 512, 512]}
+    items = [Item(id=0, op=a, config={}, cost=9.0), Item(id=1, op=b, config={}, cost=2.0),
+             Item(id=2, op=b, config={}, cost=1.0), Item(id=3, op=a, config={}, cost=8.0)]
+    backlog = Backlog()
+    for item in items:
+        backlog.push(item)
+    assert backlog.take(None, warm=op_key(b)) == (items[1], 1)
+    assert backlog.take(None, warm=op_key(b)) == (items[2], 1)
+    assert backlog.take(None, warm=op_key(b)) == (items[0], 1)  # b is done: the costliest of all
+
+
+def test_a_retry_goes_before_the_warm_ops_items():
+    a = {"kind": "add", "shape": [8, 8]}
+    backlog = Backlog()
+    backlog.push(Item(id=0, op=a, config={}, cost=5.0))
+    backlog.push(Item(id=1, op={"kind": "add", "shape": [4, 4]}, config={}, cost=0.1), attempt=2)
+    assert backlog.take(None, warm=op_key(a))[0].id == 1
+
+
+def test_one_worker_evaluates_each_ops_configs_together_costliest_op_first():
+    big, small = ({"kind": "gemm", "shape": [m, 512, 512], "dtype": "bf16"} for m in (4096, 256))
+    cfgs = [{**GEMM_CFG, "config": {**GEMM_CFG["config"], "num_stages": s}} for s in (2, 3, 4)]
+    # costs interleave the ops: plain LPT would alternate big, small, big, ...
+    items = [Item(id=k, op=op, config=c, cost=cost) for k, (op, c, cost) in enumerate(
+        [(big, cfgs[0], 9.0), (small, cfgs[0], 8.5), (big, cfgs[1], 8.0), (small, cfgs[1], 7.5),
+         (big, cfgs[2], 7.0), (small, cfgs[2], 6.5)])]
+    order: list[int] = []
+    run_pool(items, ["cpu0"], evaluator="fleet_evaluators:echo", on_outcome=lambda o: order.append(o.result["m"]))
+    assert order == [4096, 4096, 4096, 256, 256, 256]
 
 
 def test_one_worker_evaluates_items_longest_first():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -48,12 +49,15 @@ def worker_main(device: str, conn: Any, evaluator: str) -> None:
         if task is None:
             return
         item_id, op, config, profile = task
+        t0 = time.perf_counter()
         try:
             out = fn(op, config, device=device, profile=profile)
         except Exception as exc:  # the item failed, the worker lives on
             conn.send((device, item_id, False, f"{type(exc).__name__}: {exc}"))
             continue
-        conn.send((device, item_id, True, dict(out)))
+        # the worker's own seconds for the item (compile, inputs, reference, timed runs): what the
+        # fleet's scaling reports split into work and waiting
+        conn.send((device, item_id, True, {**out, "eval_s": round(time.perf_counter() - t0, 4)}))
 
 
 def evaluate_item(op: Mapping[str, Any], config: Mapping[str, Any], *, device: str,
