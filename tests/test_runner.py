@@ -194,7 +194,16 @@ def test_gemm_tma_refuses_gpus_without_tma() -> None:
     assert tma_support("cpu") is None  # the interpreter emulates descriptors
 
 
-def test_cache_does_not_grow_past_one_op() -> None:
-    for n in (64, 128):
+def test_cache_keeps_the_last_four_ops_least_recently_used_out_first() -> None:
+    runner._CACHE.clear()
+    for n in (16, 32, 48, 64, 16, 80):  # 16 is used again, so 32 is the oldest when 80 comes
         evaluate(OpSpec(kind="add", shape=(2, n), dtype="fp32"), CFG)
-    assert len(runner._CACHE) == 1
+    assert [k[1] for k in runner._CACHE] == [(2, 48), (2, 64), (2, 16), (2, 80)]
+
+
+def test_cache_over_its_byte_budget_keeps_only_the_newest_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner._CACHE.clear()
+    monkeypatch.setattr(runner, "CACHE_MAX_BYTES", 3 * 2 * 64 * 4)  # one (2, 64) fp32 add's x, y and ref
+    for n in (64, 64 + 1):
+        evaluate(OpSpec(kind="add", shape=(2, n), dtype="fp32"), CFG)
+    assert [k[1] for k in runner._CACHE] == [(2, 65)]

@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,20 +155,46 @@ def _rates(op: OpSpec, us: float | None, gpu: GPUProfile | None) -> dict[str, fl
             "roofline_pct": None if floor is None else 100.0 * floor / us}
 
 
-#: the last op's inputs and float64 reference, keyed by (op, seed, device): a sweep of
-#: configs over one shape draws identical seeded inputs, so they are made once.
-_CACHE: dict[tuple[Any, ...], tuple[dict[str, Any], Any]] = {}
+#: the last few ops' inputs and float64 references, keyed by (op, seed, device), least recently used
+#: first: a sweep draws identical seeded inputs for every config of a shape, so they are made once.
+#: Making them is most of an evaluation's set-up: on an H200 a config of a new op took 1.1 s against
+#: 0.35 s for another config of a cached one (benchmarks/results/h200x2/fleet_scaling_lpt.json). The
+#: tuner interleaves several ops' searches on one GPU, hence more than one op.
+_CACHE: OrderedDict[tuple[Any, ...], tuple[dict[str, Any], Any, int]] = OrderedDict()
+#: at most this many ops, and this share of the device's memory (a 4096x28672 float64 reference
+#: alone is 940 MB), capped at CACHE_MAX_BYTES
+CACHE_OPS, CACHE_MEMORY_SHARE, CACHE_MAX_BYTES = 4, 0.05, 4 << 30
+
+
+def _tensor_bytes(*values: Any) -> int:
+    return sum(int(v.numel() * v.element_size()) for v in values if hasattr(v, "element_size"))
+
+
+def _cache_budget(device: str) -> int:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.device(device)).total_memory
+        return min(CACHE_MAX_BYTES, int(CACHE_MEMORY_SHARE * total))
+    return CACHE_MAX_BYTES
 
 
 def _inputs_and_reference(op: OpSpec, device: str, seed: int) -> tuple[dict[str, Any], Any]:
     key = (op.kind, op.shape, op.dtype, op.layout, op.out_dtype, seed, device)
     hit = _CACHE.get(key)
-    if hit is None:
-        _CACHE.clear()  # hold one op's tensors at a time (a 28672x4096 weight is 235 MB in bf16)
-        inputs = registry.make_inputs(op, device, seed)
-        hit = (inputs, registry.reference(inputs, op))
-        _CACHE[key] = hit
-    return hit
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit[0], hit[1]
+    while len(_CACHE) >= CACHE_OPS:
+        _CACHE.popitem(last=False)
+    inputs = registry.make_inputs(op, device, seed)
+    ref = registry.reference(inputs, op)
+    size, budget = _tensor_bytes(ref, *inputs.values()), _cache_budget(device)
+    held = sum(e[2] for e in _CACHE.values())
+    while _CACHE and held + size > budget:  # the newest op is always kept, as one op always was
+        held -= _CACHE.popitem(last=False)[1][2]
+    _CACHE[key] = (inputs, ref, size)
+    return inputs, ref
 
 
 def _reason(exc: BaseException) -> str:
