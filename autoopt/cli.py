@@ -250,6 +250,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         ops = [OpSpec(kind=args.op.lower(), shape=parse_shape(args.shape), dtype=args.dtype)]
     else:
         ops = [op for _, op in suite(args.suite or "llm", args.dtype)]
+    if not 1 <= args.top <= 50:
+        raise UsageError(f"bench: --top must be in 1..50, got {args.top}")
     for target in (args.out, args.plot):
         if target and not Path(target).resolve().parent.is_dir():
             raise UsageError(f"cannot write {target!r}: its folder does not exist")
@@ -278,7 +280,7 @@ def _bench_here(args: argparse.Namespace, ops: list[Any]) -> tuple[list[Any], An
     gpu = prof.gpu
     if gpu is None:
         raise UsageError("no GPU in this profile; pass --profile NAME|FILE for predictions (see `autoopt profiles`)")
-    rows = bench.run_bench(bench.recommended_cases(gpu, ops), gpu, progress=args.format == "table",
+    rows = bench.run_bench(bench.recommended_cases(gpu, ops, top=args.top), gpu, progress=args.format == "table",
                            validate=lambda op, cfg: validate_config(gpu, op, cfg),
                            predict=lambda op, cfg: predict_config(gpu, op, cfg).us)
     versions = next((r.result.versions for r in rows if r.result.versions), {})
@@ -297,7 +299,7 @@ def _bench_fleet(args: argparse.Namespace, ops: list[Any]) -> tuple[list[Any], A
                   file=sys.stderr, flush=True)
 
     with jobs.open_fleet(mode="bench", gpus=args.gpus, ray=args.ray, profile=args.profile) as fleet:
-        found = jobs.bench(fleet, ops, on_row=progress)
+        found = jobs.bench(fleet, ops, top=args.top, on_row=progress)
     kinds = fleet.kinds()
     first = next(iter(kinds.values()))[0].gpu
     versions = next((r.row.result.versions for r in found if r.row.result.versions), {})
@@ -787,6 +789,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--suite", default=None, help="op suite (llm); default llm unless --op is given")
     sp.add_argument("--op", help="one op kind instead of a suite")
     sp.add_argument("--shape", help="shape for --op")
+    sp.add_argument("--top", type=int, default=1, help="the K best-predicted configs of each op (1..50, default 1)")
     sp.add_argument("--dtype", default="bf16")
     add_profile_arg(sp)
     sp.add_argument("--format", choices=FORMATS[:2], default="table")

@@ -144,6 +144,19 @@ def test_bench_without_a_gpu_reports_predictions_labelled_as_such():
     assert row["label"] == "predicted" and row["torch_us"] is None and row["us"] > 0
 
 
+def test_bench_top_k_gives_each_ops_k_best_predicted_configs_fastest_first():
+    res = autoopt("bench", "--op", "rmsnorm", "--shape", "4096,4096", "--top", "3", "--profile", "h100-sxm",
+                  "--format", "json")
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)["rows"]
+    assert len(rows) == 3 and len({json.dumps(r["config"], sort_keys=True) for r in rows}) == 3
+    assert [r["us"] for r in rows] == sorted(r["us"] for r in rows)
+
+
+def test_bench_top_outside_1_to_50_is_one_line():
+    assert_one_line_usage_error(autoopt("bench", "--top", "51", "--profile", "h100-sxm"), "--top must be in 1..50")
+
+
 def test_bench_op_without_shape_is_one_line():
     assert_one_line_usage_error(autoopt("bench", "--op", "gemm", "--profile", "h100-sxm"), "--shape")
 

@@ -151,12 +151,12 @@ def _result(outcome: Outcome, op: OpSpec, config: KernelConfig, fallback: GPUPro
     return Result.from_dict(payload), gpu
 
 
-def bench(fleet: Fleet, ops: Sequence[OpSpec], *, on_row: Callable[[int, int, FleetBenchRow], None] | None = None
-          ) -> list[FleetBenchRow]:
-    """Each kind's recommended config per op (its own ranking), benchmarked on the fleet; rows in the
-    serial order, kind by kind. ``on_row(done, total, row)`` sees each row as it lands."""
+def bench(fleet: Fleet, ops: Sequence[OpSpec], *, top: int = 1,
+          on_row: Callable[[int, int, FleetBenchRow], None] | None = None) -> list[FleetBenchRow]:
+    """Each kind's ``top`` recommended configs per op (its own ranking), benchmarked on the fleet; rows
+    in the serial order, kind by kind. ``on_row(done, total, row)`` sees each row as it lands."""
     cases = [(dev, op, cfg) for devs in fleet.kinds().values() for dev in devs[:1]
-             for op, cfg in recommended_cases(dev.gpu, ops)]
+             for op, cfg in recommended_cases(dev.gpu, ops, top=top)]
     items = [_item(k, op, cfg, dev) for k, (dev, op, cfg) in enumerate(cases)]
     rows: dict[int, FleetBenchRow] = {}
 
