@@ -115,21 +115,22 @@ class Backlog:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seq = itertools.count()
-        self._items: list[tuple[Item, int, int]] = []  # (item, attempt, sequence)
+        self._items: list[tuple[Item, int, int, str]] = []  # (item, attempt, sequence, op_key)
 
     def push(self, item: Item, attempt: int = 1) -> None:
+        key = op_key(item.op)  # once per push, not once per waiting item on every take
         with self._lock:
-            self._items.append((item, attempt, next(self._seq)))
+            self._items.append((item, attempt, next(self._seq), key))
 
     def take(self, kind: str | None, warm: str | None = None) -> tuple[Item, int] | None:
         """The next (item, attempt) for a worker of ``kind`` whose last op was ``warm`` (an
         :func:`op_key`), or None when none may go to it: a retry first, then the costliest item of
-        the warm op, then the costliest of all."""
+        the warm op, then the costliest of all. One pass over the waiting items."""
         with self._lock:
             fits = [e for e in self._items if e[0].kind is None or e[0].kind == kind]
             if not fits:
                 return None
-            best = max(fits, key=lambda e: (e[1] > 1, warm is not None and op_key(e[0].op) == warm,
+            best = max(fits, key=lambda e: (e[1] > 1, warm is not None and e[3] == warm,
                                             e[0].cost if e[1] == 1 else 0.0, -e[2]))
             self._items.remove(best)
             return best[0], best[1]
@@ -137,7 +138,7 @@ class Backlog:
     def drop(self, stranded: Callable[[Item], bool]) -> list[tuple[Item, int]]:
         """Remove and return the entries ``stranded`` says no worker can take any more."""
         with self._lock:
-            out = [(i, a) for i, a, _ in self._items if stranded(i)]
+            out = [(e[0], e[1]) for e in self._items if stranded(e[0])]
             self._items = [e for e in self._items if not stranded(e[0])]
             return out
 
