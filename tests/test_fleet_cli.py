@@ -166,9 +166,28 @@ def test_backlog_keeps_a_worker_on_the_op_it_evaluated_last_before_a_costlier_on
     backlog = Backlog()
     for item in items:
         backlog.push(item)
-    assert backlog.take(None, warm=op_key(b)) == (items[1], 1)
-    assert backlog.take(None, warm=op_key(b)) == (items[2], 1)
-    assert backlog.take(None, warm=op_key(b)) == (items[0], 1)  # b is done: the costliest of all
+    assert backlog.take(None, warm=[op_key(b)]) == (items[1], 1)
+    assert backlog.take(None, warm=[op_key(b)]) == (items[2], 1)
+    assert backlog.take(None, warm=[op_key(b)]) == (items[0], 1)  # b is done: the costliest of all
+
+
+def test_backlog_prefers_the_most_recent_warm_op_that_has_an_item():
+    a, b, c = ({"kind": "add", "shape": [n, 8]} for n in (1, 2, 3))
+    backlog = Backlog()
+    for k, (op, cost) in enumerate([(a, 1.0), (b, 2.0), (c, 9.0)]):
+        backlog.push(Item(id=k, op=op, config={}, cost=cost))
+    assert backlog.take(None, warm=[op_key(b), op_key(a)])[0].id == 0  # a is the most recent
+    assert backlog.take(None, warm=[op_key(b), op_key(a)])[0].id == 1  # then b, before the costlier c
+
+
+def test_a_worker_remembers_its_last_ops_as_many_as_the_runner_caches():
+    from autoopt.backend.runner import CACHE_OPS
+    from autoopt.fleet.pool import WARM_OPS, remember
+
+    warm: list[str] = []
+    for key in ["a", "b", "c", "d", "b", "e"]:
+        remember(warm, key)
+    assert WARM_OPS == CACHE_OPS and warm == ["c", "d", "b", "e"]
 
 
 def test_a_retry_goes_before_the_warm_ops_items():
@@ -176,7 +195,7 @@ def test_a_retry_goes_before_the_warm_ops_items():
     backlog = Backlog()
     backlog.push(Item(id=0, op=a, config={}, cost=5.0))
     backlog.push(Item(id=1, op={"kind": "add", "shape": [4, 4]}, config={}, cost=0.1), attempt=2)
-    assert backlog.take(None, warm=op_key(a))[0].id == 1
+    assert backlog.take(None, warm=[op_key(a)])[0].id == 1
 
 
 def test_one_worker_evaluates_each_ops_configs_together_costliest_op_first():
@@ -189,6 +208,27 @@ def test_one_worker_evaluates_each_ops_configs_together_costliest_op_first():
     order: list[int] = []
     run_pool(items, ["cpu0"], evaluator="fleet_evaluators:echo", on_outcome=lambda o: order.append(o.result["m"]))
     assert order == [4096, 4096, 4096, 256, 256, 256]
+
+
+def test_a_submit_from_another_thread_wakes_a_waiting_poll():
+    import threading
+    import time
+
+    from autoopt.fleet.pool import LocalPool
+
+    with LocalPool(["cpu0"], evaluator="fleet_evaluators:echo") as pool:
+        item = Item(id=1, op={"kind": "add", "shape": [4, 4]}, config={"config": {}})
+        threading.Timer(0.3, pool.submit, args=(item,)).start()
+        t0 = time.monotonic()
+        pool.poll(wait_s=30.0)  # nothing to do until the submit: woken by it, not by the 30 s
+        assert time.monotonic() - t0 < 10.0
+
+
+@pytest.mark.parametrize("jobs, devices, searches", [(20, 1, 2), (20, 2, 2), (20, 8, 8), (3, 8, 3), (1, 1, 1)])
+def test_tune_runs_one_search_per_device_and_two_on_one_device(jobs, devices, searches):
+    from autoopt.fleet.jobs import _searches
+
+    assert _searches(jobs, devices) == searches
 
 
 def test_one_worker_evaluates_items_longest_first():

@@ -10,7 +10,7 @@ the same label either way. Results come back here; only this process writes the 
 row under the fingerprint of the GPU its worker detected.
 
 - :func:`bench`: every kind's recommended configs at once, rows back in the serial order.
-- :func:`tune`: one search per (op, kind), several in flight on threads of this process; a search
+- :func:`tune`: one search per (op, kind), one per device in flight on threads of this process; a search
   proposes ``ceil(devices of its kind / ops)`` configs per round, so with at least as many ops as
   GPUs it is the serial search, proposal for proposal (with fewer, one op's round spans GPUs).
 """
@@ -238,7 +238,7 @@ def tune(fleet: Fleet, ops: Sequence[tuple[str, OpSpec]], *, budget_trials: int 
 
     store = open_default() if use_store else None
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), 2 * len(fleet.devices)))) as threads:
+        with ThreadPoolExecutor(max_workers=_searches(len(jobs), len(fleet.devices))) as threads:
             futures = [threads.submit(_tune_job, job, exchange, store, budget_trials, budget_s, report)
                        for job in jobs]
             exchange.pump(lambda: all(f.done() for f in futures))
@@ -246,6 +246,15 @@ def tune(fleet: Fleet, ops: Sequence[tuple[str, OpSpec]], *, budget_trials: int 
     finally:
         if store is not None:
             store.close()
+
+
+def _searches(jobs: int, devices: int) -> int:
+    """How many searches run at once: one per device, so each device keeps to the ops of its own search
+    (inputs and references made once, see :mod:`autoopt.fleet.pool`), and two on a single device, so
+    it is not idle while a search picks its next proposal. In ``benchmarks/fleet_tune_sim.py`` (the
+    2 x H200's trial and set-up costs on CPU stand-ins) one search more than devices made the ops
+    wander between the two workers: 1.53x over one device, against 1.97x with one per device."""
+    return max(1, min(jobs, max(2, devices)))
 
 
 def _tune_job(job: _Job, exchange: _Exchange, store: Any, budget_trials: int, budget_s: float | None,

@@ -10,13 +10,15 @@ down. The parent hands each worker one item at a time, so it always knows what i
   would hang again);
 - the first result for an item wins; a late duplicate (a worker that finished just before it was
   killed) is dropped and counted. Only the parent sees results, so only it writes the store;
-- an idle worker takes the costliest waiting item of the op it evaluated last, else the costliest
+- an idle worker takes the costliest waiting item of the ops it evaluated last, else the costliest
   waiting item it may run (longest-processing-time-first, see :mod:`autoopt.fleet.cost`), retries
   before all; an item with a ``kind`` (a GPU's device fingerprint) goes only to a worker of that
   kind, any of them. Staying on an op reuses the worker's inputs and float64 reference for it: on
   the 2 x H200, a config of a new op took 1.1 s against 0.35 s for one more config of the op just
   evaluated (benchmarks/results/h200x2/fleet_scaling_lpt.json), and plain LPT, which interleaves
-  ops of similar cost, made 2 workers do 23 % more work than 1.
+  ops of similar cost, made 2 workers do 23 % more work than 1. A worker is taken to hold its last
+  ``WARM_OPS`` ops, as the runner caches them: the tuner's searches then stay on the worker that
+  evaluated them last instead of making every worker set up every op.
 
 :func:`run_pool` evaluates a fixed list; :class:`LocalPool` takes items as they come (``submit`` from
 any thread, ``poll`` from one) for the tuner, whose next proposals depend on the last results.
@@ -42,7 +44,8 @@ from typing import Any, Protocol
 
 from autoopt.errors import AutooptError
 
-__all__ = ["Backlog", "Dispatcher", "Item", "LocalPool", "Outcome", "PoolStats", "op_key", "run_pool"]
+__all__ = ["WARM_OPS", "Backlog", "Dispatcher", "Item", "LocalPool", "Outcome", "PoolStats", "op_key", "remember",
+           "run_pool"]
 
 log = logging.getLogger(__name__)
 DEFAULT_EVALUATOR = "autoopt.fleet.worker:evaluate_item"
@@ -108,6 +111,19 @@ def op_key(op: Mapping[str, Any]) -> str:
     return json.dumps(op, sort_keys=True, default=str)
 
 
+#: ops a worker is taken to hold inputs and references for: the runner keeps its last
+#: ``autoopt.backend.runner.CACHE_OPS`` (the same number; tests/test_fleet_cli.py checks)
+WARM_OPS = 4
+
+
+def remember(warm: list[str], key: str) -> None:
+    """Move ``key`` to the most recent end of a worker's ``warm`` list, keeping the last WARM_OPS."""
+    if key in warm:
+        warm.remove(key)
+    warm.append(key)
+    del warm[:-WARM_OPS]
+
+
 class Backlog:
     """Items waiting for a worker (thread-safe): a worker takes the retry waiting longest, else the
     costliest item of its kind (LPT), the earliest submitted among equals."""
@@ -122,16 +138,17 @@ class Backlog:
         with self._lock:
             self._items.append((item, attempt, next(self._seq), key))
 
-    def take(self, kind: str | None, warm: str | None = None) -> tuple[Item, int] | None:
-        """The next (item, attempt) for a worker of ``kind`` whose last op was ``warm`` (an
-        :func:`op_key`), or None when none may go to it: a retry first, then the costliest item of
-        the warm op, then the costliest of all. One pass over the waiting items."""
+    def take(self, kind: str | None, warm: Sequence[str] = ()) -> tuple[Item, int] | None:
+        """The next (item, attempt) for a worker of ``kind`` that holds the ops ``warm`` (their
+        :func:`op_key`, most recent last), or None when none may go to it: a retry first, then the
+        costliest item of the most recent warm op that has one, then the costliest of all. One pass
+        over the waiting items."""
+        rank = {key: i + 1 for i, key in enumerate(warm)}
         with self._lock:
             fits = [e for e in self._items if e[0].kind is None or e[0].kind == kind]
             if not fits:
                 return None
-            best = max(fits, key=lambda e: (e[1] > 1, warm is not None and e[3] == warm,
-                                            e[0].cost if e[1] == 1 else 0.0, -e[2]))
+            best = max(fits, key=lambda e: (e[1] > 1, rank.get(e[3], 0), e[0].cost if e[1] == 1 else 0.0, -e[2]))
             self._items.remove(best)
             return best[0], best[1]
 
@@ -188,12 +205,13 @@ class _Worker:
         self.proc.start()
         child.close()
         self.item: Item | None = None
-        self.last_op: str | None = None  # the op_key of the item it was given last
+        self.warm: list[str] = []  # op_keys of the last WARM_OPS ops it was given, most recent last
         self.started = 0.0
         self.broken = False
 
     def give(self, item: Item) -> None:
-        self.item, self.started, self.last_op = item, time.monotonic(), op_key(item.op)
+        self.item, self.started = item, time.monotonic()
+        remember(self.warm, op_key(item.op))
         try:
             self.conn.send((item.id, dict(item.op), dict(item.config), item.profile))
         except OSError:
@@ -233,17 +251,24 @@ class LocalPool:
         self._restarts = {d: 0 for d in devices}
         self._fresh: list[Outcome] = []
         self._finish = settle(self.outcomes, self.stats, self._fresh.append)
+        # a submit from another thread wakes a poll waiting on the workers' pipes, so an idle worker
+        # gets a search's next proposal in microseconds, not at the end of the poll's wait (up to
+        # 0.1 s a trial: in benchmarks/fleet_tune_sim.py, 61 s instead of 50 s for one worker)
+        self._wake_r, self._wake_w = mp_connection.Pipe(duplex=False)
+        self._wake_lock = threading.Lock()
 
     def submit(self, item: Item) -> None:
         if item.kind is not None and item.kind not in self.kinds.values():
             raise AutooptError(f"fleet: no worker of kind {item.kind} for item {item.id}")
         self._backlog.push(item)
+        with self._wake_lock, contextlib.suppress(OSError):
+            self._wake_w.send_bytes(b"")
 
     def poll(self, wait_s: float = 0.1) -> list[Outcome]:
         """Hand out waiting items, collect answers (waiting up to ``wait_s``), police the workers; the
         outcomes settled by this call."""
         _assign(self._workers, self.kinds, self._backlog, self._attempts, self.outcomes)
-        _drain(self._workers, self._attempts, self._finish, wait_s)
+        _drain(self._workers, self._attempts, self._finish, wait_s, self._wake_r)
         _police(self._ctx, self._workers, self.evaluator, self._backlog, self._attempts, self._restarts,
                 self.stats, self._finish, self.timeout_s)
         self._strand()
@@ -263,6 +288,8 @@ class LocalPool:
     def close(self) -> None:
         for w in self._workers.values():
             w.stop()
+        self._wake_r.close()
+        self._wake_w.close()
 
     def __enter__(self) -> LocalPool:
         return self
@@ -300,7 +327,7 @@ def _assign(workers: dict[str, _Worker], kinds: Mapping[str, str | None], backlo
             attempts: dict[int, int], outcomes: Mapping[int, Outcome]) -> None:
     for device, w in workers.items():
         while w.item is None and w.alive():
-            taken = backlog.take(kinds[device], w.last_op)
+            taken = backlog.take(kinds[device], w.warm)
             if taken is None:
                 break
             item, attempt = taken
@@ -311,10 +338,15 @@ def _assign(workers: dict[str, _Worker], kinds: Mapping[str, str | None], backlo
 
 
 def _drain(workers: dict[str, _Worker], attempts: Mapping[int, int], finish: Callable[[Outcome], None],
-           wait_s: float) -> None:
-    """Every answer waiting on any worker's pipe (waits up to ``wait_s`` for the first)."""
+           wait_s: float, wake: mp_connection.Connection | None = None) -> None:
+    """Every answer waiting on any worker's pipe (waits up to ``wait_s`` for the first, or for a
+    message on ``wake``: new work to hand out)."""
     by_conn = {w.conn: w for w in workers.values() if not w.broken}
-    for conn in mp_connection.wait(list(by_conn), timeout=wait_s):
+    for conn in mp_connection.wait([*by_conn, *([wake] if wake is not None else [])], timeout=wait_s):
+        if conn is wake:
+            while wake.poll():
+                wake.recv_bytes()
+            continue
         w = by_conn[conn]
         while True:
             try:

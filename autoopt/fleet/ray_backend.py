@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from autoopt.errors import AutooptError
-from autoopt.fleet.pool import DEFAULT_EVALUATOR, Backlog, Item, Outcome, PoolStats, drain, op_key, settle
+from autoopt.fleet.pool import DEFAULT_EVALUATOR, Backlog, Item, Outcome, PoolStats, drain, op_key, remember, settle
 
 __all__ = ["RayPool", "run_ray"]
 
@@ -81,7 +81,7 @@ class RayPool:
         self.outcomes: dict[int, Outcome] = {}
         self.stats = PoolStats(per_device={})
         self._backlog = Backlog()
-        self._last_op: dict[int, str] = {}  # slot -> op_key of its last item (see Backlog.take)
+        self._warm: dict[int, list[str]] = {}  # slot -> op_keys of its last items (see Backlog.take)
         self._flight: dict[Any, tuple[int, Item, int, float]] = {}  # ref -> (slot, item, attempt, start)
         self._fresh: list[Outcome] = []
         self._finish = settle(self.outcomes, self.stats, self._fresh.append)
@@ -108,7 +108,7 @@ class RayPool:
     def _replace(self, slot: int) -> None:
         """A fresh actor in ``slot`` (after a death or a timeout kill); it may land on another node."""
         self._actors[slot] = self._spawn(slot)
-        self._last_op.pop(slot, None)  # a fresh process holds no op's inputs
+        self._warm.pop(slot, None)  # a fresh process holds no op's inputs
         self.described[slot] = self._ray.get(self._actors[slot].describe.remote(self.profile))
         self.kinds[slot] = self.described[slot]["kind"]
         self.stats.restarts += 1
@@ -135,10 +135,10 @@ class RayPool:
     def _assign(self) -> None:
         busy = {slot for slot, *_ in self._flight.values()}
         for slot, actor in enumerate(self._actors):
-            taken = None if slot in busy else self._backlog.take(self.kinds[slot], self._last_op.get(slot))
+            taken = None if slot in busy else self._backlog.take(self.kinds[slot], self._warm.get(slot, ()))
             if taken is not None:
                 item, attempt = taken
-                self._last_op[slot] = op_key(item.op)
+                remember(self._warm.setdefault(slot, []), op_key(item.op))
                 ref = actor.run.remote(dict(item.op), dict(item.config), item.profile)
                 self._flight[ref] = (slot, item, attempt, time.monotonic())
 
