@@ -28,6 +28,8 @@ for s in "$@"; do
     m256)     stage m256 python3 benchmarks/ranking_quality.py --grid benchmarks/results/h200_gemm_grid.json --m 256 --top 40 --out "$R/ranking_m256_top40.json" ;;
     gemv16)   stage gemv16 python3 benchmarks/stream_sweep.py --only "gemv[16x" --best 25 --spread 15 --out "$R/stream_gemv16.json" ;;
     models)   stage models python3 benchmarks/model_checks.py --check all --out "$R/model_checks.json" ;;
+    # several GPUs (nvidia-h200-x2 or larger): issue 15's scaling, each twice to see the host's spread
+    fleet)    stage fleet sh -c "for i in 1 2; do python3 benchmarks/fleet_scaling.py --runs 0 all --top 10 --out \"$R/fleet_scaling_\$i.json\"; done; python3 benchmarks/fleet_scaling.py --cli tune --runs 0 all --trials 6 --out '$R/fleet_cli_tune.json'; python3 -m autoopt fleet --measure --format json > '$R/fleet.json'" ;;
     *) echo "unknown stage $s" ;;
   esac
 done
