@@ -24,6 +24,8 @@ from autoopt.fleet.pool import DEFAULT_EVALUATOR, Backlog, Item, Outcome, PoolSt
 __all__ = ["RayPool", "run_ray"]
 
 log = logging.getLogger(__name__)
+#: how long a poll waits while an actor is idle (an item submitted meanwhile waits at most this)
+IDLE_WAIT_S = 0.01
 
 
 def _ray() -> Any:
@@ -119,8 +121,12 @@ class RayPool:
         self._backlog.push(item)
 
     def poll(self, wait_s: float = 0.1) -> list[Outcome]:
-        """Hand out waiting items, collect one answer (waiting up to ``wait_s``), kill overdue actors."""
+        """Hand out waiting items, collect one answer (waiting up to ``wait_s``), kill overdue actors.
+        While an actor is idle the wait is cut to ``IDLE_WAIT_S``: a search's next proposal, submitted
+        from another thread, cannot interrupt ``ray.wait`` (the local pool has a wake-up pipe instead)."""
         self._assign()
+        if len(self._flight) < len(self._actors):
+            wait_s = min(wait_s, IDLE_WAIT_S)
         if self._flight:
             ready, _ = self._ray.wait(list(self._flight), num_returns=1, timeout=wait_s)
             for ref in ready:
