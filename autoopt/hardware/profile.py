@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autoopt._hash import sha256_hex
 from autoopt._serde import from_plain, to_plain
 from autoopt.errors import ProfileError
 from autoopt.hardware.features import Features, arch_variant, features_for, generation_for
@@ -153,20 +154,16 @@ class GPUProfile:
         Two cards of one model, or one card under two drivers, share it; measurements are keyed by
         it (plus the driver and compiler versions, kept apart so a known profile without a driver
         can still find them)."""
-        import hashlib
-
         key = "|".join(str(v) for v in (self.name, self.cc_major, self.cc_minor, self.sm_count,
                                           self.memory_total_bytes))
-        return hashlib.sha256(key.encode()).hexdigest()[:16]
+        return sha256_hex(key.encode())[:16]
 
     @property
     def fingerprint(self) -> str:
         """Stable key: name + CC + SM count + memory + driver (16 hex chars)."""
-        import hashlib  # here, not at import: loading OpenSSL costs ~3 ms of a cold start
-
         key = "|".join(str(v) for v in (self.name, self.cc_major, self.cc_minor, self.sm_count,
                                           self.memory_total_bytes, self.driver_version))
-        return hashlib.sha256(key.encode()).hexdigest()[:16]
+        return sha256_hex(key.encode())[:16]
 
     def to_dict(self) -> dict[str, Any]:
         out = to_plain(self)
@@ -217,10 +214,8 @@ class HardwareProfile:
 
     @property
     def fingerprint(self) -> str:
-        import hashlib
-
         parts = [g.fingerprint for g in self.gpus] or [f"cpu:{self.cpu.model}:{self.cpu.logical_cores}"]
-        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+        return sha256_hex("|".join(parts).encode())[:16]
 
     def link_between(self, a: int, b: int) -> Link | None:
         for link in self.links:

@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path, PurePosixPath
 
+from autoopt._hash import sha256_hex
 from autoopt.errors import StoreError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.config import KernelConfig
@@ -162,8 +163,6 @@ def _resolve(kernel_file: str) -> Path | None:
 
 def _hash_file(path: Path) -> str | None:
     """sha256 of a regular ``.py`` file of sane size, None otherwise (a missing file: its rows are stale)."""
-    import hashlib  # here, not at import: loading OpenSSL costs ~3 ms of a cold start
-
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_SOURCE_BYTES or path.suffix != ".py":
@@ -173,7 +172,7 @@ def _hash_file(path: Path) -> str | None:
         return None
     if len(data) > _MAX_SOURCE_BYTES:  # grew between the stat and the read
         return None
-    return hashlib.sha256(data).hexdigest()
+    return sha256_hex(data)
 
 
 def source_hash(kernel_file: str) -> str | None:
