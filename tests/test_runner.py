@@ -166,6 +166,16 @@ def test_run_bench_reports_one_row_per_case_in_order() -> None:
     assert "4x64" in table and "BLOCK_SIZE=64" in table
 
 
+def test_torch_is_timed_once_per_op_for_all_its_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    timed: list[OpSpec] = []
+    monkeypatch.setattr(bench, "_TORCH_US", {})
+    monkeypatch.setattr(bench, "_time_torch", lambda op, *a: timed.append(op) or 12.5)
+    other = OpSpec(kind="add", shape=(4, 128), dtype="fp32")
+    got = [bench._torch_us(op, 0, 25, 100) for op in (OP, OP, other, OP)]
+    assert got == [12.5] * 4 and timed == [OP, other]
+    assert bench._torch_us(OP, 1, 25, 100) == 12.5 and len(timed) == 3  # another seed: other tensors
+
+
 def test_roofline_png_needs_timed_rows(tmp_path) -> None:
     from autoopt.backend.plot import roofline_png
 
