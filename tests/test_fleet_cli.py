@@ -224,6 +224,22 @@ def test_a_submit_from_another_thread_wakes_a_waiting_poll():
         assert time.monotonic() - t0 < 10.0
 
 
+def test_many_submits_before_a_poll_do_not_fill_the_wake_pipe():
+    import threading
+
+    from autoopt.fleet.pool import LocalPool
+
+    with LocalPool(["cpu0"], evaluator="fleet_evaluators:echo") as pool:
+        op = {"kind": "add", "shape": [4, 4]}
+        # one wake message per submit would fill a 64 KiB pipe after ~16k and block the submitter
+        submitter = threading.Thread(target=lambda: [pool.submit(Item(id=k, op=op, config={"config": {}}))
+                                                     for k in range(40_000)], daemon=True)
+        submitter.start()
+        submitter.join(timeout=60)
+        assert not submitter.is_alive()
+        assert len(pool._backlog) == 40_000
+
+
 @pytest.mark.parametrize("jobs, devices, searches", [(20, 1, 2), (20, 2, 2), (20, 8, 8), (3, 8, 3), (1, 1, 1)])
 def test_tune_runs_one_search_per_device_and_two_on_one_device(jobs, devices, searches):
     from autoopt.fleet.jobs import _searches

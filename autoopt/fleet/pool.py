@@ -254,21 +254,30 @@ class LocalPool:
         # a submit from another thread wakes a poll waiting on the workers' pipes, so an idle worker
         # gets a search's next proposal in microseconds, not at the end of the poll's wait (up to
         # 0.1 s a trial: in benchmarks/fleet_tune_sim.py, 61 s instead of 50 s for one worker)
+        # (one message at most waits in the pipe: thousands of submits before a poll must not fill it)
         self._wake_r, self._wake_w = mp_connection.Pipe(duplex=False)
         self._wake_lock = threading.Lock()
+        self._wake_sent = False
 
     def submit(self, item: Item) -> None:
         if item.kind is not None and item.kind not in self.kinds.values():
             raise AutooptError(f"fleet: no worker of kind {item.kind} for item {item.id}")
         self._backlog.push(item)
-        with self._wake_lock, contextlib.suppress(OSError):
-            self._wake_w.send_bytes(b"")
+        with self._wake_lock:
+            if not self._wake_sent:
+                self._wake_sent = True
+                with contextlib.suppress(OSError):
+                    self._wake_w.send_bytes(b"")
 
     def poll(self, wait_s: float = 0.1) -> list[Outcome]:
         """Hand out waiting items, collect answers (waiting up to ``wait_s``), police the workers; the
         outcomes settled by this call."""
         _assign(self._workers, self.kinds, self._backlog, self._attempts, self.outcomes)
         _drain(self._workers, self._attempts, self._finish, wait_s, self._wake_r)
+        with self._wake_lock:  # the next submit may wake the next poll
+            while self._wake_r.poll():
+                self._wake_r.recv_bytes()
+            self._wake_sent = False
         _police(self._ctx, self._workers, self.evaluator, self._backlog, self._attempts, self._restarts,
                 self.stats, self._finish, self.timeout_s)
         self._strand()
@@ -343,9 +352,7 @@ def _drain(workers: dict[str, _Worker], attempts: Mapping[int, int], finish: Cal
     message on ``wake``: new work to hand out)."""
     by_conn = {w.conn: w for w in workers.values() if not w.broken}
     for conn in mp_connection.wait([*by_conn, *([wake] if wake is not None else [])], timeout=wait_s):
-        if conn is wake:
-            while wake.poll():
-                wake.recv_bytes()
+        if conn is wake:  # new work: the caller empties the pipe
             continue
         w = by_conn[conn]
         while True:
