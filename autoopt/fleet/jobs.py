@@ -253,7 +253,8 @@ def _searches(jobs: int, devices: int) -> int:
     (inputs and references made once, see :mod:`autoopt.fleet.pool`), and two on a single device, so
     it is not idle while a search picks its next proposal. In ``benchmarks/fleet_tune_sim.py`` (the
     2 x H200's trial and set-up costs on CPU stand-ins) one search more than devices made the ops
-    wander between the two workers: 1.53x over one device, against 1.97x with one per device."""
+    wander between the two workers: 1.53x over one device, against 1.97x with one per device
+    (benchmarks/results/fleet_tune_sim.json, "variants")."""
     return max(1, min(jobs, max(2, devices)))
 
 

@@ -253,7 +253,8 @@ class LocalPool:
         self._finish = settle(self.outcomes, self.stats, self._fresh.append)
         # a submit from another thread wakes a poll waiting on the workers' pipes, so an idle worker
         # gets a search's next proposal in microseconds, not at the end of the poll's wait (up to
-        # 0.1 s a trial: in benchmarks/fleet_tune_sim.py, 61 s instead of 50 s for one worker)
+        # 0.1 s a trial: in benchmarks/fleet_tune_sim.py, 60.8 s instead of 52.6 s for one worker with one
+        # search; benchmarks/results/fleet_tune_sim.json, "variants")
         # (one message at most waits in the pipe: thousands of submits before a poll must not fill it)
         self._wake_r, self._wake_w = mp_connection.Pipe(duplex=False)
         self._wake_lock = threading.Lock()
