@@ -239,6 +239,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.model:
         if args.gpus is not None or args.ray is not None:
             raise UsageError("bench: --gpus and --ray spread --op/--suite benchmarks, not --model")
+        if args.top != 1:
+            raise UsageError("bench: --top picks configs per op for --op/--suite; --model runs the model's own plan")
         return _bench_model(args)
     from autoopt.backend import bench
     from autoopt.kernels.ops import OpSpec, parse_shape

@@ -153,6 +153,10 @@ def test_bench_top_k_gives_each_ops_k_best_predicted_configs_fastest_first():
     assert [r["us"] for r in rows] == sorted(r["us"] for r in rows)
 
 
+def test_bench_top_with_a_model_is_one_line():
+    assert_one_line_usage_error(autoopt("bench", "--model", "llama-3-8b", "--top", "3"), "--top picks configs per op")
+
+
 def test_bench_top_outside_1_to_50_is_one_line():
     assert_one_line_usage_error(autoopt("bench", "--top", "51", "--profile", "h100-sxm"), "--top must be in 1..50")
 

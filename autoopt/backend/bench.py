@@ -77,7 +77,7 @@ _TORCH_US: dict[tuple[Any, ...], float | None] = {}
 
 def _torch_us(op: OpSpec, seed: int, warmup_ms: int, rep_ms: int) -> float | None:
     """PyTorch's time on the very tensors ``evaluate`` just used, timed once per op, seed and windows."""
-    key = (op.kind, op.shape, op.dtype, op.layout, op.out_dtype, seed, warmup_ms, rep_ms)
+    key = (*runner.inputs_key(op, "cuda", seed), warmup_ms, rep_ms)
     if key not in _TORCH_US:
         if len(_TORCH_US) >= 256:
             _TORCH_US.clear()

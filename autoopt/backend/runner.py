@@ -179,8 +179,13 @@ def _cache_budget(device: str) -> int:
     return CACHE_MAX_BYTES
 
 
+def inputs_key(op: OpSpec, device: str, seed: int) -> tuple[Any, ...]:
+    """What makes two evaluations' inputs identical: the op's fields, the device and the seed."""
+    return (op.kind, op.shape, op.dtype, op.layout, op.out_dtype, seed, device)
+
+
 def _inputs_and_reference(op: OpSpec, device: str, seed: int) -> tuple[dict[str, Any], Any]:
-    key = (op.kind, op.shape, op.dtype, op.layout, op.out_dtype, seed, device)
+    key = inputs_key(op, device, seed)
     hit = _CACHE.get(key)
     if hit is not None:
         _CACHE.move_to_end(key)
