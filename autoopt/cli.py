@@ -315,7 +315,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from autoopt.planning.recommendation import recommend
 
     prof = _profile(args.profile)
-    kwargs: dict[str, Any] = {"batch": args.batch, "phase": args.phase, "preference": args.preference}
+    kwargs: dict[str, Any] = {"batch": args.batch, "phase": args.phase, "preference": args.preference,
+                              "compare_wfc": True}  # an engineer reads the search beside the DP
     for key in ("context", "prompt_len", "gen_len", "weight_dtype", "kv_dtype", "runtime", "tensor_parallel",
                 "pipeline_parallel"):
         if getattr(args, key) is not None:

@@ -53,3 +53,22 @@ def test_public_functions_stay_callable_after_every_submodule_is_imported():
             "    if m.name != '__main__': importlib.import_module('autoopt.' + m.name)\n"
             "print(all(callable(getattr(autoopt, n)) for n in ('detect', 'rank', 'recommend', 'load_profile')))")
     assert _run(code).stdout.strip() == "True"
+
+
+def test_a_cold_recommend_on_a_fresh_machine_loads_only_what_it_uses(tmp_path):
+    # what a runtime pays at start-up on a new install: no results store, no calibrated constants,
+    # a current shipped rank cache. Each module below costs ms and would answer nothing here.
+    code = ("import sys, json, autoopt\n"
+            "from autoopt.hardware.library import load_profile\n"
+            "from autoopt.planning.recommendation import recommend\n"
+            "recommend(load_profile('h100-sxm-8x'), 'llama-3-70b', runtime='vllm')\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOOPT_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+                         cwd=ROOT)
+    loaded = set(json.loads(out.stdout))
+    unused = ("logging", "sqlite3", "importlib.metadata", "autoopt.results.records", "autoopt.results.lookup",
+              "autoopt.results.constants", "autoopt.kernels.cost", "autoopt.kernels.template",
+              "autoopt.planning.offload", "autoopt.search.ranking")
+    assert not [m for m in unused if m in loaded]
+    assert "autoopt.search.rank_cache" in loaded  # the answers came from the shipped cache

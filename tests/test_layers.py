@@ -33,7 +33,7 @@ LAYERS: tuple[str, ...] = (
     "autoopt.plugins | autoopt.results",
     "autoopt.kernels",
     "autoopt.hardware",
-    "autoopt._hash | autoopt._lazy | autoopt._paths | autoopt._serde | autoopt.errors",
+    "autoopt._hash | autoopt._lazy | autoopt._log | autoopt._paths | autoopt._serde | autoopt.errors",
 )
 
 

@@ -17,7 +17,8 @@ from autoopt.planning.recommendation import recommend
 @pytest.fixture(scope="module")
 def llama8b_h100():
     # batch 8, 7168-token prompts + 1024 generated = 8192 context, weights forced to BF16.
-    return recommend("h100-sxm", "llama-3-8b", batch=8, prompt_len=7168, gen_len=1024, weight_dtype="bf16")
+    return recommend("h100-sxm", "llama-3-8b", batch=8, prompt_len=7168, gen_len=1024, weight_dtype="bf16",
+                     compare_wfc=True)
 
 
 def test_llama3_8b_bf16_fits_one_h100_with_stated_headroom(llama8b_h100):
@@ -54,6 +55,15 @@ def test_per_layer_plan_dp_is_no_worse_than_wfc(llama8b_h100):
     rec = llama8b_h100
     assert len(rec.layer_modes) == 32
     assert rec.plan.cost <= rec.plan_alternative.cost + 1e-6
+
+
+def test_the_wfc_comparison_is_made_only_when_asked():
+    # a runtime's start-up call skips the diagnostic second solver; the plan is the DP's either way
+    plain = recommend("h100-sxm", "llama-3-8b")
+    asked = recommend("h100-sxm", "llama-3-8b", compare_wfc=True)
+    assert plain.plan_alternative is None and "WFC" not in plain.explain()
+    assert asked.plan_alternative is not None and asked.plan_alternative.solver == "wfc"
+    assert plain.layer_modes == asked.layer_modes and plain.plan.cost == asked.plan.cost
 
 
 def test_kernel_implementation_is_chosen_per_class(llama8b_h100):

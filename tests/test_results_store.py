@@ -16,7 +16,7 @@ from _results_rows import ENV, GPU, KERNEL_FILE, KERNEL_HASH, OP, T0, config, ro
 
 from autoopt.errors import AutooptError, StoreError
 from autoopt.kernels.ops import OpSpec
-from autoopt.results import keys, lookup, store, transfer
+from autoopt.results import keys, lookup, store, transfer, versions
 from autoopt.results.lookup import ResultLookup
 from autoopt.results.records import EnvKey, ResultKey, StoredResult, config_key
 from autoopt.results.store import ResultStore
@@ -138,13 +138,13 @@ def test_a_deleted_kernel_file_makes_its_rows_stale(st, tmp_path):
 
 
 def test_a_new_triton_version_misses_the_old_rows_and_keeps_them(st, monkeypatch):
-    monkeypatch.setattr(keys, "_versions", {"torch": "2.5.0", "triton": "3.5.0"})
+    monkeypatch.setattr(versions, "_versions", {"torch": "2.5.0", "triton": "3.5.0"})
     old = keys.make_result(GPU, OP, config(1), label="measured", us=20.0,
                            kernel_module="autoopt.backend.kernels.gemm")
     st.put(old)
     look = ResultLookup(store_path=st.path, shipped_dir=None)
     assert look.lookup(GPU, OP) is not None
-    monkeypatch.setattr(keys, "_versions", {"torch": "2.5.0", "triton": "3.6.0"})
+    monkeypatch.setattr(versions, "_versions", {"torch": "2.5.0", "triton": "3.6.0"})
     assert look.lookup(GPU, OP) is None
     assert st.rows() == [old]
     assert keys.is_stale(old)
@@ -152,14 +152,14 @@ def test_a_new_triton_version_misses_the_old_rows_and_keeps_them(st, monkeypatch
 
 
 def test_prune_stale_removes_rows_of_a_changed_kernel_and_keeps_the_others(st, tmp_path, monkeypatch):
-    monkeypatch.setattr(keys, "_versions", {"triton": ENV.triton})
+    monkeypatch.setattr(versions, "_versions", {"triton": ENV.triton})
     path = _kernel_file(tmp_path)
     file, digest = keys.kernel_source(path)
     st.put(row(1, kernel_file=file, kernel_hash=digest))
     st.put(row(2))
     path.write_text("changed = True\n")
     keys.clear_caches()
-    monkeypatch.setattr(keys, "_versions", {"triton": ENV.triton})
+    monkeypatch.setattr(versions, "_versions", {"triton": ENV.triton})
     assert st.prune(stale=True, dry_run=True) == 1
     assert st.count() == 2
     assert st.prune(stale=True) == 1
@@ -167,7 +167,7 @@ def test_prune_stale_removes_rows_of_a_changed_kernel_and_keeps_the_others(st, t
 
 
 def test_prune_stale_removes_rows_of_another_triton(st, monkeypatch):
-    monkeypatch.setattr(keys, "_versions", {"triton": "9.9.9"})
+    monkeypatch.setattr(versions, "_versions", {"triton": "9.9.9"})
     st.put(row(1))
     assert st.prune(stale=True) == 1
     assert st.count() == 0

@@ -10,18 +10,18 @@ for each op's top config, which is what ``autoopt bench`` measures.
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.backend import registry, runner
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["BenchRow", "format_table", "recommended_cases", "run_bench"]
 

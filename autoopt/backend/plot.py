@@ -13,19 +13,19 @@ lazily with the Agg backend (no display needed).
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from autoopt._log import get_logger
 from autoopt.backend.runner import Result, floor_us
 from autoopt.errors import BackendError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.ops import OpSpec
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["DPI", "FIG_SIZE_IN", "roofline_png"]
 

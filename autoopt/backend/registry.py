@@ -11,16 +11,16 @@ input dict alone says the layout.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import BackendError, ConfigError
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = [
     "EPS",

@@ -13,7 +13,6 @@ CPU tensors) the same checks run and the label is ``checked`` with no time.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import platform
@@ -23,13 +22,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.backend import registry
 from autoopt.errors import AutooptError, ConfigError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["LABELS", "Result", "evaluate", "floor_us", "interpreter_active"]
 

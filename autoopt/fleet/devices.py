@@ -10,16 +10,16 @@ or checks configs in Triton's interpreter when ``TRITON_INTERPRET=1``.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError, BackendError
 from autoopt.hardware.profile import GPUProfile
 
 __all__ = ["FAKE_ENV", "Device", "local_devices", "parse_gpus"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 FAKE_ENV = "AUTOOPT_FLEET_FAKE_GPUS"
 ACCEPTED = "give all, or GPU indices separated by commas such as 0,1,3"

@@ -17,7 +17,6 @@ row under the fingerprint of the GPU its worker detected.
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.backend.bench import BenchRow, recommended_cases
 from autoopt.backend.runner import Result
 from autoopt.errors import AutooptError
@@ -42,7 +42,7 @@ from autoopt.tuning.tuner import Trial
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Fleet", "FleetBenchRow", "bench", "open_fleet", "tune"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: an evaluation with no answer after this long has its worker killed and is recorded failed
 DEFAULT_TIMEOUT_S = 300.0

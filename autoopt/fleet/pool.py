@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-import logging
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import signal
@@ -42,12 +41,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError
 
 __all__ = ["WARM_OPS", "Backlog", "Dispatcher", "Item", "LocalPool", "Outcome", "PoolStats", "op_key", "remember",
            "run_pool"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 DEFAULT_EVALUATOR = "autoopt.fleet.worker:evaluate_item"
 #: restarts one device's worker may need before the pool gives that device up
 MAX_RESTARTS = 8

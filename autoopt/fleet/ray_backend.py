@@ -13,17 +13,17 @@ its kind waiting (LPT, :class:`~autoopt.fleet.pool.Backlog`). Each actor says wh
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError
 from autoopt.fleet.pool import DEFAULT_EVALUATOR, Backlog, Item, Outcome, PoolStats, drain, op_key, remember, settle
 
 __all__ = ["RayPool", "run_ray"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 #: how long a poll waits while an actor is idle (an item submitted meanwhile waits at most this)
 IDLE_WAIT_S = 0.01
 

@@ -14,18 +14,18 @@ cached. Nothing here raises: what cannot be read is recorded with the reason.
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import platform
 import re
 from pathlib import Path
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.hardware.profile import CPUProfile
 
 __all__ = ["SIMD_NAMES", "capture_cpu", "cpu_from_raw", "detect_cpu", "normalise_simd"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _PROC_CPUINFO = Path("/proc/cpuinfo")
 _CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")

@@ -20,7 +20,6 @@ Merge rules:
 from __future__ import annotations
 
 import dataclasses
-import logging
 import platform
 import re
 import sys
@@ -28,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.hardware.cpu import capture_cpu, cpu_from_raw
 from autoopt.hardware.nvml import error_of
 from autoopt.hardware.profile import CPUProfile, GPUProfile, HardwareProfile, Link
@@ -45,7 +45,7 @@ __all__ = [
     "pcie_bandwidth_gbs",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: version of the raw-capture dict layout (fixtures carry it).
 RAW_SCHEMA = 1

@@ -14,7 +14,6 @@ file fails with a :class:`~autoopt.errors.ProfileError` naming file and field.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -22,6 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt._paths import profiles_dir
 from autoopt._serde import from_plain, to_plain
 from autoopt.errors import ProfileError, UnknownProfileError
@@ -40,7 +40,7 @@ __all__ = [
     "parse_known",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 #: GPU fields a library file must not set: they describe one installed card

@@ -17,14 +17,15 @@ Facts from the H200 pair (shared/hardware-captures/h200x2/probe2.txt):
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 from collections.abc import Callable
 from typing import Any
 
+from autoopt._log import get_logger
+
 __all__ = ["ERROR_RE", "capture_nvml", "error_of"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: a raw value that is an error marker: an exception's class name.
 ERROR_RE = re.compile(r"^\w*(Error|Exception)\w*$")

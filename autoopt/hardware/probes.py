@@ -13,15 +13,15 @@ the datasheet peaks are 3.35 TB/s and 989.4 TFLOP/s.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import statistics
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import BackendError
 
 __all__ = ["measure_gpu"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 _COPY_BYTES = 1 << 30
 _MATMUL_N = 8192

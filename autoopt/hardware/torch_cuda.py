@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import logging
 import os
 from typing import Any
 
+from autoopt._log import get_logger
+
 __all__ = ["capture_torch", "package_version"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def package_version(dist: str) -> str | None:

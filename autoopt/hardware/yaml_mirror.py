@@ -20,7 +20,6 @@ mirrors with the rank cache (:func:`write`).
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 import threading
@@ -28,7 +27,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from autoopt._log import get_logger
+
+log = get_logger(__name__)
 
 __all__ = ["FORMAT", "MAX_BYTES", "VERSION", "clear_cache", "load", "write"]
 

@@ -8,17 +8,17 @@ falls back to these.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.config import PATHS
 from autoopt.kernels.ops import DTYPE_BYTES, GEMV_MAX_M, OpSpec
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["KERNEL_CLASSES", "ImplChoice", "PathChoice", "default_impl", "default_path"]
 

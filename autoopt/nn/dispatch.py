@@ -32,7 +32,6 @@ tensors; under Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) the st
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 import time
@@ -40,13 +39,14 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import GEMV_MAX_M, OpSpec
 from autoopt.search.ranking import rank
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = [
     "AUTOGRAD", "BROADCAST", "DTYPE", "EMPTY", "FALLBACK_REASONS", "INDEX", "INTERPRETER_BF16", "INTERPRETER_PROFILE",

@@ -13,13 +13,14 @@ numbers then say only that the path works.
 
 from __future__ import annotations
 
-import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-log = logging.getLogger(__name__)
+from autoopt._log import get_logger
+
+log = get_logger(__name__)
 
 __all__ = ["VARIANTS", "build_model", "run"]
 

@@ -36,7 +36,6 @@ untouched and costs ``2 * intermediate * hidden`` elements per MLP.
 from __future__ import annotations
 
 import fnmatch
-import logging
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autoopt._log import get_logger
 from autoopt.errors import OpError
 from autoopt.nn import dispatch
 from autoopt.nn.modules import AutooptGatedMLP, AutooptLayerNorm, AutooptLinear, AutooptRMSNorm, Replacement
@@ -63,7 +63,7 @@ from autoopt.nn.recognize import (
 )
 from autoopt.nn.report import OptimizeReport, Row
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["OPS", "optimize", "restore"]
 

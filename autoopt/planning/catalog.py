@@ -8,18 +8,18 @@ catalog and a user's own config go through the same code.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import ModelError
 from autoopt.planning.model import ModelSpec, from_hf_config, from_module
 
 __all__ = ["get_model", "model_names", "parse_model"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 _DATA = Path(__file__).resolve().parent / "models.yaml"
 
 

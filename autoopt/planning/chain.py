@@ -16,18 +16,18 @@ next (a layout or precision change; ``inf`` forbids the pair). Two solvers:
 from __future__ import annotations
 
 import heapq
-import logging
 import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError
 
 __all__ = ["ChainProblem", "ChainSolution", "solve_dp", "solve_wfc"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 INF = math.inf
 
 

@@ -23,10 +23,10 @@ Terms, in bytes:
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt._serde import to_plain
 from autoopt.hardware.profile import GPUProfile
 from autoopt.planning.model import ModelSpec
@@ -35,7 +35,7 @@ from autoopt.planning.quant import QuantFormat, weight_bytes
 __all__ = ["CUDA_CONTEXT_BYTES", "DRIVER_RESERVED_BYTES", "FRAGMENTATION", "KV_BYTES", "MemoryEstimate",
            "activation_bytes", "estimate_memory", "kv_bytes_per_token", "kv_cache_bytes", "workspace_bytes"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 CUDA_CONTEXT_BYTES = 500 * 10**6
 DRIVER_RESERVED_BYTES = 85520809984 - 85017493504  # = 503316480 B (480 MiB), H100 capture

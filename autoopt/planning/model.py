@@ -14,20 +14,20 @@ then); :func:`autoopt.planning.catalog.parse_model` takes any of these or a cata
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt._serde import from_plain, to_plain
 from autoopt.errors import ModelError, OpError
 from autoopt.kernels.ops import GEMV_MAX_M, OP_KINDS, OpSpec
 
 __all__ = ["FAMILIES", "LayerOp", "ModelSpec", "from_hf_config", "from_module"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: architecture families described (HF ``model_type``) -> what their config.json leaves implicit (ModelSpec
 #: field defaults). A ``model_type`` not here is still planned, from its standard fields, with a warning.

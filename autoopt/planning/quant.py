@@ -31,11 +31,11 @@ bf16/fp16 inside the GEMM and save memory and bandwidth but no compute.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt._serde import to_plain
 from autoopt.errors import ModelError, RuntimeRuleError
 from autoopt.hardware.profile import GPUProfile
@@ -44,7 +44,7 @@ from autoopt.planning.model import ModelSpec
 __all__ = ["FORMATS", "PREFERENCES", "QuantChoice", "QuantFormat", "available_formats", "choose_format",
            "get_format", "weight_bytes"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 PREFERENCES = ("speed", "balanced", "quality")
 
 

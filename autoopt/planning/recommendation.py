@@ -12,8 +12,9 @@ timing), as a pipeline of steps, each a function below:
    format is native FP8/FP4, with fp8 activations;
 3. **chain plan** (:func:`_chain_plan`): choose a mode per layer (:mod:`autoopt.planning.chain`);
    neighbouring layers in different modes pay a cast of the hidden state (read + write
-   at the GPU's bandwidth). The exact DP plan is used; the WFC search is reported
-   beside it on the same problem;
+   at the GPU's bandwidth). The exact DP plan is used; with ``compare_wfc`` (the CLI asks
+   for it) the WFC search is reported beside it on the same problem, a diagnostic a runtime
+   starting up does not need (~4 ms of a cold 70B-on-8-GPUs call on the 2-core CI box);
 4. **head** (:func:`_head_ops`): price the final norm and LM head after the last layer;
 5. **op choices** (:func:`_op_choices`): the kernel config of every distinct op of the
    chosen plan and the implementation per kernel class;
@@ -25,14 +26,14 @@ timing), as a pipeline of steps, each a function below:
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError, ModelError, RuntimeRuleError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.kernels.ops import OpSpec
@@ -40,19 +41,19 @@ from autoopt.planning.catalog import parse_model
 from autoopt.planning.chain import ChainProblem, ChainSolution, solve_dp, solve_wfc
 from autoopt.planning.memory import MemoryEstimate, estimate_memory
 from autoopt.planning.model import LayerOp, ModelSpec
-from autoopt.planning.offload import OffloadPlan, from_split, weight_stream
 from autoopt.planning.quant import QuantChoice, QuantFormat, choose_format
-from autoopt.planning.split import NO_RESERVE, Device, SplitPlan, Workload, candidate_splits, devices_of
+from autoopt.planning.split import CPU, NO_RESERVE, Device, SplitPlan, Workload, candidate_splits, devices_of
 from autoopt.runtimes.registry import get_runtime
 from autoopt.runtimes.spec import RuntimeSpec
 
 if TYPE_CHECKING:
     from autoopt.kernels.config import Candidate
+    from autoopt.planning.offload import OffloadPlan
     from autoopt.planning.replicas import ReplicaOption
 
 __all__ = ["OpChoice", "Recommendation", "recommend"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: GEMMs whose output dimension (N) is split over tensor-parallel ranks (Megatron column-parallel).
 _COLUMN_PARALLEL = {"qkv_proj", "gate_up_proj", "q_b_proj", "kv_b_proj", "shared_gate_up", "expert_gate_up",
@@ -228,7 +229,7 @@ def _runs(modes: tuple[str, ...]) -> list[tuple[int, int, str]]:
 def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int = 1, prompt_len: int = 1024,
               gen_len: int = 256, context: int | None = None, phase: str = "both", weight_dtype: str | None = None,
               kv_dtype: str | None = None, preference: str = "balanced", max_devices: int | None = None,
-              include_cpu: bool = False, top: int = 3, compare_wfc: bool = True, runtime: Any = None,
+              include_cpu: bool = False, top: int = 3, compare_wfc: bool = False, runtime: Any = None,
               tensor_parallel: int | None = None, pipeline_parallel: int | None = None) -> Recommendation:
     """Recommend how to run ``model`` on ``profile`` (see module docstring); predictions only.
 
@@ -334,12 +335,15 @@ def _kv_dtype(rt: RuntimeSpec | None, gpu: GPUProfile | None, asked: str | None,
     return "bf16" if "bf16" in taken else taken[0]
 
 
-class _Shape(NamedTuple):
+class _Shape:
     """The split shapes allowed: the runtime's parallelism and the degrees the caller fixed."""
 
-    rt: RuntimeSpec | None
-    tp: int | None
-    pp: int | None
+    __slots__ = ("pp", "rt", "tp")
+
+    def __init__(self, *, rt: RuntimeSpec | None, tp: int | None, pp: int | None) -> None:
+        self.rt = rt
+        self.tp = tp
+        self.pp = pp
 
     def allows(self, p: SplitPlan) -> bool:
         if (self.tp is not None and p.tp != self.tp) or (self.pp is not None and p.pp != self.pp):
@@ -362,11 +366,15 @@ class _Shape(NamedTuple):
 def _offload(hw: HardwareProfile, spec: ModelSpec, wl: Workload, fit: _Fit, predicted: Mapping[str, float],
              rt: RuntimeSpec | None) -> OffloadPlan | None:
     """The offload the plan uses: a CPU stage of the split, or (streaming runtimes) weights from RAM."""
+    if fit.split is not None and CPU not in fit.split.device_indices:
+        return None  # every layer on a GPU (the usual plan: offload's module is not even imported)
+    if fit.split is None and (rt is None or rt.offload != "weight-stream" or not hw.gpus):
+        return None
+    from autoopt.planning.offload import from_split, weight_stream
+
     step = predicted.get("decode_step_us", predicted.get("prefill_us", 0.0))
     if fit.split is not None:
         return from_split(fit.split, step, wl.batch)
-    if rt is None or rt.offload != "weight-stream" or not hw.gpus:
-        return None
     gpu = max(hw.gpus, key=lambda g: g.memory_total_bytes or 0)
     return weight_stream(fit.memory[0], gpu, num_layers=spec.num_layers,
                          ram_bytes=hw.cpu.ram_available_bytes or hw.cpu.ram_total_bytes, decode_step_us=step,
@@ -398,20 +406,25 @@ def _replica_notes(fit: _Fit, replicas: tuple[ReplicaOption, ...]) -> tuple[str,
 
 
 # -- step 1: fit -------------------------------------------------------------------------
-# The records the steps hand on stay inside this module, so they are NamedTuples (built with keywords):
-# a frozen, slotted dataclass compiles six generated methods when the module loads, ~0.9 ms each class
-# against ~0.2 ms for a NamedTuple on the 2-core box (7 classes: ~5 ms of a cold recommend()).
-class _Fit(NamedTuple):
+# The records the steps hand on stay inside this module, so they are plain slotted classes built with
+# keywords: a frozen, slotted dataclass compiles six generated methods when the module loads (~0.9 ms
+# a class on the 2-core box) and a NamedTuple evaluates one (~0.2 ms); a plain class costs ~0.01 ms.
+# 7 classes: ~1.3 ms of a cold recommend() against NamedTuples, ~6 ms against dataclasses.
+class _Fit:
     """Where the model goes: weight format, split, memory per stage, and per layer the device that runs
     it. With no fitting split (``split`` None) the model is still priced, on the largest device alone,
     so the report can say how fast it would be if it fit."""
 
-    quant: QuantChoice
-    split: SplitPlan | None
-    memory: tuple[MemoryEstimate, ...]
-    stage_of: tuple[Device, ...]  # per layer: the first device of the stage holding it
-    tp: int                       # tensor-parallel ranks each op is sharded over
-    notes: tuple[str, ...]
+    __slots__ = ("memory", "notes", "quant", "split", "stage_of", "tp")
+
+    def __init__(self, *, quant: QuantChoice, split: SplitPlan | None, memory: tuple[MemoryEstimate, ...],
+                 stage_of: tuple[Device, ...], tp: int, notes: tuple[str, ...]) -> None:
+        self.quant = quant
+        self.split = split
+        self.memory = memory
+        self.stage_of = stage_of  # per layer: the first device of the stage holding it
+        self.tp = tp  # tensor-parallel ranks each op is sharded over
+        self.notes = notes
 
 
 def _runtime_formats(rt: RuntimeSpec, gpu: GPUProfile | None, spec: ModelSpec, requested: str | None
@@ -456,7 +469,7 @@ def _fit(hw: HardwareProfile, spec: ModelSpec, wl: Workload, *, preference: str,
         return _placed(fitting, devs, quant)
     fit = _unplaced(hw, spec, wl, devs, quant, max_devices)
     if shape.describe():
-        fit = fit._replace(notes=(*fit.notes, f"splits limited to {shape.describe()}"))
+        fit.notes = (*fit.notes, f"splits limited to {shape.describe()}")
     return fit
 
 
@@ -513,56 +526,74 @@ def _fits_somewhere(devs: tuple[Device, ...], model: ModelSpec, fmt: QuantFormat
 
 
 # -- step 2: per-layer costs -------------------------------------------------------------
-class _Phase(NamedTuple):
+class _Phase:
     """One phase of a request as a layer sees it: ``q_len`` new tokens per sequence attending to
     ``context`` tokens, run ``runs`` times per request (decode: once per generated token)."""
 
-    name: str
-    q_len: int
-    context: int
-    runs: float
+    __slots__ = ("context", "name", "q_len", "runs")
+
+    def __init__(self, *, name: str, q_len: int, context: int, runs: float) -> None:
+        self.name = name
+        self.q_len = q_len
+        self.context = context
+        self.runs = runs
 
 
-class _Mode(NamedTuple):
+class _Mode:
     """An activation mode a layer can run in (fp8 or 16-bit activations, with the chosen weights)."""
 
-    name: str
-    gemm_dtype: str       # what the GEMMs are ranked at
-    act_bytes: int        # bytes per element of the hidden state carried between layers
-    weight_ratio: float   # weight bytes of the format / weight bytes at the ranked dtype
+    __slots__ = ("act_bytes", "gemm_dtype", "name", "weight_ratio")
+
+    def __init__(self, *, name: str, gemm_dtype: str, act_bytes: int, weight_ratio: float) -> None:
+        self.name = name
+        self.gemm_dtype = gemm_dtype  # what the GEMMs are ranked at
+        self.act_bytes = act_bytes  # bytes per element of the hidden state carried between layers
+        self.weight_ratio = weight_ratio  # weight bytes of the format / weight bytes at the ranked dtype
 
 
-class _OpTime(NamedTuple):
+class _OpTime:
     """One op of one phase as one tensor-parallel rank runs it on ``device`` in ``mode``, with its
     predicted time per run."""
 
-    phase: str
-    device: str                 # its name
-    mode: _Mode
-    op: LayerOp
-    us: float
-    bound: str                  # "compute" or "memory"
-    best: Candidate | None      # rank()'s best config; None where the roofline priced the op
+    __slots__ = ("best", "bound", "device", "mode", "op", "phase", "us")
+
+    def __init__(self, *, phase: str, device: str, mode: _Mode, op: LayerOp, us: float, bound: str,
+                 best: Candidate | None) -> None:
+        self.phase = phase
+        self.device = device  # its name
+        self.mode = mode
+        self.op = op
+        self.us = us
+        self.bound = bound  # "compute" or "memory"
+        self.best = best  # rank()'s best config; None where the roofline priced the op
 
 
-class _LayerCost(NamedTuple):
+class _LayerCost:
     """One layer priced in one mode."""
 
-    ops: tuple[_OpTime, ...]       # every op of every phase, phase by phase
-    phase_us: Mapping[str, float]  # one run of each phase
-    request_us: float              # the phases weighted by their runs per request
+    __slots__ = ("ops", "phase_us", "request_us")
+
+    def __init__(self, *, ops: tuple[_OpTime, ...], phase_us: Mapping[str, float], request_us: float) -> None:
+        self.ops = ops  # every op of every phase, phase by phase
+        self.phase_us = phase_us  # one run of each phase
+        self.request_us = request_us  # the phases weighted by their runs per request
 
 
-class _LayerCosts(NamedTuple):
+class _LayerCosts:
     """Every layer's cost in every mode. Layers of one kind on one device cost the same, so each such
     pair is priced once (``priced``) and its layers share those objects (``layers``)."""
 
-    phases: tuple[_Phase, ...]
-    modes: tuple[_Mode, ...]
-    kinds: tuple[str, ...]                                    # per layer: ModelSpec.layer_kind
-    priced: Mapping[tuple[str, str], tuple[_LayerCost, ...]]  # (kind, device name) -> per mode
-    layers: tuple[tuple[_LayerCost, ...], ...]                # per layer -> per mode
-    notes: tuple[str, ...]
+    __slots__ = ("kinds", "layers", "modes", "notes", "phases", "priced")
+
+    def __init__(self, *, phases: tuple[_Phase, ...], modes: tuple[_Mode, ...], kinds: tuple[str, ...],
+                 priced: Mapping[tuple[str, str], tuple[_LayerCost, ...]], layers: tuple[tuple[_LayerCost, ...], ...],
+                 notes: tuple[str, ...]) -> None:
+        self.phases = phases
+        self.modes = modes
+        self.kinds = kinds  # per layer: ModelSpec.layer_kind
+        self.priced = priced  # (kind, device name) -> per mode
+        self.layers = layers  # per layer -> per mode
+        self.notes = notes
 
 
 def _layer_costs(spec: ModelSpec, wl: Workload, fit: _Fit, *, preference: str, top: int) -> _LayerCosts:

@@ -19,11 +19,11 @@ filling a target past the threshold.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError
 from autoopt.hardware.profile import HardwareProfile
 
@@ -39,7 +39,7 @@ __all__ = [
     "slots_of",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 STRATEGIES = ("round_robin", "load_balanced", "priority")
 
 

@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import ModelError, ProfileError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
-from autoopt.kernels.cost import constants
+from autoopt.kernels.constants import constants
 from autoopt.planning.memory import FRAGMENTATION, MemoryEstimate, estimate_memory, kv_cache_bytes
 from autoopt.planning.model import ModelSpec
 from autoopt.planning.quant import QuantFormat, weight_bytes
@@ -40,7 +40,7 @@ from autoopt.planning.quant import QuantFormat, weight_bytes
 __all__ = ["Device", "SplitPlan", "Stage", "Workload", "candidate_splits", "devices_of", "layer_time_us",
            "link_gbs", "pcie_gbs", "plan_split"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 #: PCIe GB/s per lane per direction after line coding (PCIe base spec: 2.5/5 GT/s 8b/10b,
 #: 8/16/32 GT/s 128b/130b, 64 GT/s FLIT mode).
@@ -378,9 +378,10 @@ def _partition(costs: _Costs, devs: Sequence[Device], fixed: Sequence[float],
 
 
 def _evaluate(profile: HardwareProfile, model: ModelSpec, fmt: QuantFormat, wl: Workload,
-              groups: Sequence[Sequence[Device]], tp: int) -> SplitPlan | None:
-    """Score pipeline stages ``groups`` (each a TP group of identical devices)."""
-    costs = _Costs(model, fmt, wl, tp)
+              groups: Sequence[Sequence[Device]], tp: int, costs: _Costs | None = None) -> SplitPlan | None:
+    """Score pipeline stages ``groups`` (each a TP group of identical devices); ``costs``: the
+    layer costs at this ``tp``, shared by every pipeline depth (made here when not given)."""
+    costs = costs if costs is not None else _Costs(model, fmt, wl, tp)
     lead = [g[0] for g in groups]
     pp = len(groups)
     fixed = [_fixed_memory(model, fmt, wl, d, tp, embed=k == 0, head=k == pp - 1) for k, d in enumerate(lead)]
@@ -475,6 +476,7 @@ def _candidate_splits(profile: HardwareProfile, model: ModelSpec, fmt: QuantForm
     for tp in (1, 2, 4, 8, 16):
         if tp > limit or heads % tp:
             continue
+        costs = _Costs(model, fmt, wl, tp)  # every pipeline depth at this TP degree reads the same layers
         for pp in range(1, limit // tp + 1):
             # TP groups of identical GPUs, fastest first; the CPU only as a TP-1 stage.
             pool = [d for d in ordered if tp == 1 or d.kind == "gpu"]
@@ -493,7 +495,7 @@ def _candidate_splits(profile: HardwareProfile, model: ModelSpec, fmt: QuantForm
             if len(groups) < pp:
                 continue
             try:
-                plan = _evaluate(profile, model, fmt, wl, groups, tp)
+                plan = _evaluate(profile, model, fmt, wl, groups, tp, costs)
             except ProfileError as exc:
                 log.info("split tp=%d pp=%d skipped: %s", tp, pp, exc)
                 continue

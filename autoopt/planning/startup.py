@@ -14,11 +14,11 @@ ignored (same answers, a slower first call). ~1 minute on a 2-core box.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError
 from autoopt.hardware.library import known_names, load_profile
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
@@ -30,7 +30,7 @@ from autoopt.planning import recommendation as rec
 from autoopt.planning.catalog import model_names
 from autoopt.runtimes.builtin import BUILTIN_RUNTIMES
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["PREFERENCES", "collect_ops", "rank_ops", "regenerate", "write_mirrors"]
 

@@ -16,7 +16,6 @@ The manager is created on first use, never at ``import autoopt``. Set
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import sys
 import threading
@@ -27,14 +26,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pluggy
 
+from autoopt._log import get_logger
 from autoopt.errors import PluginError
-from autoopt.kernels.template import Template
 from autoopt.plugins import hookspecs
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-log = logging.getLogger(__name__)
+    from autoopt.kernels.template import Template
+
+log = get_logger(__name__)
 _FAILED = object()  # marks a hook implementation that raised
 
 __all__ = ["AUTOLOAD_ENV", "BUILTIN", "PluginManager", "PluginProblem", "get_plugin_manager",
@@ -298,6 +299,9 @@ def _may_declare(group: str) -> bool:
 
 
 def _check_template_list(result: Any) -> str | None:
+    # imported here: a start-up that only reads the shipped rank cache never loads the template base
+    from autoopt.kernels.template import Template
+
     if not isinstance(result, (list, tuple)):
         return f"returned {type(result).__name__}, expected a list of Template instances"
     for i, t in enumerate(result):

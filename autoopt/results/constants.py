@@ -1,6 +1,6 @@
 """Calibrated cost-model constants, one JSON file per device, beside the results store.
 
-``autoopt calibrate`` fits :class:`~autoopt.kernels.cost.CostConstants` to timings measured on one
+``autoopt calibrate`` fits :class:`~autoopt.kernels.constants.CostConstants` to timings measured on one
 GPU model and keeps them here; :func:`autoopt.search.ranking.rank` applies them on that device when
 no constants were chosen explicitly. Where: ``<store folder>/constants/<device fingerprint>.json``
 (the store folder is :func:`autoopt.results.store.default_path`'s parent; ``AUTOOPT_CACHE_DIR=off``
@@ -31,7 +31,6 @@ changing it, call :func:`clear_cache`.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import re
@@ -43,12 +42,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import StoreError
 from autoopt.hardware.profile import GPUProfile
-from autoopt.kernels.cost import DEFAULT_CONSTANTS, FRACTIONS, CostConstants
-from autoopt.results.location import CACHE_ENV, default_path
+from autoopt.kernels.constants import DEFAULT_CONSTANTS, FRACTIONS, CostConstants
+from autoopt.results.location import CACHE_ENV, CONSTANTS_FOLDER, default_path
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["FOLDER", "FORMAT", "MAX_BYTES", "VERSION", "StoredConstants", "calibrated_constants", "clear_cache",
            "constants_dir", "load", "parse", "path_for", "read_file", "remove", "save"]
@@ -56,7 +56,7 @@ __all__ = ["FOLDER", "FORMAT", "MAX_BYTES", "VERSION", "StoredConstants", "calib
 FORMAT = "autoopt-cost-constants"
 VERSION = 1
 #: the folder beside the results store that holds one file per device
-FOLDER = "constants"
+FOLDER = CONSTANTS_FOLDER
 #: a constants file is ~2 KB; anything far larger is not one (and is not read into memory)
 MAX_BYTES = 256 << 10
 _FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")

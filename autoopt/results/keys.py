@@ -3,15 +3,13 @@
 A row is usable only in the environment it was measured in (:class:`EnvKey`: device fingerprint,
 driver, torch and triton versions) and only while its kernel's source file still hashes to what it
 hashed to then. The start-up lookup needs both for every op, so both are cheap and cached per
-process: versions come from the installed distributions' ``*.dist-info``/``*.egg-info`` folder
-names on ``sys.path`` (one directory scan; ``importlib.metadata`` costs ~25 ms to import and importing
-torch seconds), hashes from one read of each kernel file.
+process: versions from :mod:`autoopt.results.versions` (the installed distributions' folder names,
+one directory scan), hashes from one read of each kernel file.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import stat
 import sys
@@ -20,13 +18,16 @@ import time
 from pathlib import Path, PurePosixPath
 
 from autoopt._hash import sha256_hex
+from autoopt._log import get_logger
 from autoopt.errors import StoreError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
+from autoopt.results import versions
 from autoopt.results.records import MAX_REASON, EnvKey, ResultKey, StoredResult
+from autoopt.results.versions import installed_version
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["PACKAGE_DIR", "autoopt_version", "clear_caches", "current_key", "env_key", "installed_version",
            "is_stale", "kernel_source", "make_result", "source_changed", "source_hash"]
@@ -36,81 +37,9 @@ __all__ = ["PACKAGE_DIR", "autoopt_version", "clear_caches", "current_key", "env
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 #: a kernel source file larger than this is not a kernel file (and is not hashed).
 _MAX_SOURCE_BYTES = 4 << 20
-#: how much of a METADATA/PKG-INFO file is read for its Version: header (headers come first).
-_MAX_METADATA_BYTES = 64 << 10
 
 _lock = threading.Lock()
-_versions: dict[str, str] | None = None
 _hashes: dict[str, str | None] = {}
-
-
-def _normal(name: str) -> str:
-    """A distribution name as PEP 503 compares them: case-, dash-, dot- and underscore-blind."""
-    return name.lower().replace("-", "_").replace(".", "_")
-
-
-def _metadata_version(path: Path) -> str | None:
-    """The ``Version:`` header of a METADATA/PKG-INFO file, read only when it is a small regular file."""
-    try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        with path.open("rb") as fh:
-            head = fh.read(_MAX_METADATA_BYTES)
-    except OSError:
-        return None
-    for line in head.decode("utf-8", "replace").splitlines():
-        if not line.strip():
-            break  # end of the headers
-        if line.lower().startswith("version:"):
-            return line.split(":", 1)[1].strip() or None
-    return None
-
-
-def _scan_installed() -> dict[str, str]:
-    """Normalised distribution name -> version for every ``*.dist-info``/``*.egg-info`` on ``sys.path``.
-
-    The first entry of ``sys.path`` that has a distribution wins, as it does for ``importlib.metadata``.
-    Names like ``torch-2.13.0+cpu.dist-info`` carry the version (the wheel spec puts it there); an
-    ``autoopt.egg-info`` without one has it read from its PKG-INFO.
-    """
-    found: dict[str, str] = {}
-    for entry in sys.path:
-        if not isinstance(entry, str):
-            continue
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for name in names:
-            lower = name.lower()
-            if lower.endswith(".dist-info"):
-                stem, meta = name[: -len(".dist-info")], "METADATA"
-            elif lower.endswith(".egg-info"):
-                stem, meta = name[: -len(".egg-info")], "PKG-INFO"
-            else:
-                continue
-            dist, _, rest = stem.partition("-")
-            key = _normal(dist)
-            if key in found:
-                continue
-            # egg-info names are name-version-pyX.Y: the version is the second part
-            version = rest.split("-")[0] if rest else _metadata_version(Path(entry or ".", name, meta))
-            if version:
-                found[key] = version
-    return found
-
-
-def installed_version(dist: str) -> str:
-    """Installed version of distribution ``dist`` (``""`` when absent), read from its metadata folder's name.
-
-    Never imports the distribution; one directory scan per process (:func:`clear_caches` forgets it).
-    """
-    global _versions
-    with _lock:
-        if _versions is None:
-            _versions = _scan_installed()
-        return _versions.get(_normal(dist), "")
 
 
 def autoopt_version() -> str:
@@ -267,8 +196,7 @@ def make_result(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, label: str
 
 def clear_caches() -> None:
     """Forget the cached versions and source hashes (after installing a package or editing a kernel)."""
-    global _versions
     _env_keys.clear()
+    versions.clear()
     with _lock:
-        _versions = None
         _hashes.clear()

@@ -12,10 +12,14 @@ from pathlib import Path
 
 from autoopt.errors import StoreError
 
-__all__ = ["CACHE_ENV", "FILE_NAME", "default_path"]
+__all__ = ["CACHE_ENV", "CONSTANTS_FOLDER", "FILE_NAME", "SHIPPED_DIR", "default_path"]
 
 CACHE_ENV = "AUTOOPT_CACHE_DIR"
 FILE_NAME = "results.sqlite3"
+#: the folder, next to the store, of per-device calibrated constants (:mod:`autoopt.results.constants`)
+CONSTANTS_FOLDER = "constants"
+#: the shipped result sets (package data): every ``*.json`` here, in the export format
+SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 
 
 def default_path() -> Path | None:

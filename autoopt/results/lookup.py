@@ -17,31 +17,29 @@ did). Warm, a lookup costs tens of microseconds (one indexed SQLite query or two
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoopt._log import get_logger
 from autoopt.errors import StoreError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.ops import OpSpec
-from autoopt.results import keys
-from autoopt.results.location import default_path
+from autoopt.results import keys, presence
+from autoopt.results.location import SHIPPED_DIR, default_path
 from autoopt.results.records import WINNER_LABEL, EnvKey, ResultKey, StoredResult
 
 if TYPE_CHECKING:  # opened only when the user store exists: a machine that measured nothing never imports SQLite
     from autoopt.results.store import ResultStore
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["LAYERS", "SHIPPED_DIR", "Hit", "ResultLookup", "default_lookup", "lookup", "reset_default_lookup"]
 
 #: the layers, nearest first
 LAYERS = ("memory", "store", "shipped")
-#: the shipped result sets (package data): every ``*.json`` here, in the export format
-SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,6 +104,7 @@ class ResultLookup:
         those remembered). Only ``measured`` rows can answer; others are ignored."""
         if row.label != WINNER_LABEL:
             return
+        presence.note_remembered()
         with self._lock:
             for key in (row.key, _any_driver(row.key)):
                 if _faster(row, self._memory.get(key)):

@@ -34,7 +34,6 @@ Concurrency and crashes:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sqlite3
 import stat
@@ -46,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import StoreError
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
@@ -62,7 +62,7 @@ from autoopt.results.records import (
     op_columns,
 )
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["APPLICATION_ID", "CACHE_ENV", "FILE_NAME", "SCHEMA_SQL", "SCHEMA_VERSION", "PutSummary", "ResultStore",
            "default_path", "open_default"]

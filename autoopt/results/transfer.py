@@ -31,7 +31,6 @@ one transaction. Importing is idempotent: a row already in the store (same ident
 from __future__ import annotations
 
 import json
-import logging
 import os
 import stat
 import time
@@ -39,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoopt._log import get_logger
 from autoopt.errors import StoreError
 from autoopt.results import keys
 from autoopt.results.records import StoredResult
@@ -46,7 +46,7 @@ from autoopt.results.records import StoredResult
 if TYPE_CHECKING:  # the shipped results are read at start-up: SQLite is imported only by who imports a file
     from autoopt.results.store import PutSummary, ResultStore
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "MAX_FILE_BYTES", "document", "export_file", "import_file", "parse",
            "read_file"]

@@ -6,10 +6,10 @@ manager and skipped, and a plugin cannot replace a built-in (the name is taken).
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError, RuntimeRuleError
 from autoopt.plugins.manager import get_plugin_manager, on_reset
 from autoopt.runtimes.builtin import BUILTIN_RUNTIMES
@@ -17,7 +17,7 @@ from autoopt.runtimes.spec import RuntimeSpec
 
 __all__ = ["get_runtime", "runtime_names", "runtimes"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 _CACHE: dict[str, RuntimeSpec] = {}
 _LOCK = threading.Lock()
 

@@ -14,7 +14,6 @@ ranking does, through each config's template, exactly as :func:`autoopt.search.r
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,6 +21,7 @@ from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.config import KernelConfig
@@ -30,7 +30,7 @@ from autoopt.kernels.ops import OpSpec
 from autoopt.kernels.template import Prediction
 from autoopt.search.ranking import _template_for, validate_config
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["DEFAULT_NAMES", "GRID_SECTIONS", "TOLERANCE", "CalibrationReport", "Sample", "Score", "ShapeScore",
            "calibrate", "fit_constants", "grid_samples", "holdout_split", "score", "spearman", "train_subset"]

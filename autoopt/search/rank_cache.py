@@ -36,25 +36,25 @@ decoded only when their op is asked for.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import stat
 import threading
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError, ConfigError, OpError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.config import Candidate, KernelConfig
 from autoopt.kernels.ops import OpSpec
 
 if TYPE_CHECKING:
-    from autoopt.kernels.cost import CostConstants
+    from autoopt.kernels.constants import CostConstants
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["FORMAT", "MAX_FILE_BYTES", "SHIPPED_DIR", "VERSION", "best", "clear_cache", "code_sources",
            "file_for", "op_key", "write"]
@@ -82,10 +82,22 @@ def op_key(op: OpSpec) -> str:
     return f"{op.kind} {'x'.join(map(str, op.shape))} {op.dtype} {op.layout} {op.out_dtype}"
 
 
+#: the repr of each profile object's gpu_key: every lookup names its file by it, and repr() of the
+#: ~20-field key costs ~17 us, a third of a warm lookup on the 2-core CI box
+_REPRS: dict[int, tuple[GPUProfile, str]] = {}
+
+
 def _gpu_repr(gpu: GPUProfile) -> str:
+    hit = _REPRS.get(id(gpu))
+    if hit is not None and hit[0] is gpu:
+        return hit[1]
     from autoopt.kernels.gpu_key import gpu_key
 
-    return repr(gpu_key(gpu))
+    text = repr(gpu_key(gpu))
+    if len(_REPRS) > 256:
+        _REPRS.clear()
+    _REPRS[id(gpu)] = (gpu, text)
+    return text
 
 
 def file_for(gpu: GPUProfile, folder: Path = SHIPPED_DIR) -> Path:
@@ -99,6 +111,16 @@ def file_for(gpu: GPUProfile, folder: Path = SHIPPED_DIR) -> Path:
 
 _sources_lock = threading.Lock()
 _sources: dict[str, str] | None = None
+
+
+def _python_files(folder: Path) -> list[Path]:
+    """The ``*.py`` files of ``folder``, sorted (``Path.glob`` costs ~1 ms more per cold start: it
+    compiles a pattern and walks with scandir wrappers)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return [folder / n for n in sorted(names) if n.endswith(".py") and not n.startswith(".")]
 
 
 def code_sources() -> dict[str, str]:
@@ -116,9 +138,11 @@ def code_sources() -> dict[str, str]:
             tpl_file = builtin_templates().__file__
             files: list[tuple[str, Path]] = []
             if tpl_file:
-                files += [(f"templates/{p.name}", p) for p in sorted(Path(tpl_file).resolve().parent.glob("*.py"))]
+                files += [(f"templates/{p.name}", p) for p in _python_files(Path(tpl_file).resolve().parent)]
             for pattern in _PACKAGE_SOURCES:
-                files += [(p.relative_to(pkg).as_posix(), p) for p in sorted(pkg.glob(pattern))]
+                folder, _, name = pattern.rpartition("/")
+                found = _python_files(pkg / folder) if name == "*.py" else [pkg / pattern]
+                files += [(p.relative_to(pkg).as_posix(), p) for p in found if p.is_file()]
             out: dict[str, str] = {}
             for name, path in files:
                 try:
@@ -138,9 +162,10 @@ def _version() -> str:
 def _effective_constants(gpu: GPUProfile) -> CostConstants:
     """The constants rank() would use for ``gpu`` now: explicit ones, else the device's calibrated ones
     (:mod:`autoopt.results.constants`), else the defaults."""
-    from autoopt.kernels.cost import constants, explicit
+    from autoopt.kernels.constants import constants, explicit
+    from autoopt.results.presence import may_have_constants
 
-    if not explicit():
+    if not explicit() and may_have_constants():
         from autoopt.results.constants import calibrated_constants
 
         device = calibrated_constants(gpu)
@@ -202,23 +227,26 @@ def _answer(data: Any) -> Candidate | AutooptError:
 
 # -- files ---------------------------------------------------------------------------------
 
-@dataclass(slots=True)
 class _File:
-    """One cache file as read (mutable: entries are decoded on first use)."""
+    """One cache file as read (mutable: entries are decoded on first use). A plain class, private to
+    this module: a dataclass costs ~0.7 ms to create at import, 0.7 % of the cold-start budget."""
 
-    path: Path
-    header: dict[str, Any]
-    #: the entry lines, each ``\n<op key>\t<entry JSON>``: an op's line is found when it is asked for (a
-    #: dict of all ~500 lines would cost ~1.7 ms of a cold start for the ~20 a recommend() reads)
-    body: str
-    #: op key -> the answer, once decoded (None: the entry was malformed, and dropped)
-    decoded: dict[str, Candidate | AutooptError | None] = field(default_factory=dict)
-    #: the header's constants as an object (compared with the effective ones on every use)
-    constants: CostConstants | None = None
-    #: None until the header's sources were compared with this process's code, then why not (or "")
-    code_mismatch: str | None = None
-    #: the reasons already logged for this file (each once per process)
-    logged: set[str] = field(default_factory=set)
+    __slots__ = ("body", "code_mismatch", "constants", "decoded", "header", "logged", "path")
+
+    def __init__(self, *, path: Path, header: dict[str, Any], body: str, constants: CostConstants | None) -> None:
+        self.path = path
+        self.header = header
+        #: the entry lines, each ``\n<op key>\t<entry JSON>``: an op's line is found when it is asked for (a
+        #: dict of all ~500 lines would cost ~1.7 ms of a cold start for the ~20 a recommend() reads)
+        self.body = body
+        #: the header's constants as an object (compared with the effective ones on every use)
+        self.constants = constants
+        #: op key -> the answer, once decoded (None: the entry was malformed, and dropped)
+        self.decoded: dict[str, Candidate | AutooptError | None] = {}
+        #: None until the header's sources were compared with this process's code, then why not (or "")
+        self.code_mismatch: str | None = None
+        #: the reasons already logged for this file (each once per process)
+        self.logged: set[str] = set()
 
 
 _lock = threading.Lock()
@@ -283,7 +311,7 @@ def _read(path: Path) -> _File:
     count = body.count("\n")
     if header.get("entries") != count or (body and not body.endswith("\n")):
         raise ValueError(f"{count} entries, the header says {header.get('entries')!r} (cut short?)")
-    from autoopt.kernels.cost import CostConstants
+    from autoopt.kernels.constants import CostConstants
 
     try:
         consts = CostConstants.from_dict(header["constants"])
@@ -401,6 +429,10 @@ def _line(body: str, key: str) -> str | None:
 def _with_measured(gpu: GPUProfile, op: OpSpec, cand: Candidate) -> Candidate | None:
     """``cand`` labelled measured when the results store's winner for ``op`` is its config; None when the
     winner is another config (rank() then places it with its own prediction)."""
+    from autoopt.results.presence import may_have_measured
+
+    if not may_have_measured(gpu.device_fingerprint):
+        return cand
     from autoopt.results.lookup import lookup
 
     hit = lookup(gpu, op)

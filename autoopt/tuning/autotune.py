@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
-import logging
 import math
 import os
 import statistics
@@ -46,12 +45,13 @@ from typing import Any
 
 from triton.runtime.jit import KernelInterface
 
+from autoopt._log import get_logger
 from autoopt.errors import ConfigError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.tuning.config_ranking import ConfigRanking, RankedConfig, config_dict, config_label, rank_configs
 from autoopt.tuning.winners import JsonWinnerStore, WinnerStore, winner_key
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["QUANTILES", "REP_MS", "TOP_K", "WARMUP_MS", "Autotuner", "SkippedConfig", "TimedConfig", "Tuning",
            "autotune"]

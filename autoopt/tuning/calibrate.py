@@ -25,7 +25,6 @@ the constants only when they rank the held-out configs better (:attr:`Calibratio
 from __future__ import annotations
 
 import hashlib
-import logging
 import math
 import platform
 import time
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError, BackendError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.config import KernelConfig
@@ -45,7 +45,7 @@ from autoopt.results import keys
 from autoopt.results.store import ResultStore, default_path, open_default
 from autoopt.search.calibration import DEFAULT_NAMES, CalibrationReport, Sample, calibrate
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["DEFAULT_SECONDS", "MAX_SECONDS", "MIN_PER_SHAPE", "MIN_SAMPLES", "MIN_SHAPES", "SPREAD", "TOP",
            "DeviceCalibration", "SampleSet", "calibrate_device", "plan_sweep", "store_samples", "sweep_ops",

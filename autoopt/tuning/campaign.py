@@ -8,11 +8,11 @@ winner is also remembered in memory, so ``rank()`` in this process sees it at on
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError, BackendError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.kernels.ops import OpSpec
@@ -23,7 +23,7 @@ from autoopt.results.store import ResultStore, open_default
 from autoopt.tuning import tuner
 from autoopt.tuning.tuner import Trial, TuneResult
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["TunedOp", "keep", "known", "model_ops", "suite_ops", "tune", "tune_op", "tune_ops"]
 

@@ -26,12 +26,12 @@ tensors are read by duck typing (``.kwargs``, ``.num_warps``, ``.dtype``, ``.ele
 from __future__ import annotations
 
 import importlib
-import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError, ConfigError, OpError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels import constraints as C
@@ -39,7 +39,7 @@ from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.cost import constants
 from autoopt.kernels.ops import DTYPE_BYTES, GEMV_MAX_M, OpSpec, normalize_dtype
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["ConfigRanking", "RankedConfig", "config_dict", "generic_cost", "match_template", "rank_configs"]
 

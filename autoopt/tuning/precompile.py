@@ -16,17 +16,17 @@ the pool only ever saves time. The tuner never waits for a worker.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["Precompiler", "default_precompiler"]
 

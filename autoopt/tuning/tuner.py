@@ -23,20 +23,20 @@ store never offers them again.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.errors import AutooptError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.kernels.config import Candidate, KernelConfig
 from autoopt.kernels.ops import OpSpec
 from autoopt.kernels.template import Template
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = ["NOISE", "SEEDS", "Trial", "TuneResult", "neighbours", "runner_evaluate", "tune"]
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import tempfile
 import threading
@@ -28,7 +27,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-log = logging.getLogger(__name__)
+from autoopt._log import get_logger
+
+log = get_logger(__name__)
 
 __all__ = ["CACHE_DIR_ENV", "JsonWinnerStore", "WinnerStore", "default_path", "winner_key"]
 

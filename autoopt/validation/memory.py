@@ -15,11 +15,11 @@ Llama layer, which keeps 3 hidden-size tensors live at the MLP peak where autoop
 from __future__ import annotations
 
 import gc
-import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from autoopt._log import get_logger
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.planning.memory import PREFILL_CHUNK, MemoryEstimate, estimate_memory
 from autoopt.planning.model import ModelSpec
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ALLOCATOR_SCOPE", "MemoryCheck", "MemoryComparison", "MemoryMeasurement", "MemoryPrediction",
            "MemoryTerm", "MemoryTotal", "check_memory", "compare_memory", "measure_memory", "predict_memory"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 ALLOCATOR_SCOPE = ("torch.cuda.max_memory_allocated counts the bytes of live tensors in torch's caching "
                    "allocator (cuBLAS workspaces included, which torch allocates through it); it excludes the "

@@ -15,11 +15,11 @@ gaps the roofline leaves out (see ``PipelineCheck.notes``).
 from __future__ import annotations
 
 import gc
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from autoopt._log import get_logger
 from autoopt.errors import BackendError
 from autoopt.hardware.profile import HardwareProfile
 from autoopt.planning.model import ModelSpec
@@ -36,7 +36,7 @@ __all__ = ["ComparisonRow", "PartVerdict", "PipelineCheck", "PipelinePrediction"
            "ProfileVerdict", "StagePlan", "StepMeasurement", "check_pipeline", "phase_workload", "pipeline_analysis",
            "plan_summary", "predict_pipeline", "recommend_single", "stage_breakdown", "stages_for"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 PHASES = ("prefill", "decode")
 LAYOUTS = ("single", "pipeline")

@@ -7,15 +7,15 @@ rates when a profile has them).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
+from autoopt._log import get_logger
 from autoopt.hardware.profile import HardwareProfile
 
 __all__ = ["add_measured_profile", "detected_profiles", "profile_info"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def detected_profiles() -> tuple[dict[str, HardwareProfile], Mapping[str, Any]]:
