@@ -90,7 +90,7 @@ def main() -> int:
     ap.add_argument("--profile", default="h100-sxm-8x")
     ap.add_argument("--model", default="llama-3-70b")
     ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--cold-runs", type=int, default=5)
+    ap.add_argument("--cold-runs", type=int, default=15, help="fresh processes per condition")
     ap.add_argument("--runtime", default="vllm", help="plan for this runtime's rules (vllm, ...; \"\" for none)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recommend_speed.json"))
     args = ap.parse_args()
