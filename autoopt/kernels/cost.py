@@ -306,8 +306,12 @@ def busiest_sm_dram_us(m: int, n: int, k: int, bm: int, bn: int, split: int, e: 
     tm, tn = -(-m // bm), -(-n // bn)
     per_k = (min(bn, n) / tm + min(bm, m) / tn) * e  # bytes per element of K one tile brings in
     if split == 0:
+        # each SM streams its K-iterations at the rate stream-K keeps (segment restarts and
+        # hand-overs stall the stream as they stall the MMAs): H200 decode-batch GEMMs at M = 16
+        # (benchmarks/results/h200/ranking_samerun_m16_256.json) measured 1.37-1.69x the prediction
+        # without this factor, the data-parallel configs of the same shapes 0.93x
         work = matmul_work(m, n, k, bm, bn, bk, 0, sms)[2]
-        return work * bk * per_k / (c.sm_dram_share * dram_rate / sms) * 1e6
+        return work * bk * per_k / (c.sm_dram_share * c.stream_k_efficiency * dram_rate / sms) * 1e6
     tiles_per_sm = -(-(tm * tn * split) // sms)
     return tiles_per_sm * -(-k // split) * per_k / (c.sm_dram_share * dram_rate / sms) * 1e6
 
