@@ -1,0 +1,74 @@
+"""Where a prefill's GPU time goes, by kernel: transformers + torch.compile against autoopt.optimize +
+torch.compile on one real architecture (random bf16 weights), same process.
+
+Diagnostic for the end-to-end prefill gap (issue 11): prints and writes the top kernels of each
+variant's prefill with their total GPU time, and each variant's wall time per prefill.
+
+    PYTHONPATH=. python benchmarks/e2e_prefill_profile.py --model llama-3-8b --batch 1 --seq 2048 --out prefill_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autoopt.backend.runner import _versions
+from autoopt.nn.e2e import _median_ms, _prefill_forward, build_model
+
+
+def _top_kernels(fn, top: int) -> list[dict]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = []
+    for evt in prof.key_averages():
+        us = float(getattr(evt, "device_time_total", 0.0) or 0.0)
+        if us > 0 and getattr(evt, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            rows.append({"kernel": evt.key[:120], "us": round(us, 1), "calls": evt.count})
+    rows.sort(key=lambda r: -r["us"])
+    return [{"total_us": round(sum(r["us"] for r in rows), 1)}, *rows[:top]]
+
+
+def main() -> int:
+    import torch
+
+    import autoopt
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama-3-8b")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    model = build_model(args.model)
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device="cuda")
+    result: dict = {"model": args.model, "batch": args.batch, "seq": args.seq, "device": torch.cuda.get_device_name(),
+                    "versions": _versions()}
+    for variant in ("compile", "optimize+compile"):
+        if variant == "optimize+compile":
+            autoopt.optimize(model)
+        fwd = _prefill_forward(model, compiled=True)
+        with torch.no_grad():
+            step = lambda f=fwd: f(input_ids=ids, use_cache=False)  # noqa: E731
+            for _ in range(3):
+                step()
+            ms = _median_ms(step, "cuda", 10)
+            kernels = _top_kernels(step, args.top)
+        result[variant] = {"prefill_ms": round(ms, 3), "kernels": kernels}
+        print(f"{variant}: {ms:.2f} ms wall, {kernels[0]['total_us'] / 1e3:.2f} ms GPU kernels")
+        for r in kernels[1:]:
+            print(f"   {r['us']:10.1f} us  x{r['calls']:<4d} {r['kernel']}")
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
