@@ -4,7 +4,8 @@ torch.compile on one real architecture (random bf16 weights), same process.
 Diagnostic for the end-to-end prefill gap (issue 11): prints and writes the top kernels of each
 variant's prefill with their total GPU time, and each variant's wall time per prefill.
 
-    PYTHONPATH=. python benchmarks/e2e_prefill_profile.py --model llama-3-8b --batch 1 --seq 2048 --out prefill_profile.json
+    PYTHONPATH=. python benchmarks/e2e_prefill_profile.py --model llama-3-8b --batch 1 --seq 2048 \
+        --out prefill_profile.json
 """
 
 from __future__ import annotations
