@@ -229,7 +229,8 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     if persistent:
         fills = c.dram_latency_us + (tiles_per_sm - 1) * c.dram_latency_us * c.persistent_fill_fraction
     epilogue = tiles_per_sm * c.epilogue_iters * t_it
-    sm_us = work * t_it_eff + fills + epilogue + stream_fixup_us(bm, bn, split, bw * c.l2_bw_ratio / sms, c)
+    sm_us = (work * t_it_eff + fills + epilogue
+             + stream_fixup_us(bm, bn, split, bw * c.l2_bw_ratio / sms, c, k_iters, work))
 
     # DRAM: operands after L2 reuse, output (or fp32 partials) once.
     l2_eff = (gpu.l2_bytes or 0) * c.l2_usable_fraction
@@ -288,12 +289,19 @@ def matmul_work(m: int, n: int, k: int, bm: int, bn: int, bk: int, split: int, s
     return tiles_per_sm, k_iters, tiles_per_sm * k_iters
 
 
-def stream_fixup_us(bm: int, bn: int, split: int, l2_rate_per_sm: float, c: CostConstants) -> float:
-    """Stream-K's hand-over (``split == 0``): one fp32 partial tile written and read back through L2,
-    and one flag round trip at DRAM latency; 0 for any other decomposition."""
+def stream_fixup_us(bm: int, bn: int, split: int, l2_rate_per_sm: float, c: CostConstants, k_iters: int = 1,
+                    work: int = 1) -> float:
+    """Stream-K's hand-over (``split == 0``) on the busiest finisher: the programs sharing a tile each
+    write one fp32 partial tile through L2, and the finisher (the tile's last program) reads every
+    other one back in turn, then a flag round trip at DRAM latency; 0 for any other decomposition.
+    A tile of ``k_iters`` iterations cut into ranges of ``work`` is shared by up to
+    ``ceil(k_iters / work) + 1`` programs (2 when a range holds a whole tile): the 70B TP=8 qkv shard
+    at M = 512 (40 tiles of 128 iterations, ranges of 39) has 5, and measured 42.2 us for stream-K
+    against 33.9 at SPLIT_K=3 on the H100 (benchmarks/results/h100/hw_limit_skdram.json)."""
     if split != 0:
         return 0.0
-    return 2 * bm * bn * 4 / l2_rate_per_sm * 1e6 + c.dram_latency_us
+    sharers = 2 if work >= k_iters else -(-k_iters // max(work, 1)) + 1
+    return sharers * bm * bn * 4 / l2_rate_per_sm * 1e6 + c.dram_latency_us
 
 
 def busiest_sm_dram_us(m: int, n: int, k: int, bm: int, bn: int, split: int, e: float, sms: int,
@@ -387,7 +395,7 @@ class MatmulBound:
         for bm, bn, bk, split, t_comp, max_ctas, max_stages in tiles:
             t_l2 = (min(bm, m) / 1 + min(bn, n) / 1) * bk * e / l2_rate * 1e6
             iter_us = max(t_comp, t_l2) + ovh
-            tiles_per_sm, _k_iters, work = matmul_work(m, n, k, bm, bn, bk, split, sms)
+            tiles_per_sm, k_iters, work = matmul_work(m, n, k, bm, bn, bk, split, sms)
             if persistent:
                 t_eff = max(iter_us, (lat + t_l2) / max(max_stages - 1, 0.5))
                 fills = lat + (tiles_per_sm - 1) * lat * pff
@@ -398,7 +406,7 @@ class MatmulBound:
             if split == 0:
                 t_eff /= c.stream_k_efficiency
             a = (work * t_eff + fills + tiles_per_sm * epi * iter_us
-                 + stream_fixup_us(bm, bn, split, l2_rate, c))
+                 + stream_fixup_us(bm, bn, split, l2_rate, c, k_iters, work))
             b, fixed = self._split1 if split == 1 else self._fixed(split)
             b = max(b, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, self.dram_rate, c, bk))
             hi = a if a > b else b
@@ -412,7 +420,7 @@ class MatmulBound:
         c = self.c
         # integer ceil-division: equal to predict_matmul's math.ceil of the float quotient here
         # (operands < 2^40, so the quotient is never within one ulp of an integer it is not)
-        tiles_per_sm, _k_iters, work = matmul_work(self.m, self.n, self.k, bm, bn, bk, split, self.sms)
+        tiles_per_sm, k_iters, work = matmul_work(self.m, self.n, self.k, bm, bn, bk, split, self.sms)
         lat = c.dram_latency_us
         if persistent:
             t_eff = max(iter_us, (lat + l2_us) / max(max_stages - 1, 0.5))
@@ -424,7 +432,7 @@ class MatmulBound:
         if split == 0:
             t_eff /= c.stream_k_efficiency
         a = (work * t_eff + fills + tiles_per_sm * c.epilogue_iters * iter_us
-             + stream_fixup_us(bm, bn, split, self.l2_rate, c))
+             + stream_fixup_us(bm, bn, split, self.l2_rate, c, k_iters, work))
         b, fixed = self._split1 if split == 1 else self._fixed(split)
         b = max(b, busiest_sm_dram_us(self.m, self.n, self.k, bm, bn, split, self.e, self.sms, self.dram_rate, c,
                                       bk))
