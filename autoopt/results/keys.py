@@ -11,35 +11,24 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import stat
 import sys
-import threading
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from autoopt._hash import sha256_hex
 from autoopt._log import get_logger
 from autoopt.errors import StoreError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
-from autoopt.results import versions
+from autoopt.results import sources, versions
 from autoopt.results.records import MAX_REASON, EnvKey, ResultKey, StoredResult
+from autoopt.results.sources import MAX_SOURCE_BYTES, PACKAGE_DIR, hash_file, source_hash
 from autoopt.results.versions import installed_version
 
 log = get_logger(__name__)
 
 __all__ = ["PACKAGE_DIR", "autoopt_version", "clear_caches", "current_key", "env_key", "installed_version",
            "is_stale", "kernel_source", "make_result", "source_changed", "source_hash"]
-
-#: the autoopt package folder: kernel files inside it are stored relative to it, so a row measured
-#: in one installation matches the same file in another (a shipped or imported result set).
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-#: a kernel source file larger than this is not a kernel file (and is not hashed).
-_MAX_SOURCE_BYTES = 4 << 20
-
-_lock = threading.Lock()
-_hashes: dict[str, str | None] = {}
 
 
 def autoopt_version() -> str:
@@ -76,46 +65,6 @@ def current_key(gpu: GPUProfile, op: OpSpec) -> ResultKey:
     return ResultKey(env=env_key(gpu), op=op)
 
 
-def _resolve(kernel_file: str) -> Path | None:
-    """The file a row's ``kernel_file`` names, or None when it cannot name a kernel file.
-
-    Relative names are inside the package folder and may not climb out of it (an imported row
-    could otherwise make us read any file); absolute ones are taken as they are.
-    """
-    if os.path.isabs(kernel_file):
-        return Path(kernel_file)
-    rel = PurePosixPath(kernel_file)
-    if ".." in rel.parts or not rel.parts:
-        return None
-    return PACKAGE_DIR.joinpath(*rel.parts)
-
-
-def _hash_file(path: Path) -> str | None:
-    """sha256 of a regular ``.py`` file of sane size, None otherwise (a missing file: its rows are stale)."""
-    try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_SOURCE_BYTES or path.suffix != ".py":
-            return None
-        data = path.read_bytes()
-    except OSError:
-        return None
-    if len(data) > _MAX_SOURCE_BYTES:  # grew between the stat and the read
-        return None
-    return sha256_hex(data)
-
-
-def source_hash(kernel_file: str) -> str | None:
-    """Current sha256 of a row's ``kernel_file`` (cached per process), None when it is gone or unreadable."""
-    with _lock:
-        if kernel_file in _hashes:
-            return _hashes[kernel_file]
-    path = _resolve(kernel_file)
-    digest = _hash_file(path) if path is not None else None
-    with _lock:
-        _hashes[kernel_file] = digest
-    return digest
-
-
 def kernel_source(module: str | os.PathLike[str]) -> tuple[str, str]:
     """``(kernel_file, sha256)`` for a kernel module: what the tuner stores with each row.
 
@@ -148,12 +97,11 @@ def kernel_source(module: str | os.PathLike[str]) -> tuple[str, str]:
         name = path.relative_to(PACKAGE_DIR).as_posix()
     except ValueError:
         name = str(path)
-    digest = _hash_file(path)
+    digest = hash_file(path)
     if digest is None:
         raise StoreError(f"kernel source {str(path)!r} is not a readable .py file of at most "
-                         f"{_MAX_SOURCE_BYTES >> 20} MiB")
-    with _lock:
-        _hashes[name] = digest
+                         f"{MAX_SOURCE_BYTES >> 20} MiB")
+    sources.remember(name, digest)
     return name, digest
 
 
@@ -198,5 +146,4 @@ def clear_caches() -> None:
     """Forget the cached versions and source hashes (after installing a package or editing a kernel)."""
     _env_keys.clear()
     versions.clear()
-    with _lock:
-        _hashes.clear()
+    sources.clear()
