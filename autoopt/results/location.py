@@ -12,12 +12,17 @@ from pathlib import Path
 
 from autoopt.errors import StoreError
 
-__all__ = ["CACHE_ENV", "CONSTANTS_FOLDER", "FILE_NAME", "SHIPPED_DIR", "default_path"]
+__all__ = ["CACHE_ENV", "CONSTANTS_FOLDER", "FILE_NAME", "RANKS_FOLDER", "SHIPPED_DIR", "WINNERS_FOLDER",
+           "default_path"]
 
 CACHE_ENV = "AUTOOPT_CACHE_DIR"
 FILE_NAME = "results.sqlite3"
 #: the folder, next to the store, of per-device calibrated constants (:mod:`autoopt.results.constants`)
 CONSTANTS_FOLDER = "constants"
+#: the folder, next to the store, of the start-up snapshots of its winners (:mod:`autoopt.results.winners`)
+WINNERS_FOLDER = "winners"
+#: the folder, next to the store, of this machine's learned rank answers (:mod:`autoopt.search.rank_cache`)
+RANKS_FOLDER = "ranks"
 #: the shipped result sets (package data): every ``*.json`` here, in the export format
 SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 

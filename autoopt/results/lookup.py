@@ -10,9 +10,11 @@ kernel file still hashes as it did are answers (a profile that names no driver, 
 profile loaded by name, takes any driver's), so a changed kernel or another triton misses and
 the old rows stay where they are, unused.
 
-A lookup never imports torch or triton, never writes, and never raises for a store it cannot use:
-a corrupt or foreign store file is logged once and skipped (start-up must not fail because a cache
-did). Warm, a lookup costs tens of microseconds (one indexed SQLite query or two dict probes).
+A lookup never imports torch or triton, never writes to the store, and never raises for a store it
+cannot use: a corrupt or foreign store file is logged once and skipped (start-up must not fail
+because a cache did). Warm, a lookup costs tens of microseconds (one indexed SQLite query or two dict
+probes). The first lookup of an environment writes that environment's start-up snapshot into the
+cache folder (:mod:`autoopt.results.winners`), which later processes answer from without SQLite.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from autoopt._log import get_logger
 from autoopt.errors import StoreError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.ops import OpSpec
-from autoopt.results import keys, presence
+from autoopt.results import keys, presence, winners
 from autoopt.results.location import SHIPPED_DIR, default_path
 from autoopt.results.records import WINNER_LABEL, EnvKey, ResultKey, StoredResult
 
@@ -85,6 +87,8 @@ class ResultLookup:
         self._store_broken = False
         #: per (device fingerprint, torch, triton), the shipped rows measured there (read on first lookup)
         self._shipped: dict[tuple[str, str, str], dict[ResultKey, list[StoredResult]]] = {}
+        #: the environments whose start-up snapshot this lookup has written (or tried to)
+        self._snapped: set[tuple[str, str, str]] = set()
 
     @classmethod
     def default(cls) -> ResultLookup:
@@ -158,6 +162,43 @@ class ResultLookup:
             self._shipped[ident] = index
         return index
 
+    def _snapshot(self, env: EnvKey) -> None:
+        """Write the start-up snapshot of ``env``'s store and shipped winners (:mod:`autoopt.results.winners`),
+        once per environment and lookup: the next process answers from it without SQLite. Skipped when
+        a commit lands while the store is read (the snapshot would not match its signature), and when
+        there is nothing to snapshot."""
+        ident = (env.device, env.torch, env.triton)
+        if self.store_path is None or ident in self._snapped:
+            return
+        self._snapped.add(ident)
+        before = winners.store_signature(self.store_path)
+        shipped_sig = winners.shipped_signature(self.shipped_dir)
+        store = self._user_store()
+        stored: list[StoredResult] = []
+        if store is not None:
+            try:
+                stored = store.winners(*ident)
+            except StoreError as exc:
+                self._broken(exc)
+                return
+        shipped = {id(r): r for k, rows in self._shipped_index(env).items() if not k.env.driver for r in rows}
+        if (store is None and not shipped) or winners.store_signature(self.store_path) != before:
+            return
+        winners.write(self.store_path.parent, device=env.device, torch=env.torch, triton=env.triton, store=before,
+                      shipped=shipped_sig, ops=winners.build(stored, shipped.values()))
+
+    def refresh_snapshot(self, env: EnvKey) -> None:
+        """Write ``env``'s start-up snapshot now, whether or not this lookup wrote it before: after a
+        tuning run changed the store, so the next start-up reads the new winners without SQLite."""
+        with self._lock:
+            # when ours is the last connection to the store, closing it moves the WAL into the file; the
+            # snapshot then signs the files as a later close leaves them, not as they are before it
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+            self._snapped.discard((env.device, env.torch, env.triton))
+            self._snapshot(env)
+
     # -- the lookup --------------------------------------------------------------------------
 
     def best(self, key: ResultKey) -> Hit | None:
@@ -166,6 +207,7 @@ class ResultLookup:
             row = self._memory.get(key)
             if row is not None and not keys.source_changed(row):
                 return Hit(result=row, layer="memory")
+            self._snapshot(key.env)
             store = self._user_store()
             if store is not None:
                 try:

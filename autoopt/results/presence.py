@@ -23,7 +23,7 @@ from autoopt.errors import StoreError
 from autoopt.results.location import CACHE_ENV, CONSTANTS_FOLDER, SHIPPED_DIR, default_path
 from autoopt.results.versions import installed_version
 
-__all__ = ["clear", "may_have_constants", "may_have_measured", "note_remembered"]
+__all__ = ["clear", "may_have_constants", "may_have_measured", "note_remembered", "remembered", "store_path"]
 
 #: the JSON text of the export format's name (``autoopt.results.transfer.FORMAT``): a file without it
 #: is not one export_file wrote, and only the real reader can say what it is
@@ -46,6 +46,11 @@ def note_remembered() -> None:
     _remembered = True
 
 
+def remembered() -> bool:
+    """Whether a lookup in this process holds rows in memory (they come before any file)."""
+    return _remembered
+
+
 def clear() -> None:
     """Forget the shipped-file answers and the in-memory flag (tests; after replacing shipped files)."""
     global _remembered
@@ -55,7 +60,7 @@ def clear() -> None:
         _paths.clear()
 
 
-def _store() -> Path | None:
+def store_path() -> Path | None:
     """default_path(), remembered per value of the variables it reads; StoreError as it raises it."""
     env = tuple(os.environ.get(name) for name in _PLACING)
     try:
@@ -72,7 +77,7 @@ def _store() -> Path | None:
 def may_have_constants() -> bool:
     """False when no calibrated constants can exist: the cache is off, or its constants folder is absent."""
     try:
-        store = _store()
+        store = store_path()
     except StoreError:  # a bad AUTOOPT_CACHE_DIR: the real lookup reports it
         return True
     return store is not None and os.path.isdir(store.parent / CONSTANTS_FOLDER)
@@ -85,7 +90,7 @@ def may_have_measured(device: str, shipped_dir: Path = SHIPPED_DIR) -> bool:
     if _remembered:
         return True
     try:
-        store = _store()
+        store = store_path()
     except StoreError:
         return True
     if store is not None and os.path.exists(store):

@@ -453,6 +453,13 @@ class ResultStore:
                 return row
         return None
 
+    def winners(self, device: str, torch: str, triton: str) -> list[StoredResult]:
+        """Every ``measured`` row of one device fingerprint and torch/triton pair (any driver, any op, stale
+        ones included), fastest first per op as :meth:`best` orders them: what the start-up winners
+        snapshot (:mod:`autoopt.results.winners`) is built from, in one query."""
+        return self._rows("device = ? AND torch = ? AND triton = ? AND label = ?",
+                          (device, torch, triton, WINNER_LABEL), order="us, id")
+
     def failed(self, key: ResultKey) -> dict[str, StoredResult]:
         """Config key -> row of every config of ``key`` that failed (rejected, wrong, withheld) with the
         current kernel source: the tuner does not try these again (a changed kernel gets a new chance)."""
