@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autoopt.errors import AutooptError
+from autoopt.errors import AutooptError, OpError
 from autoopt.hardware import library, yaml_mirror
 from autoopt.hardware.library import known_names, load_profile
 from autoopt.kernels.cost import DEFAULT_CONSTANTS, using
@@ -324,3 +324,125 @@ def test_the_store_folder_is_platformdirs_own_answer(monkeypatch, env):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert default_path() == Path(platformdirs.user_cache_dir("autoopt")) / "results.sqlite3"
+
+
+# -- this machine's learned answers ------------------------------------------------------------
+
+ODD = OpSpec(kind="gemm", shape=(77, 1234, 4096), dtype="bf16")  # no catalog model has it: not shipped
+
+
+@pytest.fixture
+def cache_on(tmp_path, monkeypatch):
+    """A cache folder of its own (the learned files live there); nothing remembered in-process."""
+    from autoopt.results import presence, winners
+
+    monkeypatch.setenv("AUTOOPT_CACHE_DIR", str(tmp_path))
+    presence.clear()
+    winners.clear()
+    yield tmp_path
+    presence.clear()
+    winners.clear()
+
+
+def test_an_op_ranked_here_is_learned_and_then_answered_without_ranking(cache_on):
+    assert rank_cache.best(H100, ODD) is None
+    answer = rank(H100, ODD).best
+    rank_cache.learn(H100, ODD, answer)
+    (path,) = rank_cache.flush()
+    assert path.parent == cache_on / "ranks"
+    rank_cache.clear_cache()
+    assert rank_cache.best(H100, ODD) == answer
+
+
+def test_a_learned_error_comes_back_as_that_error(cache_on):
+    bad = OpSpec(kind="gemm", shape=(16, 16, 16), dtype="fp8", layout="kn")
+    rank_cache.learn(H100, bad, OpError("no fp8 gemm template takes layout kn"))
+    rank_cache.flush()
+    rank_cache.clear_cache()
+    got = rank_cache.best(H100, bad)
+    assert isinstance(got, OpError) and str(got) == "no fp8 gemm template takes layout kn"
+
+
+def test_a_measured_winner_other_than_the_pick_is_answered_from_its_learned_prediction(cache_on):
+    from autoopt.results.lookup import default_lookup
+
+    other = rank(H100, OP, top=2, measured=False).candidates[1]
+    default_lookup().remember(keys.make_result(H100, OP, other.config, label="measured", us=5.0,
+                                               kernel_module="autoopt.backend.kernels.gemm"))
+    assert rank_cache.best(H100, OP) is None  # not learned yet: rank() decides
+    ranked = rank(H100, OP).best
+    assert (ranked.config, ranked.source) == (other.config, "measured:memory")
+    rank_cache.learn(H100, OP, ranked)
+    rank_cache.flush()
+    rank_cache.clear_cache()
+    assert rank_cache.best(H100, OP) == ranked
+
+
+def test_learned_answers_of_other_constants_are_not_used_and_are_replaced(cache_on):
+    rank_cache.learn(H100, ODD, rank(H100, ODD).best)
+    (path,) = rank_cache.flush()
+    rank_cache.clear_cache()
+    with using(replace(DEFAULT_CONSTANTS, l2_bw_ratio=DEFAULT_CONSTANTS.l2_bw_ratio * 2)):
+        assert rank_cache.best(H100, ODD) is None
+        rank_cache.learn(H100, OP, rank(H100, OP).best)
+        rank_cache.flush()
+        assert _header(path)["entries"] == 1  # the stale file's entry was not carried over
+    rank_cache.clear_cache()
+    assert rank_cache.best(H100, ODD) is None
+
+
+def test_with_the_cache_off_nothing_is_learned(monkeypatch):
+    monkeypatch.setenv("AUTOOPT_CACHE_DIR", "off")
+    rank_cache.learn(H100, ODD, rank(H100, ODD).best)
+    assert rank_cache.flush() == []
+
+
+def test_an_unwritable_cache_folder_is_logged_not_raised(cache_on, caplog):
+    (cache_on / "ranks").write_text("a file where the folder goes")
+    rank_cache.learn(H100, ODD, rank(H100, ODD).best)
+    with caplog.at_level(logging.WARNING):
+        assert rank_cache.flush() == []
+    assert "not written" in caplog.text
+
+
+def test_a_tuned_machine_starts_up_without_ranking_or_sqlite_from_its_second_start(tmp_path):
+    """The store's winner of one GEMM differs from the shipped pick: the first start-up ranks that op,
+    opens the store, and writes the snapshot and the learned prediction; the second reads only those."""
+    from autoopt.backend.registry import KERNELS
+    from autoopt.results.store import ResultStore
+
+    profile = load_profile("h100-sxm-8x")
+    recommendation._RECORD = asked = []
+    try:
+        recommendation.recommend(profile, "llama-3-70b", runtime="vllm")
+    finally:
+        recommendation._RECORD = None
+    gpu, op = next((g, o) for g, o in asked if o.kind == "gemm")
+    second = rank(gpu, op, top=2, measured=False).candidates[1]
+    with ResultStore(tmp_path / "results.sqlite3") as store:
+        store.put(keys.make_result(gpu, op, second.config, label="measured", us=1.0,
+                                   kernel_module=KERNELS[second.config.kernel].module))
+    code = ("import sys, autoopt\n"
+            "r = autoopt.recommend(autoopt.load_profile('h100-sxm-8x'), 'llama-3-70b', runtime='vllm')\n"
+            "print(sorted({o.source for o in r.ops if o.measured_us == 1.0}),"
+            " [m for m in ('sqlite3', 'autoopt.search.ranking') if m in sys.modules])")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOOPT_CACHE_DIR": str(tmp_path),
+           "AUTOOPT_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+                           timeout=300).stdout.strip() for _ in range(2)]
+    assert runs == ["['measured:store'] ['sqlite3', 'autoopt.search.ranking']", "['measured:store'] []"]
+
+
+def test_a_model_outside_the_catalog_is_ranked_once_per_machine(tmp_path):
+    code = ("import sys, autoopt\n"
+            "cfg = {'model_type': 'llama', 'hidden_size': 1536, 'num_hidden_layers': 4, 'num_attention_heads': 12,"
+            " 'num_key_value_heads': 4, 'intermediate_size': 4096, 'vocab_size': 32000,"
+            " 'max_position_embeddings': 4096}\n"
+            "r = autoopt.recommend(autoopt.load_profile('h100-sxm'), cfg)\n"
+            "print(len(r.ops), 'autoopt.search.ranking' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOOPT_CACHE_DIR": str(tmp_path),
+           "AUTOOPT_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+                           timeout=300).stdout.split() for _ in range(2)]
+    assert runs[0][1] == "True" and runs[1] == [runs[0][0], "False"]
+    assert [p.name for p in (tmp_path / "ranks").iterdir()] == [rank_cache.file_for(H100).name]

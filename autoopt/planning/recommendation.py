@@ -65,6 +65,8 @@ _RANK_CACHE: dict[tuple[Any, ...], Candidate | AutooptError] = {}
 #: while not None, every (GPU, op) :func:`_rank` is asked about is appended here: how
 #: :mod:`autoopt.planning.startup` learns which ops the shipped rank cache must hold
 _RECORD: list[tuple[GPUProfile, OpSpec]] | None = None
+#: whether _rank() ranked an op since the last flush of the learned rank cache
+_LEARNED = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -260,6 +262,7 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
     predicted = _totals(fit, costs, plan, head)
     offload = _offload(hw, spec, wl, fit, predicted, rt)
     replicas = _replicas(hw, spec, wl, fit, shape)
+    _flush_learned()
     return Recommendation(profile=hw.name, model=spec, workload=wl, preference=preference, quant=fit.quant,
                           fits=fit.split is not None or offload is not None, split=fit.split, memory=fit.memory,
                           ops=ops, impls=impls, plan=plan, plan_alternative=alternative, layer_modes=plan.labels,
@@ -853,16 +856,31 @@ def _rank(gpu: GPUProfile, op: OpSpec, top: int) -> Candidate | AutooptError:
         # what is wrong with another
         hit = best(gpu, op) if isinstance(top, int) and not isinstance(top, bool) and top >= 1 else None
         if hit is None:
+            from autoopt.search.rank_cache import learn
             from autoopt.search.ranking import rank
 
             try:
                 hit = rank(gpu, op, top=top).candidates[0]
             except AutooptError as exc:
                 hit = exc
+            learn(gpu, op, hit)  # written by recommend() at its end: the next process reads it
+            global _LEARNED
+            _LEARNED = True
         if isinstance(hit, AutooptError):
             log.info("rank() has no config for %s on %s: %s", op.label(), gpu.name, hit)
         _RANK_CACHE[key] = hit
     return hit
+
+
+def _flush_learned() -> None:
+    """Write what rank() answered in this call into this machine's learned rank cache (one file write,
+    only when something was ranked): the next process's start-up reads it instead of ranking."""
+    global _LEARNED
+    if _LEARNED:
+        _LEARNED = False
+        from autoopt.search.rank_cache import flush
+
+        flush()
 
 
 def _shard(op: LayerOp, tp: int) -> LayerOp:

@@ -22,8 +22,14 @@ when everything that decides a ranking is what the file was built with, checked 
 Anything else, and any file that is not a regular file of sane size in this format, is ignored
 with one log line per file and reason (never an exception: a cache must not break start-up).
 A measured winner in the results store still comes first, as in ``rank``: when the store names
-the cached config, it is labelled measured; when it names another config, ``best`` answers
-``None`` and ``rank`` decides.
+the cached config, it is labelled measured; when it names another config, ``best`` answers with
+that config's learned prediction, or ``None`` and ``rank`` decides.
+
+**Learned answers.** What ``rank`` answers on this machine for an op the shipped file lacks (a
+model outside the catalog, another workload) or for a measured winner's config is kept in a file
+of the same format in the cache folder's ``ranks/`` (:func:`learn`, :func:`flush`; ``recommend()``
+flushes once at its end), checked on use like the shipped file: a runtime's second start-up with
+a custom model, or on a tuned machine, ranks nothing. ``AUTOOPT_CACHE_DIR=off`` keeps nothing.
 
 File format (zlib-compressed UTF-8 text, one JSON document per line): a header
 ``{"format": "autoopt-rank-cache", "version": 1, "gpu": "<repr of gpu_key>", "gpu_name": ...,
@@ -56,8 +62,8 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-__all__ = ["FORMAT", "MAX_FILE_BYTES", "SHIPPED_DIR", "VERSION", "best", "clear_cache", "code_sources",
-           "file_for", "op_key", "write"]
+__all__ = ["FORMAT", "MAX_FILE_BYTES", "MAX_LEARNED", "SHIPPED_DIR", "VERSION", "best", "clear_cache",
+           "code_sources", "file_for", "flush", "learn", "op_key", "write"]
 
 FORMAT = "autoopt-rank-cache"
 #: bump when the file layout or what an entry means changes (old files are then ignored)
@@ -380,39 +386,49 @@ def _stale(f: _File, gpu: GPUProfile) -> str | None:
 
 def best(gpu: GPUProfile, op: OpSpec, *, folder: Path | None = None) -> Candidate | AutooptError | None:
     """``rank(gpu, op).candidates[0]`` (with a measured winner first, as rank puts it), or the error
-    ``rank(gpu, op)`` raises, from the cache in ``folder`` (default: the shipped one); None when the
-    cache cannot say (no file for this GPU, no entry for this op, a stale or broken file, a measured
-    winner the cache does not hold)."""
-    f = _file(gpu, folder if folder is not None else SHIPPED_DIR)
+    ``rank(gpu, op)`` raises, from the cache in ``folder``; None when the cache cannot say (no file
+    for this GPU, no entry for this op, a stale or broken file, a measured winner whose prediction it
+    does not hold). With no ``folder``: the shipped cache, then this machine's learned answers
+    (:func:`learn`, in the cache folder's ``ranks/``)."""
+    key = op_key(op)
+    user = _user_folder() if folder is None else None
+    answer = _entry_for(gpu, key, folder if folder is not None else SHIPPED_DIR, shipped=True)
+    if answer is None and user is not None:
+        answer = _entry_for(gpu, key, user, shipped=False)
+    if isinstance(answer, AutooptError):
+        return answer
+    return _with_measured(gpu, op, answer, user)
+
+
+def _entry_for(gpu: GPUProfile, key: str, folder: Path, *, shipped: bool) -> Candidate | AutooptError | None:
+    """The answer of entry ``key`` in ``gpu``'s file in ``folder``, or None (no usable file or entry)."""
+    f = _file(gpu, folder)
     if f is None:
         return None
     why = _stale(f, gpu)
     if why is not None:
         if why not in f.logged:
             f.logged.add(why)
-            log.info("rank cache %s not used: %s; regenerate it with `python benchmarks/regen_startup_cache.py`",
-                     f.path, why)
+            if shipped:
+                log.info("rank cache %s not used: %s; regenerate it with "
+                         "`python benchmarks/regen_startup_cache.py`", f.path, why)
+            else:
+                log.info("learned rank cache %s not used (it is rewritten as ops are ranked): %s", f.path, why)
         return None
-    key = op_key(op)
     if key in f.decoded:
-        answer = f.decoded[key]
-    else:
-        text = _line(f.body, key)
-        if text is None:
-            return None
-        import json
-
-        try:
-            answer = _answer(json.loads(text))
-        except (ValueError, RecursionError) as exc:
-            log.warning("rank cache %s: entry %r ignored: %s", f.path, key, exc)
-            answer = None
-        f.decoded[key] = answer
-    if answer is None:
+        return f.decoded[key]
+    text = _line(f.body, key)
+    if text is None:
         return None
-    if isinstance(answer, AutooptError):
-        return answer
-    return _with_measured(gpu, op, answer)
+    import json
+
+    try:
+        answer: Candidate | AutooptError | None = _answer(json.loads(text))
+    except (ValueError, RecursionError) as exc:
+        log.warning("rank cache %s: entry %r ignored: %s", f.path, key, exc)
+        answer = None
+    f.decoded[key] = answer
+    return answer
 
 
 def _line(body: str, key: str) -> str | None:
@@ -426,21 +442,40 @@ def _line(body: str, key: str) -> str | None:
     return body[start:end] if end >= 0 else body[start:]
 
 
-def _with_measured(gpu: GPUProfile, op: OpSpec, cand: Candidate) -> Candidate | None:
-    """``cand`` labelled measured when the results store's winner for ``op`` is its config; None when the
-    winner is another config (rank() then places it with its own prediction)."""
+def _with_measured(gpu: GPUProfile, op: OpSpec, cand: Candidate | None, user: Path | None) -> Candidate | None:
+    """The cached answer ``cand`` (None: none cached) as rank() would give it with the results store's
+    winner for ``op`` first: ``cand`` itself, labelled measured when the winner is its config; the
+    winner's learned prediction, labelled measured, when it is another config; None when that
+    prediction is not learned yet (rank() then places the winner with its own prediction). The winner
+    comes from the store's start-up snapshot where one is current, else from the full lookup (which
+    imports SQLite and the record types, ~10 ms cold, and writes the snapshot for the next process)."""
     from autoopt.results.presence import may_have_measured
 
     if not may_have_measured(gpu.device_fingerprint):
         return cand
-    from autoopt.results.lookup import lookup
+    from autoopt.results import winners
 
-    hit = lookup(gpu, op)
-    if hit is None:
+    quick = winners.answer(gpu, op)
+    if quick is None:
         return cand
-    if hit.result.config.key() != cand.config.key():
-        return None
-    return replace(cand, measured_us=hit.result.us, source=hit.label)
+    config: KernelConfig
+    if isinstance(quick, winners.Winner):
+        config = KernelConfig(kernel=quick.kernel, params=quick.params, path=quick.path)
+        us: float | None = quick.us
+        label = quick.label
+    else:
+        from autoopt.results.lookup import lookup
+
+        hit = lookup(gpu, op)
+        if hit is None:
+            return cand
+        config, us, label = hit.result.config, hit.result.us, hit.label
+    if cand is None or config.key() != cand.config.key():
+        learned = _entry_for(gpu, _winner_key(op, config), user, shipped=False) if user is not None else None
+        if not isinstance(learned, Candidate) or learned.config.key() != config.key():
+            return None
+        cand = learned
+    return replace(cand, measured_us=us, source=label)
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -451,7 +486,6 @@ def write(answers: Iterable[tuple[GPUProfile, OpSpec, Candidate | AutooptError]]
     ``constants`` and the built-in templates) into ``folder``; returns the files written. Files of
     this format already there are replaced or, for GPUs no longer listed, removed."""
     import json
-    import zlib
 
     by_gpu: dict[str, tuple[GPUProfile, dict[str, dict[str, Any]]]] = {}
     for gpu, op, answer in answers:
@@ -462,20 +496,111 @@ def write(answers: Iterable[tuple[GPUProfile, OpSpec, Candidate | AutooptError]]
                            "ones only (set AUTOOPT_DISABLE_PLUGIN_AUTOLOAD=1)")
     folder.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for key, (gpu, entries) in sorted(by_gpu.items()):
-        header = {"format": FORMAT, "version": VERSION, "gpu": key, "gpu_name": gpu.name,
-                  "autoopt_version": _version(), "sources": code_sources(), "constants": dict(constants),
-                  "templates": list(templates), "entries": len(entries)}
-        lines = [json.dumps(header, sort_keys=True)]
-        lines += [f"{k}\t{json.dumps(v, sort_keys=True)}" for k, v in sorted(entries.items())]
-        path = file_for(gpu, folder)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(zlib.compress(("\n".join(lines) + "\n").encode("utf-8"), 9))
-        os.replace(tmp, path)
-        written.append(path)
+    for _, (gpu, entries) in sorted(by_gpu.items()):
+        texts = {k: json.dumps(v, sort_keys=True) for k, v in entries.items()}
+        written.append(_write_file(file_for(gpu, folder), gpu, texts, constants=constants, templates=templates))
     keep = {p.name for p in written}
     for old in folder.glob(f"*{SUFFIX}"):
         if old.name not in keep:
             old.unlink()
     clear_cache()
+    return written
+
+
+def _write_file(path: Path, gpu: GPUProfile, entries: Mapping[str, str], *, constants: Mapping[str, Any],
+                templates: Iterable[str]) -> Path:
+    """Write one GPU's file (``entries``: op key -> entry JSON text) atomically; OSError as raised."""
+    import json
+    import zlib
+
+    header = {"format": FORMAT, "version": VERSION, "gpu": _gpu_repr(gpu), "gpu_name": gpu.name,
+              "autoopt_version": _version(), "sources": code_sources(), "constants": dict(constants),
+              "templates": list(templates), "entries": len(entries)}
+    lines = [json.dumps(header, sort_keys=True), *(f"{k}\t{v}" for k, v in sorted(entries.items()))]
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(zlib.compress(("\n".join(lines) + "\n").encode("utf-8"), 9))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+# -- learning (this machine's answers) -------------------------------------------------------
+
+#: the learned file of a GPU keeps at most this many entries (a file of ~1 MB compressed); past it,
+#: a flush starts the file again from the entries just learned
+MAX_LEARNED = 20000
+#: file -> (its GPU, entry key -> entry JSON text) learned in this process and not yet written
+_pending: dict[Path, tuple[GPUProfile, dict[str, str]]] = {}
+
+
+def _user_folder() -> Path | None:
+    """Where this machine's learned answers live: ``ranks/`` in the cache folder; None when the cache is
+    off or unusable (:func:`autoopt.results.location.default_path`)."""
+    from autoopt.errors import StoreError
+    from autoopt.results.location import RANKS_FOLDER
+    from autoopt.results.presence import store_path
+
+    try:
+        store = store_path()
+    except StoreError:
+        return None
+    return None if store is None else store.parent / RANKS_FOLDER
+
+
+def _winner_key(op: OpSpec, config: KernelConfig) -> str:
+    """The entry key of one config's prediction for ``op``: the op key, ``@`` and the config as JSON
+    (which escapes tabs and newlines, so the key stays on its line)."""
+    import json
+
+    return f"{op_key(op)} @ {json.dumps([config.kernel, config.path, sorted(config.params.items())])}"
+
+
+def learn(gpu: GPUProfile, op: OpSpec, answer: Candidate | AutooptError) -> None:
+    """Keep rank()'s answer for ``op`` on ``gpu`` to write into this machine's learned cache on the next
+    :func:`flush`, so that the next process answers it without ranking: the top candidate (or error)
+    of an op the shipped cache lacks, or, for a measured winner, that config's prediction (the measured
+    time is looked up afresh on each use)."""
+    folder = _user_folder()
+    if folder is None:
+        return
+    import json
+
+    measured = isinstance(answer, Candidate) and answer.measured_us is not None
+    key = _winner_key(op, answer.config) if isinstance(answer, Candidate) and measured else op_key(op)
+    text = json.dumps(_entry(answer), sort_keys=True)
+    with _lock:
+        _pending.setdefault(file_for(gpu, folder), (gpu, {}))[1][key] = text
+
+
+def flush() -> list[Path]:
+    """Write the learned answers into their files (merged with a current file's entries; a stale file is
+    replaced); returns the files written. A file that cannot be written is logged and skipped: the
+    cache only saves time."""
+    with _lock:
+        pending = dict(_pending)
+        _pending.clear()
+    templates = _builtin_templates()
+    if not pending or templates is None:  # a plugin's template could win an op: nothing is kept
+        return []
+    written: list[Path] = []
+    for path, (gpu, entries) in pending.items():
+        old = _file(gpu, path.parent)
+        merged: dict[str, str] = {}
+        if old is not None and _stale(old, gpu) is None:
+            merged = dict(line.split("\t", 1) for line in old.body.split("\n") if "\t" in line)
+        merged.update(entries)
+        if len(merged) > MAX_LEARNED:
+            merged = dict(entries)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            written.append(_write_file(path, gpu, merged, constants=_effective_constants(gpu).to_dict(),
+                                       templates=templates))
+        except OSError as exc:
+            log.warning("learned rank cache %s not written: %s", path, exc)
+        with _lock:
+            _files.pop((path.parent, _gpu_repr(gpu)), None)
+            _listing.pop(path.parent, None)
     return written
