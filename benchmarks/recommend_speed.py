@@ -18,10 +18,20 @@ Children run twice over: with compiled bytecode cached (``pyc``, how an installe
 a priming child writes it to a temporary PYTHONPYCACHEPREFIX) and as this environment runs them
 (``as_is``: with PYTHONDONTWRITEBYTECODE set every import compiles its module from source).
 Both use an empty cache folder (``AUTOOPT_CACHE_DIR``): a machine that has measured nothing, as
-after ``pip install``. ``cold_pyc_store`` runs the ``pyc`` children over a folder holding a results
-store, as on a machine someone tuned: its first lookup imports SQLite and opens the file (~6 ms on
-the 2-core box). The first version of this script used the machine's own cache folder, so its
-numbers depended on whether a store happened to exist there.
+after ``pip install``. The ``pyc`` children also run over folders holding a results store, as on a
+machine someone tuned. Each store holds a measured row for every op of this plan (the shipped
+picks, at their predicted time plus 5 %) and rows of other devices (``--store-rows`` in all):
+
+- ``cold_pyc_store``: the steady state. The first process wrote the store's winners snapshot
+  (:mod:`autoopt.results.winners`), and the children answer from it without SQLite.
+- ``cold_pyc_store_first``: the first start-up after a tuning run. Its snapshot is deleted before
+  each child, so each child opens the store with SQLite and writes the snapshot again.
+- ``cold_pyc_store_differs``: a store whose winners differ from the shipped picks for
+  ``--differ`` ops (a measured second candidate). Those ops fall back to rank(), which places the
+  measured winner first.
+
+The first version of this script used the machine's own cache folder, so its numbers depended on
+whether a store happened to exist there.
 Writes ``benchmarks/results/recommend_speed.json`` (``--out``)::
 
     PYTHONPATH=. python benchmarks/recommend_speed.py
@@ -30,13 +40,17 @@ Writes ``benchmarks/results/recommend_speed.json`` (``--out``)::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,12 +86,57 @@ print(json.dumps({"autoopt_ms": (t0 - t_start) * 1e3, "imports_ms": (t1 - t0) * 
                   "recommend_ms": (t4 - t3) * 1e3, "rank_ms": spent[0] * 1e3,
                   "total_ms": (t4 - t3 + t2 - t_start) * 1e3, "split": rec.split.kind if rec.split else None,
                   "format": rec.quant.format.name, "ops": len(rec.ops), "yaml": "yaml" in sys.modules,
-                  "ranked": len(getattr(ranking, "_CACHE", ())) if ranking else 0}))
+                  "ranked": len(getattr(ranking, "_CACHE", ())) if ranking else 0,
+                  "measured": sum(1 for o in rec.ops if o.measured_us is not None),
+                  "sqlite": "sqlite3" in sys.modules}))
 """
 
 
-def cold_runs(profile: str, model: str, runs: int, env: dict[str, str], runtime: str = "") -> list[dict]:
-    return [child_json(_CHILD, [profile, model, runtime], env) for _ in range(runs)]
+def cold_runs(profile: str, model: str, runs: int, env: dict[str, str], runtime: str = "",
+              before: Callable[[], None] | None = None) -> list[dict]:
+    out = []
+    for _ in range(runs):
+        if before is not None:
+            before()
+        out.append(child_json(_CHILD, [profile, model, runtime], env))
+    return out
+
+
+def tuned_store(folder: Path, profile: str, model: str, runtime: str | None, *, differ: int, rows: int) -> None:
+    """A results store in ``folder`` as a tuning run leaves it: a measured row for every op this plan
+    ranks (its shipped pick, or for the first ``differ`` GEMMs rank()'s second candidate), then rows of
+    other devices up to ``rows`` in all."""
+    from autoopt.backend.registry import KERNELS
+    from autoopt.hardware.library import load_profile
+    from autoopt.planning import recommendation
+    from autoopt.results import keys
+    from autoopt.results.store import ResultStore
+    from autoopt.search.ranking import rank
+
+    hw = load_profile(profile)
+    recommendation._RECORD = asked = []
+    try:
+        recommendation.recommend(hw, model, runtime=runtime)
+    finally:
+        recommendation._RECORD = None
+    made, changed = [], 0
+    for gpu, op in {(id(gpu), op): (gpu, op) for gpu, op in asked}.values():
+        cands = rank(gpu, op, top=2).candidates
+        pick = cands[0]
+        if changed < differ and op.kind == "gemm" and len(cands) > 1:
+            pick, changed = cands[1], changed + 1
+        made.append(keys.make_result(gpu, op, pick.config, label="measured", us=pick.predicted_us * 1.05,
+                                     kernel_module=KERNELS[pick.config.kernel].module))
+    others = [type(r.env)(device=f"other-{i}", gpu="other", driver="1", torch=r.env.torch, triton=r.env.triton)
+              for i, r in enumerate(made)]
+    filler = [replace(r, env=others[i % len(others)], us=(r.us or 1.0) * (1 + i / rows))
+              for i, r in zip(range(max(0, rows - len(made))), itertools.cycle(made))]
+    with ResultStore(folder / "results.sqlite3") as store:
+        store.put_many(made + filler)
+
+
+def drop_snapshots(folder: Path) -> None:
+    shutil.rmtree(folder / "winners", ignore_errors=True)
 
 
 def summary(runs: list[dict]) -> dict:
@@ -91,28 +150,36 @@ def main() -> int:
     ap.add_argument("--model", default="llama-3-70b")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--cold-runs", type=int, default=15, help="fresh processes per condition")
+    ap.add_argument("--store-rows", type=int, default=20000, help="rows in each tuned store")
+    ap.add_argument("--differ", type=int, default=4, help="GEMMs whose stored winner is not the shipped pick")
     ap.add_argument("--runtime", default="vllm", help="plan for this runtime's rules (vllm, ...; \"\" for none)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recommend_speed.json"))
     args = ap.parse_args()
+    runtime = args.runtime or None
+    os.environ["AUTOOPT_CACHE_DIR"] = "off"  # this process builds the stores: it must not touch the user's cache
     with tempfile.TemporaryDirectory() as fresh, tempfile.TemporaryDirectory() as tuned, \
-            tempfile.TemporaryDirectory() as cache:
-        from autoopt.results.store import ResultStore
-
-        ResultStore(Path(tuned) / "results.sqlite3").close()  # the store a tuned machine has
+            tempfile.TemporaryDirectory() as differs, tempfile.TemporaryDirectory() as cache:
+        tuned_store(Path(tuned), args.profile, args.model, runtime, differ=0, rows=args.store_rows)
+        tuned_store(Path(differs), args.profile, args.model, runtime, differ=args.differ, rows=args.store_rows)
         base = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOOPT_CACHE_DIR": fresh}
         pyc_env = {k: v for k, v in base.items() if k != "PYTHONDONTWRITEBYTECODE"}
         pyc_env["PYTHONPYCACHEPREFIX"] = cache
         cold_runs(args.profile, args.model, 1, pyc_env, args.runtime)  # priming: writes the bytecode cache
         pyc = cold_runs(args.profile, args.model, args.cold_runs, pyc_env, args.runtime)
-        pyc_store = cold_runs(args.profile, args.model, args.cold_runs, {**pyc_env, "AUTOOPT_CACHE_DIR": tuned},
-                              args.runtime)
+        stores = {}
+        for name, folder in (("store_first", tuned), ("store", tuned), ("store_differs", differs)):
+            env = {**pyc_env, "AUTOOPT_CACHE_DIR": folder}
+            first = name == "store_first"
+            if not first:  # the steady state: one start-up has written the snapshot
+                cold_runs(args.profile, args.model, 1, env, args.runtime)
+            stores[name] = cold_runs(args.profile, args.model, args.cold_runs, env, args.runtime,
+                                     before=(lambda f=Path(folder): drop_snapshots(f)) if first else None)
         as_is = cold_runs(args.profile, args.model, args.cold_runs, base, args.runtime)
 
     from autoopt.hardware.library import load_profile
     from autoopt.planning.recommendation import recommend
 
     hw = load_profile(args.profile)
-    runtime = args.runtime or None
     recommend(hw, args.model, runtime=runtime)
     warm = []
     for _ in range(args.repeats):
@@ -122,16 +189,18 @@ def main() -> int:
     result = {
         "profile": args.profile, "model": args.model, "runtime": runtime, "device": cpu_name(), "cores": os.cpu_count(),
         "python": platform.python_version(), "machine": platform.machine(),
-        "cold_pyc": summary(pyc), "cold_as_is": summary(as_is), "cold_pyc_store": summary(pyc_store),
+        "store_rows": args.store_rows, "store_differs_ops": args.differ,
+        "cold_pyc": summary(pyc), "cold_as_is": summary(as_is),
+        **{f"cold_pyc_{name}": summary(runs) for name, runs in stores.items()},
         "cold_min_total_ms": {"pyc": min(r["total_ms"] for r in pyc), "as_is": min(r["total_ms"] for r in as_is),
-                              "pyc_store": min(r["total_ms"] for r in pyc_store)},
-        "cold_runs": {"pyc": pyc, "as_is": as_is, "pyc_store": pyc_store},
+                              **{f"pyc_{name}": min(r["total_ms"] for r in runs) for name, runs in stores.items()}},
+        "cold_runs": {"pyc": pyc, "as_is": as_is, **{f"pyc_{name}": runs for name, runs in stores.items()}},
         "warm_ms_median": statistics.median(warm), "warm_ms_min": min(warm),
         "targets_ms": {"cold_total": 100, "warm": 10},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    for name in ("cold_pyc", "cold_as_is", "cold_pyc_store"):
+    for name in ("cold_pyc", "cold_as_is", "cold_pyc_store", "cold_pyc_store_first", "cold_pyc_store_differs"):
         s = result[name]
         print(f"{name}: total {s['total_ms']:.1f} ms = import autoopt {s['autoopt_ms']:.1f} + imports "
               f"{s['imports_ms']:.1f} + load_profile {s['load_ms']:.1f} + recommend {s['recommend_ms']:.1f} "
