@@ -38,6 +38,30 @@ WIDE = [
     OpSpec(kind="gemv", shape=(1, 28672, 4096)), OpSpec(kind="gemv", shape=(1, 128256, 4096)),
 ]
 
+#: issue 13's broad-suite shapes furthest below torch.matmul (``hw_limit_fixup.json``, both GPUs):
+#: odd token counts and tensor-parallel shards, where the decomposition and tile choice matter most
+BROAD_WORST = [
+    OpSpec(kind="gemm", shape=(77, 9216, 3072)), OpSpec(kind="gemm", shape=(77, 3072, 3072)),
+    OpSpec(kind="gemm", shape=(77, 3072, 8192)), OpSpec(kind="gemm", shape=(333, 8192, 3584)),
+    OpSpec(kind="gemm", shape=(333, 7168, 8192)), OpSpec(kind="gemm", shape=(1000, 4608, 3584)),
+    OpSpec(kind="gemm", shape=(512, 1280, 8192)), OpSpec(kind="gemm", shape=(333, 8192, 1024)),
+]
+SETS = {"llm": OPS, "wide": WIDE, "broad": BROAD_WORST}
+
+
+def _per_class(cands: list, n: int) -> list:
+    """The ``n`` best-predicted configs of each (kernel, SPLIT_K, STREAM_K, num_warps) class: the
+    decompositions and warp counts the top of the ranking may never reach."""
+    seen: dict[tuple, int] = {}
+    out = []
+    for c in cands:
+        p = c.config.params
+        cls = (c.config.kernel, p.get("SPLIT_K", 1), p.get("STREAM_K", 0), p.get("num_warps"))
+        if seen.get(cls, 0) < n:
+            seen[cls] = seen.get(cls, 0) + 1
+            out.append(c)
+    return out
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -46,7 +70,8 @@ def main() -> int:
     ap.add_argument("--spread", type=int, default=20)
     ap.add_argument("--only", default="", help="only ops whose label contains this text")
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop starting new ops after this")
-    ap.add_argument("--set", choices=("llm", "wide"), default="llm", help="the op set: llm suite or wide/large")
+    ap.add_argument("--set", choices=tuple(SETS), default="llm", help="the op set: llm suite, wide/large, broad worst")
+    ap.add_argument("--per-class", type=int, default=0, help="also the N best of each (kernel, split, warps) class")
     args = ap.parse_args()
     gpu = detect().gpu
     if gpu is None:
@@ -54,7 +79,7 @@ def main() -> int:
         return 2
     t0 = time.time()
     report: dict = {"gpu": gpu.name, "versions": runner._versions(), "ops": []}
-    for op in OPS if args.set == "llm" else WIDE:
+    for op in SETS[args.set]:
         if args.only not in op.label():
             continue
         if time.time() - t0 > args.budget_s:
@@ -62,6 +87,9 @@ def main() -> int:
         cands = rank(gpu, op, top=100000, measured=False).candidates
         step = max(1, (len(cands) - args.best) // max(1, args.spread))
         chosen = list(cands[:args.best]) + list(cands[args.best::step])[:args.spread]
+        if args.per_class:
+            keys = {c.config.key() for c in chosen}
+            chosen += [c for c in _per_class(list(cands), args.per_class) if c.config.key() not in keys]
         rows = []
         for c in chosen:
             res = runner.evaluate(op, c.config, gpu=gpu, validate=lambda o, k: validate_config(gpu, o, k),

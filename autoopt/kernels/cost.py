@@ -124,6 +124,9 @@ def _softmax(a: float, b: float, p: float) -> float:
 
 #: MMA flavours a matmul tile can run on.
 MMA_KINDS = ("mma_sync", "wgmma", "tcgen05", "mfma", "fma")
+#: sub-partitions (processing blocks) of an NVIDIA SM since Volta, SIMDs of an AMD CU: a warp (wavefront)
+#: issues on one; warp-level MMA and FMA throughput needs one resident warp on each
+SUBPARTITIONS = 4
 
 
 def _mma_efficiency(gpu: GPUProfile, mma: str, c: CostConstants) -> float:
@@ -199,6 +202,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     it_flops = 2.0 * (max(bm, 16) if mma != "fma" else min(bm, m)) * bn * bk
     t_comp = 0.0
     smem_pen = 1.0
+    idle = 1.0  # 1 / the share of the SM's sub-partitions that resident warps keep busy
     if peak:
         rate = peak * c.tc_efficiency * _mma_efficiency(gpu, mma, c) / sms
         if mma == "wgmma" and not persistent:
@@ -210,10 +214,19 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
             groups_m = max(1, min(groups, bm // 64))
             if bn // max(1, groups // groups_m) < 128:
                 rate *= c.narrow_wgmma_efficiency
+        if mma in ("mma_sync", "mfma", "fma"):
+            # An SM is four sub-partitions, each with its own warp scheduler, tensor core and FMA units, and
+            # a warp runs on one of them (H100 whitepaper; AMD CUs: four SIMDs): fewer than four resident
+            # warps leave units idle. On the H100 a 32x256 tile with 2 warps and 1 CTA/SM measured 52.7 us
+            # against 35.2 us with 4 warps (phi-3-mini qkv, 77x9216x3072). ``occ``, not the concurrency
+            # the grid reaches, so that the branch-and-bound probe (a one-tile op) sees the same factor.
+            idle = SUBPARTITIONS / min(SUBPARTITIONS, occ * warps)
         if mma != "fma" and gpu.sm_clock_max_mhz:
             need = peak / (sms * gpu.sm_clock_max_mhz * 1e6) / c.smem_bytes_per_clk
             smem_pen = max(1.0, need / _smem_intensity(bm, bn, warps, e, mma))
-        t_comp = it_flops / rate * smem_pen * 1e6
+        # shared-memory bandwidth is the SM's, not a sub-partition's: the slower of the two limits holds
+        # (16x64 tiles with 2 warps, smem-bound either way, measured as fast as with 4 on the H200)
+        t_comp = it_flops / rate * max(smem_pen, idle) * 1e6
     # L2 -> SM: rows of A/W actually present (masked rows are not fetched), divided by multicast.
     bw = _bw(gpu)
     it_bytes = (min(bm, m) / multicast[1] + min(bn, n) / multicast[0]) * bk * e
