@@ -2,7 +2,8 @@
 torch.compile on one real architecture (random bf16 weights), same process.
 
 Diagnostic for the end-to-end prefill gap (issue 11): prints and writes the top kernels of each
-variant's prefill with their total GPU time, and each variant's wall time per prefill.
+variant's prefill with their total GPU time, each variant's wall time per prefill, the host time
+to enqueue one prefill, and the host-side ops with the most self CPU time.
 
     PYTHONPATH=. python benchmarks/e2e_prefill_profile.py --model llama-3-8b --batch 1 --seq 2048 \
         --out prefill_profile.json
@@ -37,6 +38,38 @@ def _top_kernels(fn, top: int) -> list[dict]:
     return [{"total_us": round(sum(r["us"] for r in rows), 1)}, *rows[:top]]
 
 
+def _enqueue_ms(fn, reps: int = 10) -> float:
+    """Median host time to issue one forward without waiting for the GPU: when it exceeds the GPU's
+    kernel time, the forward is bound by the host (Python and launch overhead), not the kernels."""
+    import statistics
+    import time
+
+    import torch
+
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(times)
+
+
+def _top_cpu(fn, top: int) -> list[dict]:
+    """The host-side ops with the most self CPU time in one forward (``torch.profiler``, CPU activity)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = [{"op": e.key[:120], "self_cpu_us": round(float(e.self_cpu_time_total), 1), "calls": e.count}
+            for e in prof.key_averages()]
+    rows.sort(key=lambda r: -r["self_cpu_us"])
+    return [{"total_self_cpu_us": round(sum(r["self_cpu_us"] for r in rows), 1)}, *rows[:top]]
+
+
 def main() -> int:
     import torch
 
@@ -63,10 +96,16 @@ def main() -> int:
                 step()
             ms = _median_ms(step, "cuda", 10)
             kernels = _top_kernels(step, args.top)
-        result[variant] = {"prefill_ms": round(ms, 3), "kernels": kernels}
-        print(f"{variant}: {ms:.2f} ms wall, {kernels[0]['total_us'] / 1e3:.2f} ms GPU kernels")
+            enqueue = _enqueue_ms(step)
+            cpu = _top_cpu(step, args.top)
+        result[variant] = {"prefill_ms": round(ms, 3), "enqueue_ms": round(enqueue, 3), "kernels": kernels,
+                           "cpu": cpu}
+        print(f"{variant}: {ms:.2f} ms wall, {kernels[0]['total_us'] / 1e3:.2f} ms GPU kernels, "
+              f"{enqueue:.2f} ms to enqueue")
         for r in kernels[1:]:
             print(f"   {r['us']:10.1f} us  x{r['calls']:<4d} {r['kernel']}")
+        for r in cpu[1:]:
+            print(f"   cpu {r['self_cpu_us']:10.1f} us  x{r['calls']:<4d} {r['op']}")
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 

@@ -43,6 +43,51 @@ def per_call_us(fn: Any, calls: int, repeat: int, sync: Any) -> float:
     return statistics.median(runs)
 
 
+def host_us(fn: Any, calls: int = 100, repeat: int = 5) -> float:
+    """Host time per call to issue ``fn`` (no waiting on the GPU: ``calls`` launches stay below the
+    launch queue's depth, so a long kernel does not block the host), median of ``repeat``."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        runs.append((time.perf_counter() - t0) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(runs)
+
+
+def _prefill_host(ann: Any, dispatch: Any, prepare: Any, dt: Any, dev: Any) -> dict[str, Any]:
+    """Host cost per call at a Llama-3-8B prefill's shapes (1 x 2048 tokens), where the kernels are the
+    TMA GEMM and the row kernels: the public op, its dispatch, prepare (binding) and launch alone."""
+    import torch
+
+    m = 2048
+    x = torch.randn(m, 4096, device=dev, dtype=dt)
+    w = torch.randn(4096, 4096, device=dev, dtype=dt) / 64
+    nw = torch.randn(4096, device=dev, dtype=dt)
+    gu = torch.randn(m, 2 * 14336, device=dev, dtype=dt)
+    out: dict[str, Any] = {}
+    with torch.inference_mode():
+        choice = dispatch.choose("linear", "gemm", (m, 4096, 4096), dt, dev)
+        out["linear_kernel"] = choice.describe()
+        y = torch.empty(m, 4096, device=dev, dtype=dt)
+        out["linear_public_us"] = host_us(lambda: ann.linear(x, w))
+        out["linear_custom_op_us"] = host_us(lambda: torch.ops.autoopt.linear(x, w, None))
+        out["linear_dispatch_us"] = host_us(lambda: dispatch.choose("linear", "gemm", (m, 4096, 4096), dt, dev))
+        out["linear_prepare_us"] = host_us(lambda: prepare({"a": x, "w": w}, choice.config, y))
+        run = prepare({"a": x, "w": w}, choice.config, y)
+        out["linear_launch_us"] = host_us(run)
+        out["torch_linear_us"] = host_us(lambda: torch.nn.functional.linear(x, w))
+        out["rms_norm_public_us"] = host_us(lambda: ann.rms_norm(x, nw, 1e-5))
+        out["swiglu_public_us"] = host_us(lambda: ann.swiglu(gu))
+        out["empty_us"] = host_us(lambda: torch.empty(m, 4096, device=dev, dtype=dt))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=2000)
@@ -118,6 +163,8 @@ def main() -> None:
             if cuda:
                 res["public_us"][name] = per_call_us(ours, args.calls, args.repeat, sync)
                 res["torch_us"][name] = per_call_us(theirs, args.calls, args.repeat, sync)
+    if cuda:
+        res["prefill_host_us"] = _prefill_host(ann, dispatch, prepare, dt, dev)
     res["fallbacks"] = {f"{o}: {r}": n for (o, r), n in dispatch.fallback_counts().items()}
     text = json.dumps(res, indent=1)
     print(text)
