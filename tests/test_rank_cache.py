@@ -400,9 +400,23 @@ def test_with_the_cache_off_nothing_is_learned(monkeypatch):
 def test_an_unwritable_cache_folder_is_logged_not_raised(cache_on, caplog):
     (cache_on / "ranks").write_text("a file where the folder goes")
     rank_cache.learn(H100, ODD, rank(H100, ODD).best)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         assert rank_cache.flush() == []
     assert "not written" in caplog.text
+
+
+def test_a_damaged_learned_file_is_ignored_and_then_replaced(cache_on, caplog):
+    path = rank_cache.file_for(H100, cache_on / "ranks")
+    path.parent.mkdir()
+    path.write_bytes(b"not zlib at all")
+    with caplog.at_level(logging.WARNING):
+        assert rank_cache.best(H100, ODD) is None
+    assert "ignored" in caplog.text
+    answer = rank(H100, ODD).best
+    rank_cache.learn(H100, ODD, answer)
+    assert rank_cache.flush() == [path]
+    rank_cache.clear_cache()
+    assert rank_cache.best(H100, ODD) == answer
 
 
 def test_a_tuned_machine_starts_up_without_ranking_or_sqlite_from_its_second_start(tmp_path):

@@ -598,8 +598,8 @@ def flush() -> list[Path]:
             path.parent.mkdir(parents=True, exist_ok=True)
             written.append(_write_file(path, gpu, merged, constants=_effective_constants(gpu).to_dict(),
                                        templates=templates))
-        except OSError as exc:
-            log.warning("learned rank cache %s not written: %s", path, exc)
+        except OSError as exc:  # a read-only cache folder (a container image, say) is a normal set-up
+            log.info("learned rank cache %s not written: %s", path, exc)
         with _lock:
             _files.pop((path.parent, _gpu_repr(gpu)), None)
             _listing.pop(path.parent, None)
