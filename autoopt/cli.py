@@ -518,6 +518,7 @@ def cmd_store(args: argparse.Namespace) -> int:
     elif action == "import":
         assert st is not None
         summary = transfer.import_file(st, args.file)
+        _refresh_snapshots(st)
         _emit({"path": str(path), **summary.to_dict()}, args.format,
               f"imported {args.file} into {path}: {summary.new} new, {summary.updated} updated, "
               f"{summary.unchanged} already there")
@@ -528,9 +529,19 @@ def cmd_store(args: argparse.Namespace) -> int:
         if not (args.stale or days is not None or args.device):
             raise UsageError("store prune: say what to remove: --stale, --older-than DAYS and/or --device FP|NAME")
         n = st.prune(stale=args.stale, older_than_days=days, device=args.device, dry_run=args.dry_run) if st else 0
+        if st is not None and n and not args.dry_run:
+            _refresh_snapshots(st)
         _emit({"path": str(path), "removed": 0 if args.dry_run else n, "matched": n}, args.format,
               f"{'would remove' if args.dry_run else 'removed'} {n} rows from {path}")
     return 0
+
+
+def _refresh_snapshots(store: Any) -> None:
+    """After the store changed: rewrite its start-up snapshots (the next start-up reads them)."""
+    from autoopt.results.lookup import refresh_snapshots
+
+    store.close()  # ours is then not the connection that keeps the WAL alive (see refresh_snapshot)
+    refresh_snapshots(store.path)
 
 
 def _around(around: dict[str, list[list[Any]]]) -> str:

@@ -19,7 +19,7 @@ from autoopt.hardware.library import load_profile
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
 from autoopt.results import keys, presence, sources, versions, winners
-from autoopt.results.location import FILE_NAME, WINNERS_FOLDER
+from autoopt.results.location import FILE_NAME, SHIPPED_DIR, WINNERS_FOLDER
 from autoopt.results.lookup import ResultLookup
 from autoopt.results.store import ResultStore
 
@@ -69,8 +69,8 @@ def _full(tmp_path, gpu, op):
     return None if hit is None else (hit.result.config.key(), hit.result.us, hit.label)
 
 
-def _quick(gpu, op):
-    got = winners.answer(gpu, op, shipped_dir=None)
+def _quick(gpu, op, shipped_dir=None):
+    got = winners.answer(gpu, op, shipped_dir=shipped_dir)
     return got if got is None or got is winners.UNKNOWN else (got.config_key(), got.us, got.label)
 
 
@@ -206,3 +206,37 @@ def test_a_refresh_after_tuning_rewrites_the_snapshot_for_the_new_winners(tmp_pa
     lookup.refresh_snapshot(keys.env_key(H100))
     lookup.close()
     assert _quick(H100, OP) == (_config(64).key(), 9.0, "measured:store")
+
+
+def test_refresh_snapshots_rewrites_every_environment_that_has_one(tmp_path):
+    from autoopt.results.lookup import refresh_snapshots
+
+    _store(tmp_path, [_row(H100, OP, 128, 20.0)])
+    _full(tmp_path, H100, OP)
+    _store(tmp_path, [_row(H100, OP, 32, 7.0)])
+    assert winners.answer(H100, OP, shipped_dir=None) is winners.UNKNOWN
+    assert refresh_snapshots(tmp_path / FILE_NAME) == 1  # with the package's shipped sets, as a process would
+    assert _quick(H100, OP, SHIPPED_DIR) == (_config(32).key(), 7.0, "measured:store")
+
+
+def test_refresh_snapshots_with_none_written_does_nothing(tmp_path):
+    from autoopt.results.lookup import refresh_snapshots
+
+    _store(tmp_path, [_row(H100, OP, 128, 20.0)])
+    assert refresh_snapshots(tmp_path / FILE_NAME) == 0
+    assert not (tmp_path / WINNERS_FOLDER).exists()
+
+
+def test_cli_store_import_leaves_the_snapshot_current(tmp_path):
+    from autoopt.results import transfer
+
+    _store(tmp_path, [_row(H100, OP, 128, 20.0)])
+    _full(tmp_path, H100, OP)
+    src = tmp_path / "team.json"
+    src.write_text(json.dumps(transfer.document([_row(H100, OP, 64, 5.0)])))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(AUTOOPT_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT), AUTOOPT_DISABLE_PLUGIN_AUTOLOAD="1")
+    res = subprocess.run([sys.executable, "-m", "autoopt", "store", "import", str(src)], capture_output=True,
+                         text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert _quick(H100, OP, SHIPPED_DIR) == (_config(64).key(), 5.0, "measured:store")

@@ -35,6 +35,7 @@ from autoopt.fleet.pool import Dispatcher, Item, LocalPool, Outcome
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
+from autoopt.results.lookup import refresh_snapshots
 from autoopt.results.store import open_default
 from autoopt.tuning import campaign, tuner
 from autoopt.tuning.campaign import TunedOp
@@ -246,6 +247,7 @@ def tune(fleet: Fleet, ops: Sequence[tuple[str, OpSpec]], *, budget_trials: int 
     finally:
         if store is not None:
             store.close()
+            refresh_snapshots(store.path)  # the next start-up reads the new winners without SQLite
 
 
 def _searches(jobs: int, devices: int) -> int:

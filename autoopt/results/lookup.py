@@ -38,7 +38,8 @@ if TYPE_CHECKING:  # opened only when the user store exists: a machine that meas
 
 log = get_logger(__name__)
 
-__all__ = ["LAYERS", "SHIPPED_DIR", "Hit", "ResultLookup", "default_lookup", "lookup", "reset_default_lookup"]
+__all__ = ["LAYERS", "SHIPPED_DIR", "Hit", "ResultLookup", "default_lookup", "lookup", "refresh_snapshots",
+           "reset_default_lookup"]
 
 #: the layers, nearest first
 LAYERS = ("memory", "store", "shipped")
@@ -231,6 +232,23 @@ class ResultLookup:
             if self._store is not None:
                 self._store.close()
                 self._store = None
+
+
+def refresh_snapshots(store_path: str | os.PathLike[str]) -> int:
+    """Rewrite the start-up snapshot of every environment that has one beside the store at
+    ``store_path`` (after ``autoopt store import`` or ``prune`` changed the store, so that the next
+    start-up does not pay for opening SQLite once); returns how many were rewritten."""
+    path = Path(store_path)
+    envs = winners.snapshot_envs(path.parent)
+    if not envs:
+        return 0
+    found = ResultLookup(store_path=path)
+    try:
+        for device, torch, triton in envs:
+            found.refresh_snapshot(EnvKey(device=device, torch=torch, triton=triton))
+    finally:
+        found.close()
+    return len(envs)
 
 
 _default: ResultLookup | None = None

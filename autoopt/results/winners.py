@@ -15,6 +15,8 @@ files behind it are as they were when they were read:
 * the shipped result sets' names, sizes and mtimes, checked once per process: the full lookup also
   reads them once per process.
 
+The commands that write the store (tuning, the fleet, ``calibrate --sweep``, ``store import`` and
+``prune``) rewrite every existing snapshot as they finish (:func:`autoopt.results.lookup.refresh_snapshots`).
 Anything else answers :data:`UNKNOWN`, and the caller asks the full lookup, which writes a fresh
 snapshot: no snapshot yet, a stale or unreadable one, or rows remembered in this process (the
 memory layer comes first). As in the full lookup, a row answers only while its kernel file hashes as
@@ -49,7 +51,7 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 __all__ = ["FORMAT", "UNKNOWN", "VERSION", "Winner", "answer", "build", "clear", "op_key", "shipped_signature",
-           "snapshot_file", "store_signature", "write"]
+           "snapshot_envs", "snapshot_file", "store_signature", "write"]
 
 FORMAT = "autoopt-winners"
 VERSION = 1
@@ -199,6 +201,29 @@ def write(folder: Path, *, device: str, torch: str, triton: str, store: list[Any
             tmp.unlink()
         return None
     return path
+
+
+def snapshot_envs(folder: Path) -> list[tuple[str, str, str]]:
+    """(device fingerprint, torch, triton) of every readable snapshot in the cache ``folder``: the
+    environments whose start-ups read one, which a change to the store should rewrite."""
+    out: list[tuple[str, str, str]] = []
+    try:
+        entries = sorted(os.scandir(folder / WINNERS_FOLDER), key=lambda e: e.name)
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.name.endswith(".json"):
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False) or entry.stat().st_size > MAX_BYTES:
+                continue
+            doc = json.loads(Path(entry.path).read_bytes())
+            ident = (doc["device"], doc["torch"], doc["triton"])
+        except (OSError, ValueError, RecursionError, KeyError, TypeError):
+            continue
+        if all(isinstance(v, str) for v in ident) and ident[0]:
+            out.append(ident)
+    return out
 
 
 # -- reading (at start-up) -------------------------------------------------------------------

@@ -317,6 +317,10 @@ def sweep_samples(gpu: GPUProfile, *, seconds: float = DEFAULT_SECONDS, seed: in
             ahead.close()
         if db is not None and store is True:
             db.close()
+            if stored_rows:
+                from autoopt.results.lookup import refresh_snapshots
+
+                refresh_snapshots(db.path)  # the next start-up reads the new winners without SQLite
     detail = {"seconds_budget": seconds, "elapsed_s": round(time.perf_counter() - t0, 2), **counts,
               "stored_rows": stored_rows, "store": str(db.path) if db is not None else None,
               "top": top, "spread": spread, "seed": seed, "warmup_ms": WARMUP_MS, "rep_ms": REP_MS,
