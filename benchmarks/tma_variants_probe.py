@@ -27,6 +27,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoopt.backend import runner
+from autoopt.backend.kernels.gemm_tma import _tile_of
 from autoopt.hardware.detection import detect
 from autoopt.kernels.ops import OpSpec
 from autoopt.kernels.suite import LLAMA3_8B_PROJECTIONS
@@ -42,13 +43,8 @@ def _kernel(a_desc, b_desc, c_desc, M, N, K,  # type: ignore[no-untyped-def]
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    num_pid_in_group = GROUP_M * num_pid_n
     for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=not WS, warp_specialize=WS):
-        group_id = tile_id // num_pid_in_group
-        first_pid_m = group_id * GROUP_M
-        group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-        pid_m = first_pid_m + (tile_id % group_size_m)
-        pid_n = (tile_id % num_pid_in_group) // group_size_m
+        pid_m, pid_n = _tile_of(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

@@ -419,6 +419,14 @@ def test_a_damaged_learned_file_is_ignored_and_then_replaced(cache_on, caplog):
     assert rank_cache.best(H100, ODD) == answer
 
 
+def _two_start_ups(code: str, cache: Path) -> list[str]:
+    """The stdout of ``code`` run in two fresh processes, one after the other, over the cache folder ``cache``."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOOPT_CACHE_DIR": str(cache),
+           "AUTOOPT_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    return [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
+                           timeout=300).stdout for _ in range(2)]
+
+
 def test_a_tuned_machine_starts_up_without_ranking_or_sqlite_from_its_second_start(tmp_path):
     """The store's winner of one GEMM differs from the shipped pick: the first start-up ranks that op,
     opens the store, and writes the snapshot and the learned prediction; the second reads only those."""
@@ -440,10 +448,7 @@ def test_a_tuned_machine_starts_up_without_ranking_or_sqlite_from_its_second_sta
             "r = autoopt.recommend(autoopt.load_profile('h100-sxm-8x'), 'llama-3-70b', runtime='vllm')\n"
             "print(sorted({o.source for o in r.ops if o.measured_us == 1.0}),"
             " [m for m in ('sqlite3', 'autoopt.search.ranking') if m in sys.modules])")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOOPT_CACHE_DIR": str(tmp_path),
-           "AUTOOPT_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
-                           timeout=300).stdout.strip() for _ in range(2)]
+    runs = [out.strip() for out in _two_start_ups(code, tmp_path)]
     assert runs == ["['measured:store'] ['sqlite3', 'autoopt.search.ranking']", "['measured:store'] []"]
 
 
@@ -454,9 +459,6 @@ def test_a_model_outside_the_catalog_is_ranked_once_per_machine(tmp_path):
             " 'max_position_embeddings': 4096}\n"
             "r = autoopt.recommend(autoopt.load_profile('h100-sxm'), cfg)\n"
             "print(len(r.ops), 'autoopt.search.ranking' in sys.modules)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOOPT_CACHE_DIR": str(tmp_path),
-           "AUTOOPT_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True,
-                           timeout=300).stdout.split() for _ in range(2)]
+    runs = [out.split() for out in _two_start_ups(code, tmp_path)]
     assert runs[0][1] == "True" and runs[1] == [runs[0][0], "False"]
     assert [p.name for p in (tmp_path / "ranks").iterdir()] == [rank_cache.file_for(H100).name]
