@@ -240,3 +240,11 @@ def test_cli_store_import_leaves_the_snapshot_current(tmp_path):
                          text=True, env=env, timeout=120)
     assert res.returncode == 0, res.stderr
     assert _quick(H100, OP, SHIPPED_DIR) == (_config(64).key(), 5.0, "measured:store")
+
+
+def test_refresh_snapshots_also_writes_a_tuned_gpus_first_snapshot(tmp_path):
+    from autoopt.results.lookup import refresh_snapshots
+
+    _store(tmp_path, [_row(H100, OP, 128, 20.0)])
+    assert refresh_snapshots(tmp_path / FILE_NAME, also=[keys.env_key(H100)]) == 1
+    assert _quick(H100, OP, SHIPPED_DIR) == (_config(128).key(), 20.0, "measured:store")

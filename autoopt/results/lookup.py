@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -234,12 +235,13 @@ class ResultLookup:
                 self._store = None
 
 
-def refresh_snapshots(store_path: str | os.PathLike[str]) -> int:
+def refresh_snapshots(store_path: str | os.PathLike[str], *, also: Iterable[EnvKey] = ()) -> int:
     """Rewrite the start-up snapshot of every environment that has one beside the store at
-    ``store_path`` (after ``autoopt store import`` or ``prune`` changed the store, so that the next
-    start-up does not pay for opening SQLite once); returns how many were rewritten."""
+    ``store_path``, and write those of ``also`` (a tuning run's own GPU), after a command changed the
+    store, so that the next start-up does not pay for opening SQLite once; returns how many."""
     path = Path(store_path)
-    envs = winners.snapshot_envs(path.parent)
+    envs = dict.fromkeys(winners.snapshot_envs(path.parent))
+    envs.update(dict.fromkeys((e.device, e.torch, e.triton) for e in also))
     if not envs:
         return 0
     found = ResultLookup(store_path=path)

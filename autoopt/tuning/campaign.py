@@ -18,7 +18,7 @@ from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.kernels.ops import OpSpec
 from autoopt.kernels.suite import suite
 from autoopt.results import keys
-from autoopt.results.lookup import ResultLookup, default_lookup
+from autoopt.results.lookup import default_lookup, refresh_snapshots
 from autoopt.results.store import ResultStore, open_default
 from autoopt.tuning import tuner
 from autoopt.tuning.tuner import Trial, TuneResult
@@ -141,17 +141,8 @@ def tune_ops(target: GPUProfile | HardwareProfile, ops: Iterable[tuple[str, OpSp
     finally:
         if store is not None:
             store.close()
-            _snapshot(gpu)
-
-
-def _snapshot(gpu: GPUProfile) -> None:
-    """Rewrite the store's start-up winners snapshot for this GPU (:mod:`autoopt.results.winners`), so
-    the first start-up after tuning reads the new winners without opening SQLite."""
-    lookup = ResultLookup.default()
-    try:
-        lookup.refresh_snapshot(keys.env_key(gpu))
-    finally:
-        lookup.close()
+            # the first start-up after tuning reads the new winners without opening SQLite
+            refresh_snapshots(store.path, also=[keys.env_key(gpu)])
 
 
 def tune(target: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, budget_trials: int = 8,
