@@ -216,13 +216,14 @@ def _bench_model(args: argparse.Namespace) -> int:
                      decode_batches=(1,), new_tokens=8, prompts=4, reps=1)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    rows = [(v, json.dumps(r["prefill_ms"]), json.dumps(r["decode_ms_per_token"]), *_agreement_cells(r))
+    rows = [(v, json.dumps(r["prefill_ms"]), json.dumps(r["decode_ms_per_token"]),
+             json.dumps(r.get("graphed_decode_ms_per_step", {})), *_agreement_cells(r))
             for v, r in result["variants"].items()]
     from autoopt.report import format_table
 
-    _emit(result, args.format, format_table(("variant", "prefill ms", "decode ms/token", "top-1 vs eager",
-                                             "rel err"), rows, title=f"{args.model} end to end (measured)"
-                                            + ("" if gpu else " - tiny config on the CPU")))
+    title = f"{args.model} end to end (measured)" + ("" if gpu else " - tiny config on the CPU")
+    headers = ("variant", "prefill ms", "decode ms/token", "CUDA-graph ms/step", "top-1 vs eager", "rel err")
+    _emit(result, args.format, format_table(headers, rows, title=title))
     return 0
 
 

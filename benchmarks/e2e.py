@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoopt.backend.runner import _versions
 from autoopt.hardware.detection import detect
-from autoopt.nn.e2e import VARIANTS, run
+from autoopt.nn.e2e import PARTS, VARIANTS, run
 
 
 def main() -> int:
@@ -29,6 +29,9 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
+    ap.add_argument("--prefill", default="1x2048,8x512", help="BxS shapes, comma-separated")
+    ap.add_argument("--decode-batches", default="1,16")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -45,14 +48,17 @@ def main() -> int:
     def save(result: dict) -> None:
         out.write_text(json.dumps({**result, **meta}, indent=1) + "\n")
 
+    prefill = [tuple(int(v) for v in shape.split("x")) for shape in args.prefill.split(",") if shape]
     result = run(args.model, variants=args.variants.split(","), prompts=args.prompts, reps=args.reps,
-                 new_tokens=args.new_tokens, profile=profile, on_variant=save)
+                 new_tokens=args.new_tokens, profile=profile, on_variant=save, parts=args.parts.split(","),
+                 prefill=prefill, decode_batches=[int(b) for b in args.decode_batches.split(",")])
     save(result)
     for variant, row in result["variants"].items():
         peak_gib = row.get("memory_peak_bytes", 0) / 2**30
         top1 = row.get("agreement_vs_eager", {}).get("top1_agreement")
         print(f"{variant:18s} prefill {row['prefill_ms']}  decode ms/token {row['decode_ms_per_token']}  "
-              f"top1 {top1}  tokens {row['decode_token_agreement_vs_eager']}  peak {peak_gib:.1f} GiB")
+              f"graphed ms/step {row.get('graphed_decode_ms_per_step')}  top1 {top1}  "
+              f"tokens {row.get('decode_token_agreement_vs_eager')}  peak {peak_gib:.1f} GiB")
         print(f"{'':18s} kernel us/token (batch 1): {row.get('kernel_us_per_token_batch1')}")
     print("predicted", result.get("predicted"))
     return 0

@@ -22,9 +22,12 @@ from autoopt._log import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["VARIANTS", "build_model", "run"]
+__all__ = ["PARTS", "VARIANTS", "build_model", "run"]
 
 VARIANTS = ("eager", "compile", "optimize", "optimize+compile")
+#: what run() measures per variant: prefill latency, decode through ``model.generate``, the kernel
+#: profile of a generation, decode with the whole step in one CUDA graph, logits against eager's.
+PARTS = ("prefill", "generate", "profile", "graphed", "agreement")
 #: a tiny config of the same family for the CPU path (shapes only; the code path is the real one)
 _TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}
@@ -125,13 +128,16 @@ def _decode(model: Any, batch: int, prompt: int, new_tokens: int, device: str, r
     return (long_ms - short_ms) / (new_tokens - short), last[-1][:, prompt:].cpu()
 
 
-def _graphed_decode_ms(model: Any, batch: int, prompt: int, steps: int) -> float:
+def _graphed_decode_ms(model: Any, batch: int, prompt: int, steps: int, compiled: bool = False) -> float:
     """GPU time per decode step with the whole step (forward over a static cache + greedy argmax)
     captured in one CUDA graph and replayed ``steps`` times, as a serving runtime runs decode: no
-    Python between steps. For the eager-mode variants only (a compiled model has its own graphs)."""
+    Python between steps. ``compiled``: the forward is ``torch.compile``d first (fullgraph, static
+    shapes, Inductor's default mode: its kernels, no CUDA graphs of its own) and that is captured,
+    so the compiled variants are measured in the same harness as the eager ones."""
     import torch
     from transformers import StaticCache
 
+    forward = torch.compile(model.forward, fullgraph=True, dynamic=False) if compiled else model.forward
     cache = StaticCache(config=model.config, max_cache_len=prompt + steps + 8)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device="cuda")
     with torch.inference_mode():
@@ -139,7 +145,7 @@ def _graphed_decode_ms(model: Any, batch: int, prompt: int, steps: int) -> float
         pos = torch.tensor([prompt], device="cuda")
 
         def step() -> None:
-            logits = model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+            logits = forward(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
             tok.copy_(logits[:, -1:].argmax(-1))
             pos.add_(1)
         side = torch.cuda.Stream()
@@ -246,19 +252,20 @@ def _kernel_class(name: str) -> str:
 
 
 def _measure(model: Any, *, device: str, compiled: bool, prefill: Sequence[tuple[int, int]],
-             decode_batches: Sequence[int], new_tokens: int, reps: int) -> dict[str, Any]:
+             decode_batches: Sequence[int], new_tokens: int, reps: int, parts: Sequence[str] = PARTS
+             ) -> dict[str, Any]:
     import torch
 
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     out: dict[str, Any] = {"prefill_ms": {}, "decode_ms_per_token": {}, "tokens": {}}
     forward = _prefill_forward(model, compiled)
-    for batch, seq in prefill:
+    for batch, seq in prefill if "prefill" in parts else ():
         t0 = time.perf_counter()
         ms = _prefill_ms(forward, model.config.vocab_size, batch, seq, device, reps)
         out["prefill_ms"][f"{batch}x{seq}"] = round(ms, 3)
         log.info("prefill %dx%d: %.3f ms (%.0f s with warm-up)", batch, seq, ms, time.perf_counter() - t0)
-    for batch in decode_batches:
+    for batch in decode_batches if "generate" in parts else ():
         t0 = time.perf_counter()
         ms, tokens = _decode(model, batch, 128, new_tokens, device, max(1, reps // 2), compiled)
         out["decode_ms_per_token"][str(batch)] = round(ms, 4)
@@ -266,18 +273,19 @@ def _measure(model: Any, *, device: str, compiled: bool, prefill: Sequence[tuple
         log.info("decode batch %d: %.4f ms/token (%.0f s with warm-up)", batch, ms, time.perf_counter() - t0)
     if device.startswith("cuda"):
         out["memory_peak_bytes"] = int(torch.cuda.max_memory_allocated())
-        out["kernel_us_per_token_batch1"] = _kernel_classes(model, 1, 128, device, compiled)
-        if not compiled:
-            out["graphed_decode_ms_per_step"] = _graphed(model, decode_batches, new_tokens)
+        if "profile" in parts:
+            out["kernel_us_per_token_batch1"] = _kernel_classes(model, 1, 128, device, compiled)
+        if "graphed" in parts:
+            out["graphed_decode_ms_per_step"] = _graphed(model, decode_batches, new_tokens, compiled)
     return out
 
 
-def _graphed(model: Any, batches: Sequence[int], steps: int) -> dict[str, Any]:
+def _graphed(model: Any, batches: Sequence[int], steps: int, compiled: bool) -> dict[str, Any]:
     """:func:`_graphed_decode_ms` per batch; a model whose step cannot be captured says why."""
     out: dict[str, Any] = {}
     for batch in batches:
         try:
-            out[str(batch)] = round(_graphed_decode_ms(model, batch, 128, steps), 4)
+            out[str(batch)] = round(_graphed_decode_ms(model, batch, 128, steps, compiled), 4)
         except Exception as exc:  # capture failures are data here, not a crash
             out[str(batch)] = f"not capturable: {type(exc).__name__}: {str(exc)[:200]}"
         log.info("graphed decode batch %d: %s", batch, out[str(batch)])
@@ -303,52 +311,42 @@ def _predicted(name: str, profile: Any, prefill: Sequence[tuple[int, int]], deco
 def run(name: str = "llama-3-8b", *, device: str = "cuda", tiny: bool = False, variants: Sequence[str] = VARIANTS,
         prefill: Sequence[tuple[int, int]] = ((1, 2048), (8, 512)), decode_batches: Sequence[int] = (1, 16),
         new_tokens: int = 128, prompts: int = 64, reps: int = 5, profile: Any = None,
-        on_variant: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        parts: Sequence[str] = PARTS, on_variant: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Measure every variant of ``name`` in this process; returns a JSON-ready dict (see module docstring).
 
-    ``on_variant`` is called with the result so far after each variant (a long GPU run saves as it goes).
+    ``parts`` (a subset of :data:`PARTS`) says what to measure; ``on_variant`` is called with the
+    result so far after each variant (a long GPU run saves as it goes).
     """
     import torch
 
     from autoopt.errors import AutooptError
     from autoopt.nn.optimize import optimize, restore
 
-    bad = [v for v in variants if v not in VARIANTS]
+    bad = [v for v in variants if v not in VARIANTS] + [p for p in parts if p not in PARTS]
     if bad:
-        raise AutooptError(f"unknown e2e variants {bad}; choose from {', '.join(VARIANTS)}")
+        raise AutooptError(f"unknown e2e variants or parts {bad}; variants: {', '.join(VARIANTS)}; "
+                           f"parts: {', '.join(PARTS)}")
     model = build_model(name, device=device, tiny=tiny, dtype="bf16" if device.startswith("cuda") else "fp32")
-    gen = torch.Generator(device="cpu").manual_seed(1)
-    # long prompts reach the linears as M = 64 (GEMM), short ones as M = 8 (GEMV)
-    samples = {f"prompt_{n}": torch.randint(0, model.config.vocab_size, (prompts, n), generator=gen).to(device)
-               for n in (64, 8)}
-    result: dict[str, Any] = {"model": name, "tiny": tiny, "device": device, "variants": {},
+    result: dict[str, Any] = {"model": name, "tiny": tiny, "device": device, "parts": list(parts), "variants": {},
                               "config": {k: getattr(model.config, k) for k in _TINY}}
     if profile is not None:
         result["predicted"] = _predicted(name, profile, prefill, decode_batches)
-    reference = {k: _last_logits(model, p) for k, p in samples.items()}
-    result["noise_reference"] = _noise_reference(model, samples, reference)
-    truth = _fp32_truth(model, samples)
-    ref_tokens: dict[str, Any] = {}
+    checks = _Agreement(model, prompts, device, result) if "agreement" in parts else None
     for variant in variants:
         t0 = time.perf_counter()
         report = optimize(model) if variant.startswith("optimize") else None
         compiled = variant.endswith("compile")
         row = _measure(model, device=device, compiled=compiled, prefill=prefill, decode_batches=decode_batches,
-                       new_tokens=new_tokens, reps=reps)
+                       new_tokens=new_tokens, reps=reps, parts=parts)
         tokens = row.pop("tokens")
-        ref_tokens = ref_tokens or tokens
-        row["decode_token_agreement_vs_eager"] = {b: _token_agreement(ref_tokens[b], t) for b, t in tokens.items()}
-        if not compiled:  # the compiled variants run the same modules, so the eager logits are theirs too
-            logits = {k: _last_logits(model, p) for k, p in samples.items()}
-            row["agreement_vs_eager"] = _logit_agreement(reference, logits)
-            if truth is not None:
-                row["agreement_vs_fp32"] = _logit_agreement(truth, logits)
+        if checks is not None:
+            checks.add(row, tokens, compiled)
         if report is not None:
             row["optimize_report"] = report.to_dict()
         row["wall_s"] = round(time.perf_counter() - t0, 1)
         result["variants"][variant] = row
-        log.info("%s %s done in %.0f s: prefill %s decode %s", name, variant, row["wall_s"], row["prefill_ms"],
-                 row["decode_ms_per_token"])
+        log.info("%s %s done in %.0f s: prefill %s decode %s graphed %s", name, variant, row["wall_s"],
+                 row["prefill_ms"], row["decode_ms_per_token"], row.get("graphed_decode_ms_per_step"))
         if compiled:
             torch._dynamo.reset()
         if report is not None:
@@ -356,6 +354,36 @@ def run(name: str = "llama-3-8b", *, device: str = "cuda", tiny: bool = False, v
         if on_variant is not None:
             on_variant(result)
     return result
+
+
+class _Agreement:
+    """The eager model's logits (and their noise floor, and the fp32 truth) taken once; each variant's
+    logits and greedy tokens compared with them."""
+
+    def __init__(self, model: Any, prompts: int, device: str, result: dict[str, Any]) -> None:
+        import torch
+
+        gen = torch.Generator(device="cpu").manual_seed(1)
+        # long prompts reach the linears as M = 64 (GEMM), short ones as M = 8 (GEMV)
+        self.model = model
+        self.samples = {f"prompt_{n}": torch.randint(0, model.config.vocab_size, (prompts, n), generator=gen).to(device)
+                        for n in (64, 8)}
+        self.reference = {k: _last_logits(model, p) for k, p in self.samples.items()}
+        result["noise_reference"] = _noise_reference(model, self.samples, self.reference)
+        self.truth = _fp32_truth(model, self.samples)
+        self.ref_tokens: dict[str, Any] = {}
+
+    def add(self, row: dict[str, Any], tokens: dict[str, Any], compiled: bool) -> None:
+        if tokens:
+            self.ref_tokens = self.ref_tokens or tokens
+            row["decode_token_agreement_vs_eager"] = {b: _token_agreement(self.ref_tokens[b], t)
+                                                      for b, t in tokens.items()}
+        if compiled:  # the compiled variants run the same modules, so the eager logits are theirs too
+            return
+        logits = {k: _last_logits(self.model, p) for k, p in self.samples.items()}
+        row["agreement_vs_eager"] = _logit_agreement(self.reference, logits)
+        if self.truth is not None:
+            row["agreement_vs_fp32"] = _logit_agreement(self.truth, logits)
 
 
 def _logit_agreement(reference: dict[str, Any], logits: dict[str, Any]) -> dict[str, Any]:
