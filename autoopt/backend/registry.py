@@ -2,7 +2,7 @@
 
 Kernel names (``KernelConfig.kernel``) and the op kinds they serve:
 ``gemm``, ``gemm_tma`` (gemm, gemv), ``gemv`` (gemv), ``silu_mul``, ``add``, ``gelu_tanh_mul``,
-``{rmsnorm,layernorm,softmax}_{single,looped}``. Inputs are fresh random
+``{rmsnorm,layernorm,softmax}_{single,looped}``, ``rmsnorm_split``, ``rmsnorm_coop``. Inputs are fresh random
 tensors (never zeros: zeros hide unwritten outputs and can run faster). The
 reference is float64 on the same inputs. For a ``kn`` GEMM the weight is
 stored under ``"w_kn"`` (``[K, N]``) instead of ``"w"`` (``[N, K]``), so the
@@ -70,6 +70,7 @@ KERNELS: dict[str, KernelEntry] = {
     **{f"{k}_{v}": KernelEntry(name=f"{k}_{v}", kinds=(k,), module=f"{_KERNELS}.norm")
        for k in ("rmsnorm", "layernorm", "softmax") for v in ("single", "looped")},
     "rmsnorm_split": KernelEntry(name="rmsnorm_split", kinds=("rmsnorm",), module=f"{_KERNELS}.norm"),
+    "rmsnorm_coop": KernelEntry(name="rmsnorm_coop", kinds=("rmsnorm",), module=f"{_KERNELS}.norm_coop"),
 }
 
 
@@ -187,6 +188,10 @@ def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
     if name == "gelu_tanh_mul":
         from autoopt.backend.kernels.gated import gelu_tanh_mul_prepare
         return gelu_tanh_mul_prepare(inputs["x"], inputs["y"], out, params)
+    if name == "rmsnorm_coop":
+        from autoopt.backend.kernels.norm_coop import rmsnorm_coop_prepare
+        return rmsnorm_coop_prepare(inputs["x"], inputs["weight"], out, params,
+                                    eps=EPS["rmsnorm"] if eps is None else eps)
     from autoopt.backend.kernels.norm import norm_prepare
     return norm_prepare(name, inputs["x"], inputs.get("weight"), inputs.get("bias"), out, params,
                         eps=EPS.get(name.rsplit("_", 1)[0], 0.0) if eps is None else eps)

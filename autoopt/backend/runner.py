@@ -14,7 +14,6 @@ CPU tensors) the same checks run and the label is ``checked`` with no time.
 from __future__ import annotations
 
 import math
-import os
 import platform
 import time
 from collections import OrderedDict
@@ -24,6 +23,7 @@ from typing import Any
 
 from autoopt._log import get_logger
 from autoopt.backend import registry
+from autoopt.backend.kernels import interpreter_active
 from autoopt.errors import AutooptError, ConfigError
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.config import KernelConfig
@@ -77,11 +77,6 @@ class Result:
                    roofline_pct=f("roofline_pct"), rel_err=f("rel_err"), reason=str(data.get("reason", "")),
                    device=str(data.get("device", "")),
                    versions={str(k): str(v) for k, v in dict(data.get("versions", {})).items()})
-
-
-def interpreter_active() -> bool:
-    """Whether Triton's CPU interpreter is switched on (``TRITON_INTERPRET``)."""
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _versions() -> dict[str, str]:

@@ -32,7 +32,6 @@ tensors; under Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) the st
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import Counter
@@ -40,6 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autoopt._log import get_logger
+from autoopt.backend.kernels import interpreter_active
 from autoopt.errors import AutooptError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.kernels.config import KernelConfig
@@ -139,11 +139,6 @@ _COUNTS: Counter[tuple[str, str]] = Counter()
 _OVERRIDE: list[GPUProfile | HardwareProfile] = []
 _DETECTED: list[HardwareProfile] = []
 _STAND_IN: list[GPUProfile] = []
-
-
-def interpreter_active() -> bool:
-    """Whether Triton's CPU interpreter is on (``TRITON_INTERPRET``; it must be set before triton is imported)."""
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def bucket_m(m: int) -> int:
