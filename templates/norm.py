@@ -20,6 +20,14 @@ forces either variant.
 RMSNorm when the rows are too few to give every SM eight programs and wide enough
 to give each program at least one ``BLOCK_N`` chunk; at 64 x 262144 one program
 per row leaves 68 of 132 SMs idle (measured 36 % of copy bandwidth on H100).
+
+``rmsnorm_coop`` (keys ``BLOCK_N, SPLIT_N, num_warps``; ``backend/kernels/norm_coop.py``)
+splits each row the same way inside one launch: each program holds its chunk in
+registers and the row's programs meet at an atomic counter, so the row is read once.
+Offered where ``rmsnorm_split`` is, with ``SPLIT_N = ceil(N / BLOCK_N)`` and 16 to 64
+row elements per thread; ``validate`` keeps ``SPLIT_N`` at most half the programs
+the chip holds at once, so the programs waiting at one row's counter can never fill
+it (the kernel's co-residency argument).
 """
 
 from __future__ import annotations
@@ -47,6 +55,9 @@ SPLIT_KEYS = ("BLOCK_N", "SPLIT_N", "num_warps", "num_stages")
 SPLIT_NS, SPLIT_BLOCKS, SPLIT_WARPS = (2, 4, 8, 16, 32, 64, 128, 256), (1024, 2048, 4096), (4, 8)
 #: chunk loads in flight per program (software-pipelined loop); 1: none
 SPLIT_STAGES = (1, 2, 3)
+COOP_KEYS = ("BLOCK_N", "SPLIT_N", "num_warps")
+#: chunk widths offered to ``rmsnorm_coop`` (the chunk lives in registers: 16-64 fp32 per thread)
+COOP_BLOCKS, COOP_ELEMS_PER_THREAD = (4096, 8192, 16384), (16, 64)
 #: rows below this many per SM are offered split programs: 64 x 262144 (0.5 per SM) split 16 ways
 #: measured 53 % of copy on H100 against 36 % looped; 1024 x 65536 (7.8 per SM) looped 75 %
 _SPLIT_ROWS_PER_SM = 8
@@ -90,6 +101,7 @@ class NormTemplate(Template):
                 yield KernelConfig(kernel=f"{op.kind}_looped", template=self.name, path="standard",
                                    params={"BLOCK_N": b, "num_warps": warps})
         yield from self._split_space(gpu, op)
+        yield from self._coop_space(gpu, op)
 
     def _split_space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
         """``rmsnorm_split`` configs: only for RMSNorm with fewer than ``_SPLIT_ROWS_PER_SM`` rows per
@@ -109,9 +121,28 @@ class NormTemplate(Template):
                                            params={"BLOCK_N": b, "SPLIT_N": sp, "num_warps": warps,
                                                    "num_stages": st})
 
+    def _coop_space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+        """``rmsnorm_coop`` configs: where ``rmsnorm_split`` is offered, one per chunk width and warp
+        count with 16-64 row elements per thread and at least two chunks per row."""
+        rows, n = op.shape
+        sms = gpu.sm_count or 1
+        if op.kind != "rmsnorm" or rows >= _SPLIT_ROWS_PER_SM * sms:
+            return
+        lo, hi = COOP_ELEMS_PER_THREAD
+        warp_size = C.limits(gpu).warp_size
+        for b in COOP_BLOCKS:
+            if b >= n:
+                break
+            for warps in (4, 8, 16, 32):
+                if lo <= b // (warps * warp_size) <= hi:
+                    yield KernelConfig(kernel="rmsnorm_coop", template=self.name, path="standard",
+                                       params={"BLOCK_N": b, "SPLIT_N": -(-n // b), "num_warps": warps})
+
     @staticmethod
     def regs(op: OpSpec, config: KernelConfig, threads: int) -> float:
         p = config.params
+        if config.kernel == "rmsnorm_coop":
+            return p["BLOCK_N"] / threads + C.REG_OVERHEAD
         if config.kernel.endswith("_single"):
             return p.get("ROWS_PER_PROGRAM", 1) * p["BLOCK_N"] / threads + C.REG_OVERHEAD
         if config.kernel.endswith("_split"):
@@ -121,8 +152,10 @@ class NormTemplate(Template):
     def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
         single = config.kernel == f"{op.kind}_single"
         split = config.kernel == "rmsnorm_split" and op.kind == "rmsnorm"
+        if config.kernel == "rmsnorm_coop" and op.kind == "rmsnorm":
+            return missing_keys(config, COOP_KEYS) or self._coop_problems(gpu, op, config)
         if not (single or split) and config.kernel != f"{op.kind}_looped":
-            extra = ", rmsnorm_split" if op.kind == "rmsnorm" else ""
+            extra = ", rmsnorm_split, rmsnorm_coop" if op.kind == "rmsnorm" else ""
             return [f"kernel {config.kernel!r} does not compute op {op.kind!r} "
                     f"(expected {op.kind}_single, {op.kind}_looped{extra})"]
         out = missing_keys(config, SINGLE_KEYS if single else SPLIT_KEYS if split else LOOPED_KEYS)
@@ -178,6 +211,46 @@ class NormTemplate(Template):
             return [f"{threads} threads for {p['BLOCK_N']} elements: idle threads (use fewer warps)"]
         return C.check_regs(lim, self.regs(op, config, threads), threads)
 
+    def _coop_problems(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
+        """validate for ``rmsnorm_coop``: chunks that cover the row with none empty, registers, and
+        ``SPLIT_N`` within half of the programs the chip holds at once (so a row's waiting programs
+        can never keep its other programs off the chip)."""
+        _rows, n = op.shape
+        p, lim = config.params, C.limits(gpu)
+        if config.path != "standard":
+            return [f"path {config.path!r}: norm kernels run 'standard'"]
+        b, split = p["BLOCK_N"], p["SPLIT_N"]
+        out = C.check_pow2("BLOCK_N", b) + C.check_threads(lim, config.num_warps)
+        if not b * (split - 1) < n <= b * split:
+            out.append(f"SPLIT_N={split} chunks of BLOCK_N={b} must cover N={n} with none empty "
+                       f"(use SPLIT_N={-(-n // b)})")
+        if split < 2:
+            out.append(f"SPLIT_N={split}: one program per row is rmsnorm_single's job")
+        if out:
+            return out
+        threads = config.num_warps * lim.warp_size
+        if b < threads:
+            return [f"{threads} threads for {b} elements: idle threads (use fewer warps)"]
+        regs = self.regs(op, config, threads)
+        out = C.check_regs(lim, regs, threads)
+        if out:
+            return out
+        resident = lim.sm_count * C.occupancy(lim, smem_bytes=0, regs_per_thread=regs, threads=threads)
+        if 2 * split > resident:
+            out.append(f"SPLIT_N={split} programs meet at each row's counter, but the chip holds "
+                       f"{resident} such programs at once: at most {resident // 2} (half) may wait "
+                       f"(use a wider BLOCK_N)")
+        return out
+
+    def _coop_terms(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> dict[str, Any]:
+        """predict_stream's arguments for ``rmsnorm_coop``: one chunk load per program, x read once,
+        the weight re-read from L2 by every row."""
+        rows, n = op.shape
+        e = DTYPE_BYTES[op.dtype]
+        p = config.params
+        return {"programs": rows * p["SPLIT_N"], "iters": 1, "bytes_per_iter": p["BLOCK_N"] * e,
+                "dram_bytes": op.min_bytes, "l2_bytes": float(max(0, rows - 1) * n * e)}
+
     def _split_terms(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> dict[str, Any]:
         """predict_stream's arguments for ``rmsnorm_split``: the first launch's chunks are the exposed
         loads; the second re-reads x in reverse order, from L2 up to its usable size, the rest from DRAM."""
@@ -198,6 +271,13 @@ class NormTemplate(Template):
         p = config.params
         threads = config.num_warps * lim.warp_size
         regs = self.regs(op, config, threads)
+        if config.kernel == "rmsnorm_coop":
+            t = self._coop_terms(gpu, op, config)
+            pred = predict_stream(gpu, op, threads=threads, smem_bytes=0, regs_per_thread=regs,
+                                  reason=f"rows split over {p['SPLIT_N']} programs of one launch, meeting at an "
+                                         f"atomic counter; one read", **t)
+            sync = t["programs"] * constants().coop_sync_us
+            return replace(pred, us=pred.us + sync, breakdown={**pred.breakdown, "sync_us": sync})
         if config.kernel.endswith("_split"):
             t = self._split_terms(gpu, op, config)
             pred = predict_stream(gpu, op, threads=threads, smem_bytes=0, regs_per_thread=regs,
@@ -259,6 +339,10 @@ class NormTemplate(Template):
                 b = bound(t["programs"], occ, t["iters"], t["bytes_per_iter"], t["dram_bytes"], t["l2_bytes"],
                           t["stages"])
                 b += bound.c.launch_us
+            elif cfg.kernel == "rmsnorm_coop":
+                t = self._coop_terms(gpu, op, cfg)
+                b = bound(t["programs"], occ, 1, t["bytes_per_iter"], t["dram_bytes"], t["l2_bytes"])
+                b += t["programs"] * bound.c.coop_sync_us
             elif "ROWS_PER_PROGRAM" in p:
                 r = p["ROWS_PER_PROGRAM"]
                 b = bound(math.ceil(rows / r), occ, 1, r * n * e, op.min_bytes)

@@ -44,6 +44,8 @@ CASES = [
     (OpSpec(kind="softmax", shape=(64, 1000), dtype="fp32"),
      dict(BLOCK_N=1024, ROWS_PER_PROGRAM=4, num_warps=4), "softmax_single"),
     (OpSpec(kind="softmax", shape=(1000, 32000), dtype="bf16"), dict(BLOCK_N=2048, num_warps=8), "softmax_looped"),
+    (OpSpec(kind="rmsnorm", shape=(64, 262144), dtype="bf16"), dict(BLOCK_N=16384, SPLIT_N=16, num_warps=8),
+     "rmsnorm_coop"),
 ]
 
 
@@ -71,3 +73,20 @@ def test_gemm_tma_is_rejected_without_tma() -> None:
     cfg = KernelConfig(kernel="gemm_tma", params=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=64, num_warps=4))
     res = evaluate(OpSpec(kind="gemm", shape=(64, 64, 64), dtype="bf16"), cfg)
     assert res.label == "rejected" and "compute capability >= 9.0" in res.reason
+
+
+def test_rmsnorm_coop_gives_the_same_bits_every_launch() -> None:
+    # its programs meet at atomic counters: a missing barrier would show as a result that moves between runs
+    from autoopt.backend import registry
+
+    op = OpSpec(kind="rmsnorm", shape=(256, 131072), dtype="bf16")
+    cfg = KernelConfig(kernel="rmsnorm_coop", params=dict(BLOCK_N=8192, SPLIT_N=16, num_warps=4))
+    inputs = registry.make_inputs(op, "cuda", seed=11)
+    out = registry.alloc_out(op, "cuda")
+    run = registry.prepare(inputs, cfg, out, op)
+    run()
+    first = out.clone()
+    for _ in range(20):
+        out.fill_(float("nan"))
+        run()
+        assert torch.equal(out, first)

@@ -219,3 +219,40 @@ def test_gemm_tma_stream_k_flags_reset_so_a_second_launch_is_right_too() -> None
         out.zero_()
         run()
         assert torch.allclose(out.double(), want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("shape,block_n,split_n", [((3, 1000), 256, 4), ((4, 70), 16, 5), ((2, 4096), 1024, 4),
+                                                   ((5, 777), 128, 7)])
+def test_rmsnorm_coop_rows_split_in_one_launch_match_the_reference(shape: tuple, block_n: int,
+                                                                      split_n: int) -> None:
+    # on the CPU the interpreter runs the kernel's two halves as two launches (its programs run one
+    # after another, so none could wait for a sibling); on a GPU it is one launch meeting at a counter
+    cfg = KernelConfig(kernel="rmsnorm_coop", params=dict(BLOCK_N=block_n, SPLIT_N=split_n, num_warps=4))
+    assert_correct(OpSpec(kind="rmsnorm", shape=shape, dtype="fp32"), cfg)
+
+
+def test_rmsnorm_coop_refuses_chunks_that_miss_columns_before_launch() -> None:
+    op = OpSpec(kind="rmsnorm", shape=(2, 1000), dtype="fp32")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = registry.make_inputs(op, device)
+    cfg = KernelConfig(kernel="rmsnorm_coop", params=dict(BLOCK_N=128, SPLIT_N=4, num_warps=4))
+    with pytest.raises(ValueError, match="must cover N=1000"):
+        registry.prepare(inputs, cfg, registry.alloc_out(op, device), op)
+
+
+def test_rmsnorm_coop_counters_are_zero_after_every_launch() -> None:
+    # the counters are one buffer per device, reused by every launch: each launch must leave it zeroed
+    from autoopt.backend.kernels.norm_coop import counters
+
+    op = OpSpec(kind="rmsnorm", shape=(6, 3000), dtype="fp32")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = registry.make_inputs(op, device, seed=5)
+    out = registry.alloc_out(op, device)
+    run = registry.prepare(inputs, KernelConfig(kernel="rmsnorm_coop", params=dict(BLOCK_N=512, SPLIT_N=6,
+                                                                                   num_warps=4)), out, op)
+    want = registry.reference(inputs, op)
+    for _ in range(3):
+        out.fill_(float("nan"))
+        run()
+        assert torch.allclose(out.double(), want, rtol=1e-4, atol=1e-4)
+        assert int(counters(out.device, 6).abs().sum()) == 0

@@ -30,6 +30,7 @@ KEYS = {
     "rmsnorm_single": {"BLOCK_N", "ROWS_PER_PROGRAM", "num_warps"},
     "rmsnorm_looped": {"BLOCK_N", "num_warps"},
     "rmsnorm_split": {"BLOCK_N", "SPLIT_N", "num_warps", "num_stages"},
+    "rmsnorm_coop": {"BLOCK_N", "SPLIT_N", "num_warps"},
 }
 OPS = [OpSpec(kind="gemm", shape=(4096, 4096, 4096)), OpSpec(kind="gemm", shape=(16, 4096, 4096)),
        OpSpec(kind="gemv", shape=(1, 4096, 4096)), OpSpec(kind="silu_mul", shape=(512, 14336)),
@@ -206,9 +207,37 @@ def test_h100_decode_gate_up_picks_gemv_over_a_gemm_grid_that_idles_20_sms():
     assert best.config.kernel == "gemv"
 
 
-def test_few_wide_rmsnorm_rows_are_split_over_programs():
+def test_few_wide_rmsnorm_rows_are_split_over_programs_of_one_launch():
+    # H100, 64x262144: one launch with 32 programs per row 36.0-38.8 us, two launches 42.9 us
+    # (benchmarks/results/h100/norm_coop_probe.json)
     best = rank(H100, OpSpec(kind="rmsnorm", shape=(64, 262144)), measured=False).best
-    assert best.config.kernel == "rmsnorm_split" and best.config.params["SPLIT_N"] >= 4
+    assert best.config.kernel == "rmsnorm_coop" and best.config.params["SPLIT_N"] >= 4
+
+
+def test_coop_rmsnorm_is_not_offered_where_every_sm_gets_eight_rows():
+    space = NormTemplate().space(H100, OpSpec(kind="rmsnorm", shape=(8 * 132, 65536)))
+    assert not [c for c in space if c.kernel in ("rmsnorm_coop", "rmsnorm_split")]
+
+
+def test_coop_rmsnorm_chunks_must_cover_the_row_with_none_empty():
+    op = OpSpec(kind="rmsnorm", shape=(64, 262144))
+    short = KernelConfig(kernel="rmsnorm_coop", template="norm", params={"BLOCK_N": 8192, "SPLIT_N": 16,
+                                                                          "num_warps": 8})
+    long = KernelConfig(kernel="rmsnorm_coop", template="norm", params={"BLOCK_N": 8192, "SPLIT_N": 33,
+                                                                         "num_warps": 8})
+    assert any("use SPLIT_N=32" in p for p in NormTemplate().validate(H100, op, short))
+    assert any("use SPLIT_N=32" in p for p in NormTemplate().validate(H100, op, long))
+
+
+def test_coop_rmsnorm_keeps_a_row_within_half_of_what_the_chip_holds():
+    # 1024-wide chunks on 4 warps: 256 programs meet at each row's counter; the chip holds 132 x 16
+    op = OpSpec(kind="rmsnorm", shape=(2, 262144))
+    cfg = KernelConfig(kernel="rmsnorm_coop", template="norm", params={"BLOCK_N": 1024, "SPLIT_N": 256,
+                                                                        "num_warps": 1})
+    assert NormTemplate().validate(H100, op, cfg) == []
+    tiny = load_profile("toy-64kb").gpu
+    problems = NormTemplate().validate(tiny, op, cfg)
+    assert any("at most" in p and "may wait" in p for p in problems)
 
 
 def test_tma_split_k_is_offered_only_where_output_tiles_make_under_two_waves():
