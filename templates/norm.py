@@ -25,7 +25,8 @@ per row leaves 68 of 132 SMs idle (measured 36 % of copy bandwidth on H100).
 splits each row the same way inside one launch: each program holds its chunk in
 registers and the row's programs meet at an atomic counter, so the row is read once.
 Offered where ``rmsnorm_split`` is, with ``SPLIT_N = ceil(N / BLOCK_N)`` and 16 to 64
-row elements per thread; ``validate`` keeps ``SPLIT_N`` at most half the programs
+row elements per thread, priced with the counter atomics' queueing (:func:`coop_sync_us`);
+``validate`` keeps ``SPLIT_N`` at most half the programs
 the chip holds at once, so the programs waiting at one row's counter can never fill
 it (the kernel's co-residency argument).
 """
@@ -40,6 +41,7 @@ from typing import Any
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels import constraints as C
 from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.constants import CostConstants
 from autoopt.kernels.cost import StreamBound, constants, predict_stream
 from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
 from autoopt.kernels.pruning import BoundedSpace, Tally, cached, gpu_key
@@ -71,6 +73,11 @@ _ROWS_ELEMS = 16384
 #: thread's loads and reduction. H200 sweep, RMSNorm 16384x8192: 128 per thread (2 warps)
 #: 150.8 us, 16 per thread (16 warps) 137.0 us (benchmarks/results/h200/stream_sweep_run2.json).
 MAX_ELEMS_PER_THREAD = 32
+
+
+def coop_sync_us(programs: int, split: int, c: CostConstants) -> float:
+    """``rmsnorm_coop``'s row barriers: ``programs`` programs, ``split`` of them at each row's counter."""
+    return programs * c.coop_sync_us * split / (split + c.coop_sync_half_split)
 
 
 class NormTemplate(Template):
@@ -276,7 +283,7 @@ class NormTemplate(Template):
             pred = predict_stream(gpu, op, threads=threads, smem_bytes=0, regs_per_thread=regs,
                                   reason=f"rows split over {p['SPLIT_N']} programs of one launch, meeting at an "
                                          f"atomic counter; one read", **t)
-            sync = t["programs"] * constants().coop_sync_us
+            sync = coop_sync_us(t["programs"], p["SPLIT_N"], constants())
             return replace(pred, us=pred.us + sync, breakdown={**pred.breakdown, "sync_us": sync})
         if config.kernel.endswith("_split"):
             t = self._split_terms(gpu, op, config)
@@ -342,7 +349,7 @@ class NormTemplate(Template):
             elif cfg.kernel == "rmsnorm_coop":
                 t = self._coop_terms(gpu, op, cfg)
                 b = bound(t["programs"], occ, 1, t["bytes_per_iter"], t["dram_bytes"], t["l2_bytes"])
-                b += t["programs"] * bound.c.coop_sync_us
+                b += coop_sync_us(t["programs"], cfg.params["SPLIT_N"], bound.c)
             elif "ROWS_PER_PROGRAM" in p:
                 r = p["ROWS_PER_PROGRAM"]
                 b = bound(math.ceil(rows / r), occ, 1, r * n * e, op.min_bytes)

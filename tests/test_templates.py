@@ -258,3 +258,37 @@ def test_stream_k_is_offered_with_split_k_and_never_combined_with_it():
         "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 2, "STREAM_K": 1,
         "num_warps": 8, "num_stages": 4})
     assert any("STREAM_K" in p for p in HopperTmaGemmTemplate().validate(H100, op, both))
+
+
+def _coop_measurements() -> dict[tuple, dict[tuple, float]]:
+    """H100 timings of the norm probe (benchmarks/results/h100/norm_coop_probe_wide.json): shape -> config -> us."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks/results/h100/norm_coop_probe_wide.json"
+    out: dict[tuple, dict[tuple, float]] = {}
+    for row in json.loads(path.read_text())["rows"]:
+        if row.get("us"):
+            cfg = row["config"]
+            out.setdefault(tuple(row["shape"]), {})[(cfg["kernel"], tuple(sorted(cfg["config"].items())))] = row["us"]
+    return out
+
+
+def test_coop_rmsnorm_barrier_cost_per_program_grows_with_the_programs_sharing_a_counter():
+    from autoopt.kernels.constants import constants
+    from autoopt.templates.norm import coop_sync_us
+
+    assert coop_sync_us(4096, 64, constants()) / coop_sync_us(4096, 2, constants()) > 4
+
+
+def test_coop_rmsnorm_model_ranks_the_measured_configs_of_the_few_row_shapes():
+    # among the configs the H100 probe timed, the model's favourite is within 3 % of the fastest
+    for shape in ((64, 262144), (256, 131072)):
+        timed = _coop_measurements()[shape]
+        op = OpSpec(kind="rmsnorm", shape=shape, dtype="bf16")
+
+        def predicted(key: tuple, op: OpSpec = op) -> float:
+            cfg = KernelConfig(kernel=key[0], template="norm", path="standard", params=dict(key[1]))
+            return NormTemplate().predict(H100, op, cfg).us
+        pick = min(timed, key=predicted)
+        assert min(timed.values()) / timed[pick] >= 0.97, (shape, pick)

@@ -105,12 +105,14 @@ class CostConstants:
     #: to 1.00 and picks best among each shape's decompositions (0.976 of the measured best, geomean).
     stream_k_efficiency: float = 0.70
 
-    #: serialised cost per program of ``rmsnorm_coop``'s row barrier (us): every program of the launch
-    #: arrives at, spins on and leaves its row's counters with atomics, which queue at the counters' L2
-    #: slices. H100, v1 of the kernel (benchmarks/results/h100/norm_coop_probe.json), 4 warps: 64x262144
-    #: took 38.8 / 44.9 / 64.9 / 110.8 us with 2048 / 4096 / 8192 / 16384 programs (each step +3 to
-    #: +5.6 ns per program), 256x131072 64.4 / 71.2 / 108.5 / 188.0 us with 4096 ... 32768 (+1 to +4.9).
-    coop_sync_us: float = 0.0045
+    #: serialised cost per program of ``rmsnorm_coop``'s row barrier (us), reached when many programs share
+    #: a row: every program arrives at, spins on and leaves its row's counters with atomics, which queue
+    #: at the counter's L2 slice, so the cost per program grows with the programs per counter ``S`` as
+    #: ``S / (S + coop_sync_half_split)``. Fitted on 75 coop timings of 6 shapes on the H100
+    #: (benchmarks/results/h100/norm_coop_probe*.json, least squares on log time): 4.6 ns and 12; median
+    #: |log error| 0.078, against 0.119 for a flat 4.5 ns per program (which overstated 1024x65536, 8 per row).
+    coop_sync_us: float = 0.0046
+    coop_sync_half_split: float = 12.0
 
     #: issue cost of one 16-byte global->shared copy per thread (us): a K-iteration cannot finish
     #: before each thread has issued its share of the A and W tiles. H200 GEMV sweep at M = 16
