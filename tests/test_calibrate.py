@@ -195,10 +195,24 @@ def test_replay_of_a_real_h100_sweep_lifts_heldout_rho_over_the_h200_fitted_defa
     assert len(samples) == 576
     rep = calibrate(samples)
     assert rep.n_shapes == 12 and rep.n_heldout == 288
-    assert rep.before.median_spearman == pytest.approx(0.950, abs=0.002)
-    assert rep.after.median_spearman > rep.before.median_spearman + 0.008  # 0.950 -> 0.969
-    assert rep.after.geomean_top1 >= rep.before.geomean_top1 and rep.better
+    assert rep.before.median_spearman == pytest.approx(0.947, abs=0.002)
+    assert rep.after.median_spearman > rep.before.median_spearman + 0.015  # 0.947 -> 0.970
     assert rep.heldout_loss_after < rep.heldout_loss_before * 0.8
+
+
+def test_the_h100_sweep_fit_is_not_adopted_where_the_defaults_pick_better():
+    """Since the defaults price short DRAM row runs (``dram_run_bytes``), they pick the held-out H100 configs
+    at 0.968 of the best (0.948 without the term); the sweep's fit lifts rho but picks at 0.960, so
+    calibrate does not call it better (and ``autoopt calibrate`` keeps the defaults)."""
+    from autoopt.results.transfer import read_file
+
+    rows = read_file(ROOT / "benchmarks/results/h100/calibrate_sweep_run1_rows.json")
+    samples = [(H100, r.op, r.config, r.us) for r in rows if r.label == "measured"]
+    rep = calibrate(samples)
+    assert rep.before.geomean_top1 == pytest.approx(0.968, abs=0.002)
+    assert rep.after.geomean_top1 < rep.before.geomean_top1 and not rep.better
+    old = calibrate(samples, start=CostConstants(dram_run_bytes=0.0))
+    assert old.before.geomean_top1 == pytest.approx(0.948, abs=0.002) and old.better
 
 
 def test_constants_that_rank_no_better_are_not_written_unless_forced(cache):

@@ -131,3 +131,30 @@ def test_fit_constants_refuses_bad_samples():
         fit_constants([])
     with pytest.raises(AutooptError, match="measured_us > 0"):
         fit_constants([(H100, BIG, cfg(), -1.0)])
+
+
+def test_short_row_runs_keep_less_of_dram_bandwidth():
+    c = CostConstants()
+    # bf16 W [N, K]: BLOCK_K = 32 reads 64 contiguous bytes of each row per K-iteration
+    assert cost.run_efficiency(256, 32, 2, "nk", c) == pytest.approx(0.73, abs=0.01)
+    assert cost.run_efficiency(256, 64, 2, "nk", c) == pytest.approx(0.97, abs=0.01)
+    assert cost.run_efficiency(256, 128, 2, "nk", c) > 0.99
+    # a [K, N] weight runs along N
+    assert cost.run_efficiency(256, 32, 2, "kn", c) > 0.99
+    assert cost.run_efficiency(16, 32, 2, "nk", CostConstants(dram_run_bytes=0.0)) == 1.0
+
+
+def test_short_row_runs_rank_the_measured_lm_head_sweeps_better():
+    # 45 timed configs of each GPU's decode lm_head / gate_up (benchmarks/results/*/wide_sweep.json):
+    # BLOCK_K = 32 configs ran up to 2x slower than predicted with the term off
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from autoopt.search.calibration import score
+    from benchmarks.replay_ranking import sweep_samples
+
+    for gpu_dir, before, after in (("h100", 0.950, 0.973), ("h200", 0.936, 0.969)):
+        samples = sweep_samples(gpu_dir, "wide_sweep.json")
+        assert score(samples, CostConstants(dram_run_bytes=0.0)).geomean_top1 == pytest.approx(before, abs=0.002)
+        assert score(samples, CostConstants()).geomean_top1 == pytest.approx(after, abs=0.002)

@@ -105,6 +105,15 @@ class CostConstants:
     #: to 1.00 and picks best among each shape's decompositions (0.976 of the measured best, geomean).
     stream_k_efficiency: float = 0.70
 
+    #: contiguous bytes per row of W per K-iteration at which a tiled matmul's DRAM stream keeps half its
+    #: bandwidth (``cost.run_efficiency``: 0.73 at 64-byte runs, 0.97 at 128, ~1 from 256; 0 turns it off).
+    #: The decode lm_head sweeps (1x128256x4096 bf16, 45 configs each) ran BLOCK_K = 32 (64-byte runs)
+    #: at 0.49-0.65 of the best config and BLOCK_K = 64 at 0.81-1.0, all predicted alike
+    #: (benchmarks/results/{h100,h200}/wide_sweep.json). 50 was chosen by benchmarks/replay_ranking.py:
+    #: top-1 of the GEMV sweeps 0.950 -> 0.973 (H100) and 0.936 -> 0.969 (H200); the broad sweeps, the
+    #: H100 calibration sweep and the H200 grid (4,373 timings) rank as well or better (0.963 -> 0.966).
+    dram_run_bytes: float = 50.0
+
     #: serialised cost per program of ``rmsnorm_coop``'s row barrier (us), reached when many programs share
     #: a row: every program arrives at, spins on and leaves its row's counters with atomics, which queue
     #: at the counter's L2 slice, so the cost per program grows with the programs per counter ``S`` as

@@ -256,6 +256,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     in_flight = min(1.0, conc * warps / c.warps_for_full_bandwidth) if mma == "fma" else 1.0
     dram_us = dram_bytes / (bw * c.dram_efficiency * in_flight) * 1e6
     dram_us = max(dram_us, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, bw * c.dram_efficiency, c, bk))
+    dram_us /= run_efficiency(bn, bk, e, op.layout, c)
     launch = c.launch_us
     reduce_us = 0.0
     if split > 1:  # fp32 partials read back by a second kernel, output written once
@@ -317,6 +318,16 @@ def stream_fixup_us(bm: int, bn: int, split: int, l2_rate_per_sm: float, c: Cost
     return sharers * bm * bn * 4 / l2_rate_per_sm * 1e6 + c.dram_latency_us
 
 
+def run_efficiency(bn: int, bk: int, e: float, layout: str, c: CostConstants) -> float:
+    """Share of DRAM bandwidth a tiled stream keeps when each K-iteration reads only ``run`` contiguous
+    bytes of each row of W (``BLOCK_K`` elements of a K-contiguous ``nk`` weight, ``BLOCK_N`` of a ``kn``
+    one): ``1 / (1 + (dram_run_bytes / run)^4)``; 1 when ``dram_run_bytes`` is 0."""
+    if not c.dram_run_bytes:
+        return 1.0
+    run = (bk if layout == "nk" else bn) * e
+    return 1.0 / (1.0 + (c.dram_run_bytes / run) ** 4)
+
+
 def busiest_sm_dram_us(m: int, n: int, k: int, bm: int, bn: int, split: int, e: float, sms: int,
                        dram_rate: float, c: CostConstants, bk: int = 1) -> float:
     """DRAM time of the SM with the most tiles, at :attr:`CostConstants.sm_dram_share` of its even
@@ -365,13 +376,14 @@ class MatmulBound:
     every tile of an op before predicting any config.
     """
 
-    __slots__ = ("_split1", "c", "dram_base", "dram_rate", "e", "k", "l2_rate", "m", "n", "out_e", "sms")
+    __slots__ = ("_split1", "c", "dram_base", "dram_rate", "e", "k", "l2_rate", "layout", "m", "n", "out_e", "sms")
 
     def __init__(self, gpu: GPUProfile, op: OpSpec, consts: CostConstants | None = None) -> None:
         c = self.c = consts or constants()
         self.sms = limits(gpu).sm_count
         m, n, k = self.m, self.n, self.k = op.shape
         e = self.e = DTYPE_BYTES[op.dtype]
+        self.layout = op.layout
         self.out_e = DTYPE_BYTES[op.out_dtype or op.dtype]
         bw = _bw(gpu)
         self.l2_rate = bw * c.l2_bw_ratio / self.sms
@@ -422,6 +434,7 @@ class MatmulBound:
                  + stream_fixup_us(bm, bn, split, l2_rate, c, k_iters, work))
             b, fixed = self._split1 if split == 1 else self._fixed(split)
             b = max(b, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, self.dram_rate, c, bk))
+            b /= run_efficiency(bn, bk, e, self.layout, c)
             hi = a if a > b else b
             out.append(fixed if hi <= 0 else hi * ((a / hi) ** p + (b / hi) ** p) ** inv_p + fixed)
         return out
@@ -449,6 +462,7 @@ class MatmulBound:
         b, fixed = self._split1 if split == 1 else self._fixed(split)
         b = max(b, busiest_sm_dram_us(self.m, self.n, self.k, bm, bn, split, self.e, self.sms, self.dram_rate, c,
                                       bk))
+        b /= run_efficiency(bn, bk, self.e, self.layout, c)
         p = c.overlap_exponent
         hi = a if a > b else b  # _softmax(a, b, p), inlined
         if hi <= 0:
