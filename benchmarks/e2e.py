@@ -34,6 +34,18 @@ def main() -> int:
     ap.add_argument("--decode-batches", default="1,16")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    try:
+        prefill = [tuple(int(v) for v in shape.split("x", 1)) for shape in args.prefill.split(",") if shape]
+        decode_batches = [int(b) for b in args.decode_batches.split(",")]
+    except ValueError:
+        print(f"e2e: --prefill takes BxS shapes like 1x2048,8x512 (or \"\") and --decode-batches whole numbers "
+              f"like 1,16; got {args.prefill!r} and {args.decode_batches!r}", file=sys.stderr)
+        return 2
+    parts = args.parts.split(",")
+    if any(len(shape) != 2 for shape in prefill) or not set(parts) <= set(PARTS):
+        print(f"e2e: --prefill shapes are BxS, --parts a subset of {','.join(PARTS)}; got {args.prefill!r} "
+              f"and {args.parts!r}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     profile = detect()
     if profile.gpu is None:
@@ -48,10 +60,9 @@ def main() -> int:
     def save(result: dict) -> None:
         out.write_text(json.dumps({**result, **meta}, indent=1) + "\n")
 
-    prefill = [tuple(int(v) for v in shape.split("x")) for shape in args.prefill.split(",") if shape]
     result = run(args.model, variants=args.variants.split(","), prompts=args.prompts, reps=args.reps,
-                 new_tokens=args.new_tokens, profile=profile, on_variant=save, parts=args.parts.split(","),
-                 prefill=prefill, decode_batches=[int(b) for b in args.decode_batches.split(",")])
+                 new_tokens=args.new_tokens, profile=profile, on_variant=save, parts=parts,
+                 prefill=prefill, decode_batches=decode_batches)
     save(result)
     for variant, row in result["variants"].items():
         peak_gib = row.get("memory_peak_bytes", 0) / 2**30

@@ -201,3 +201,24 @@ def test_bench_model_unknown_is_one_line_exit_2(capsys):
 
     assert main(["bench", "--model", "no-such-model"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_e2e_run_refuses_an_unknown_part_before_building_a_model():
+    from autoopt.errors import AutooptError
+    from autoopt.nn.e2e import run
+
+    with pytest.raises(AutooptError, match="parts: prefill, generate, profile, graphed, agreement"):
+        run("llama-3-8b", device="cpu", tiny=True, parts=("graphs",))
+
+
+@pytest.mark.parametrize("flags", [["--prefill", "1x"], ["--prefill", "2048"], ["--decode-batches", "one"],
+                                   ["--parts", "graphs"]])
+def test_e2e_benchmark_bad_flags_are_one_line_exit_2(tmp_path, flags):
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "e2e.py"
+    proc = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "e.json"), *flags],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("e2e: ")
+    assert not (tmp_path / "e.json").exists()

@@ -19,10 +19,11 @@ reused by every launch on that device, in stream order, CUDA-graph replays inclu
 
 **Co-residency.** A program spins until its row's siblings arrive, so the siblings must be able
 to run while it waits. Programs are numbered row-major (``pid = row * SPLIT_N + s``) and the GPU
-starts blocks in launch order, so at any moment only the row being started last can have programs
-waiting for siblings not yet started: every row before it is complete or has all its programs on
-the chip. The template allows ``SPLIT_N`` only far below the number of programs the chip holds at
-once (``templates/norm.py``), so the waiting programs of that one row never fill it.
+starts blocks in launch order (what GPUs do, though CUDA does not promise it), so at any moment only
+the row being started last can have programs waiting for siblings not yet started: every row before
+it is complete or has all its programs on the chip. The template allows ``SPLIT_N`` only up to half
+the programs the chip holds at once (``templates/norm.py``), so the waiting programs of that one row
+never fill it.
 
 **Triton's interpreter** runs a grid's programs one after another, where a spinning program would
 wait forever; there (``PHASE`` 1 then 2) the same kernel runs as two launches, partials then
@@ -59,8 +60,8 @@ def _rmsnorm_coop(x_ptr, w_ptr, o_ptr, part_ptr, cnt_ptr, N, stride_x, stride_o,
     if PHASE == 0:
         tl.debug_barrier()  # every thread's part of the store is done before the count goes up
         tl.atomic_add(cnt_ptr + row * 2, 1, sem="release", scope="gpu")
-        # Spin with a scalar atomic (one thread of the program issues it). Spinning on a volatile load
-        # instead, which every thread issues, ran 1.1-1.7x slower at 8-16 warps (H100, norm_coop_probe).
+        # Spin with a scalar atomic. Spinning on a volatile load instead (with the weight loaded before the
+        # wait) ran 1.1-1.7x slower at 8-16 warps (H100, h100/norm_coop_probe_volatile_spin.json).
         arrived = tl.atomic_add(cnt_ptr + row * 2, 0, sem="acquire", scope="gpu")
         while arrived < SPLIT_N:
             arrived = tl.atomic_add(cnt_ptr + row * 2, 0, sem="acquire", scope="gpu")
