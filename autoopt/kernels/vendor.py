@@ -1,0 +1,98 @@
+"""The vendor library's matmul (cuBLAS, as ``torch.nn.functional.linear`` runs it), priced.
+
+autoopt's own GEMM kernels do not beat cuBLAS everywhere: on the H100 and H200 the tiled GEMMs
+measure 0.92-0.96x cuBLAS geomean at M >= 256 (``benchmarks/results/HW_LIMIT.md``), while the
+decode GEMVs beat it. A runtime that swaps autoopt kernels into a model (``autoopt.nn``) should
+run whichever is faster for each shape, so cuBLAS needs a price in the same microseconds as the
+cost model's: :func:`predict_vendor_matmul`.
+
+The model is a roofline with three constants per GPU, fitted on the committed same-run torch
+timings of ``benchmarks/results/{h100,h200}/hw_limit*.json`` by ``benchmarks/fit_vendor_matmul.py``
+(results in ``benchmarks/results/vendor_matmul_fit.json``)::
+
+    t = max(FLOPs / (e_compute * peak), bytes / (e_memory * bandwidth)) + fixed_us
+
+peak and bandwidth are the profile's datasheet values (as the cost model uses them); bytes are
+A, W and C once each. It prices only what it was fitted on: 16-bit float matmuls on a GPU with
+a fit. Anywhere else it answers None, and the caller keeps autoopt's kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.cost import peak_flops
+from autoopt.kernels.ops import OpSpec
+
+__all__ = ["FITS", "VendorFit", "predict_vendor_matmul", "vendor_fit", "vendor_roofline_us"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VendorFit:
+    """The three constants of one GPU's cuBLAS roofline and how well they fit the timings."""
+
+    gpu: str
+    e_compute: float
+    e_memory: float
+    fixed_us: float
+    #: distinct shapes fitted, and the median |ln(predicted / measured)| with each shape left out of
+    #: the fit that predicts it.
+    shapes: int
+    median_abs_log_err: float
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VendorFit:
+        return cls(gpu=str(data["gpu"]), e_compute=float(data["e_compute"]), e_memory=float(data["e_memory"]),
+                   fixed_us=float(data["fixed_us"]), shapes=int(data["shapes"]),
+                   median_abs_log_err=float(data["median_abs_log_err"]), source=str(data["source"]))
+
+
+_SOURCE = "benchmarks/results/vendor_matmul_fit.json (torch 2.11.0+cu130, driver 580.159.04)"
+
+#: fitted constants by the GPU's torch/NVML name (``GPUProfile.name``).
+FITS: dict[str, VendorFit] = {
+    fit.gpu: fit for fit in (
+        # decisions against autoopt's top-1 (predicted): 34 of 41 shapes right, the chosen kernel at 1.005x
+        # the faster one's time geomean (1.137x always taking autoopt's)
+        VendorFit(gpu="NVIDIA H100 80GB HBM3", e_compute=0.74, e_memory=0.76, fixed_us=10.0, shapes=41,
+                  median_abs_log_err=0.069, source=_SOURCE),
+        # 36 of 41 right, 1.029x (1.179x always autoopt's); worst 1.57x where the cost model
+        # under-predicts autoopt's own kernel (512x8192x3584: 49 us predicted, 69 measured)
+        VendorFit(gpu="NVIDIA H200", e_compute=0.76, e_memory=0.83, fixed_us=10.25, shapes=41,
+                  median_abs_log_err=0.057, source=_SOURCE),
+    )
+}
+
+#: the dtypes the fit covers (its timings are bf16; fp16 runs on the same tensor-core rate).
+_DTYPES = ("bf16", "fp16")
+
+
+def vendor_fit(gpu: GPUProfile) -> VendorFit | None:
+    """The cuBLAS fit for ``gpu``, or None where none was measured."""
+    return FITS.get(gpu.name)
+
+
+def predict_vendor_matmul(gpu: GPUProfile, op: OpSpec) -> float | None:
+    """Predicted microseconds of cuBLAS for ``op`` (``F.linear`` of A ``[M, K]`` and W ``[N, K]``), or
+    None where there is no fit for this GPU or dtype (see the module docstring)."""
+    fit = vendor_fit(gpu)
+    if fit is None or not op.is_matmul or op.dtype not in _DTYPES or op.layout != "nk":
+        return None
+    bw = gpu.mem_bandwidth_gbs or gpu.measured_bandwidth_gbs
+    peak = peak_flops(gpu, op.dtype)
+    if not bw or not peak:
+        return None
+    return vendor_roofline_us(op.flops / peak, op.min_bytes / (bw * 1e9), fit.e_compute, fit.e_memory,
+                              fit.fixed_us)
+
+
+def vendor_roofline_us(compute_s: float, memory_s: float, e_compute: float, e_memory: float,
+                       fixed_us: float) -> float:
+    """The model's formula on the op's two datasheet times (seconds at peak and at spec bandwidth)."""
+    return max(compute_s / e_compute, memory_s / e_memory) * 1e6 + fixed_us
