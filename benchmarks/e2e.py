@@ -32,6 +32,8 @@ def main() -> int:
     ap.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
     ap.add_argument("--prefill", default="1x2048,8x512", help="BxS shapes, comma-separated")
     ap.add_argument("--decode-batches", default="1,16")
+    ap.add_argument("--vendor", choices=("on", "off"), default="on",
+                    help="off: autoopt's GEMM kernels even where cuBLAS is predicted faster (A/B of the choice)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     try:
@@ -47,13 +49,16 @@ def main() -> int:
               f"and {args.parts!r}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from autoopt.nn import dispatch
+
+    dispatch.set_vendor(args.vendor == "on")
     profile = detect()
     if profile.gpu is None:
         print("e2e: no CUDA GPU detected", file=sys.stderr)
         return 2
     import transformers
 
-    meta = {"gpu": profile.gpu.name, "driver": profile.gpu.driver_version,
+    meta = {"gpu": profile.gpu.name, "driver": profile.gpu.driver_version, "vendor_matmul": args.vendor,
             "versions": {**_versions(), "transformers": transformers.__version__}}
     out = Path(args.out)
 

@@ -323,10 +323,80 @@ def test_fallback_add_broadcast_and_promotion(caplog):
     assert ann.add(a, b).dtype == torch.float32
 
 
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.fixture
+def on_h100(monkeypatch):
+    """Choices for a CUDA device ranked on the H100 profile, with no GPU needed: the dispatch only reads
+    the device's type (its capture check, the one CUDA call, is stubbed)."""
+    monkeypatch.setattr(dispatch, "_warn_if_capturing", lambda op, device: None)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on a GPU machine: compiled kernels, bf16 GEMMs allowed
+    dispatch.set_profile("h100-sxm")
+    yield
+    dispatch.reset()
+
+
+def test_vendor_prefill_gemm_runs_cublas_where_it_is_predicted_faster(on_h100, caplog):
+    with caplog.at_level(logging.INFO, logger="autoopt.nn.dispatch"):
+        choice = dispatch.choose("linear", "gemm", (2048, 4096, 4096), torch.bfloat16, CUDA)
+        dispatch.note_fallback("linear", choice.fallback)
+    assert choice.fallback.startswith(dispatch.VENDOR) and choice.kernel == "torch"
+    assert choice.config is not None and choice.config.kernel == "gemm_tma"  # the config it beat, for reports
+    assert choice.vendor_us < choice.predicted_us
+    assert f"{choice.vendor_us:.1f} us predicted for cuBLAS" in choice.fallback
+    assert [r.levelno for r in caplog.records] == [logging.INFO]  # a decision, not a warning
+
+
+def test_vendor_decode_gemv_keeps_autoopt_where_it_is_predicted_faster(on_h100):
+    choice = dispatch.choose("linear", "gemv", (1, 4096, 4096), torch.bfloat16, CUDA)
+    assert choice.fallback is None and choice.kernel == "gemv"
+    assert choice.predicted_us < choice.vendor_us
+    assert choice.to_dict()["vendor_us"] == round(choice.vendor_us, 2)
+
+
+def test_vendor_comparison_uses_the_measured_time_when_the_store_has_one(on_h100, monkeypatch):
+    from dataclasses import replace as dc_replace
+
+    real_rank = dispatch.rank
+
+    def measured_fast(gpu, op, top):
+        r = real_rank(gpu, op, top=top)
+        return dc_replace(r, candidates=(dc_replace(r.best, measured_us=1.0, source="measured:test"),))
+    monkeypatch.setattr(dispatch, "rank", measured_fast)
+    choice = dispatch.choose("linear", "gemm", (2048, 4096, 4096), torch.bfloat16, CUDA)
+    assert choice.fallback is None and choice.measured_us == 1.0 and choice.vendor_us > 1.0
+
+
+def test_set_vendor_false_runs_autoopt_kernels_everywhere(on_h100):
+    dispatch.set_vendor(False)
+    choice = dispatch.choose("linear", "gemm", (2048, 4096, 4096), torch.bfloat16, CUDA)
+    assert choice.fallback is None and choice.kernel == "gemm_tma" and choice.vendor_us is None
+    dispatch.set_vendor(True)  # clears the cache: the comparison is back
+    assert dispatch.choose("linear", "gemm", (2048, 4096, 4096), torch.bfloat16, CUDA).kernel == "torch"
+
+
+def test_vendor_is_not_compared_without_a_fit_or_for_fp32_or_norms(on_h100):
+    fp32 = dispatch.choose("linear", "gemm", (2048, 4096, 4096), torch.float32, CUDA)
+    norm = dispatch.choose("rms_norm", "rmsnorm", (2048, 4096), torch.bfloat16, CUDA)
+    assert fp32.vendor_us is None and fp32.fallback is None
+    assert norm.vendor_us is None and norm.fallback is None
+    dispatch.set_profile("a100-sxm-80gb")  # no cuBLAS timings were fitted for the A100
+    a100 = dispatch.choose("linear", "gemm", (2048, 4096, 4096), torch.bfloat16, CUDA)
+    assert a100.vendor_us is None and a100.fallback is None
+
+
+def test_vendor_is_not_compared_under_the_interpreter():
+    dispatch.set_profile("h100-sxm")
+    choice = dispatch.choose("linear", "gemm", (2048, 4096, 4096), torch.float16, torch.device("cpu"))
+    if dispatch.interpreter_active():
+        assert choice.fallback is None and choice.vendor_us is None  # CI proves the kernel, not cuBLAS
+
+
 def test_every_reason_is_tested_here():
     tested = {dispatch.NO_CUDA, dispatch.DTYPE, dispatch.NO_CONFIG, dispatch.NO_GPU, dispatch.INTERPRETER_BF16,
               dispatch.TF32, dispatch.STRIDES, dispatch.AUTOGRAD, dispatch.EMPTY, dispatch.BROADCAST,
-              dispatch.INDEX}
+              dispatch.INDEX, dispatch.VENDOR}
     assert tested == set(dispatch.FALLBACK_REASONS)
 
 
@@ -424,25 +494,54 @@ class Block(torch.nn.Module):
         return ann.add(x, o)
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
-def test_torch_compile_fullgraph_traces_every_op_without_graph_breaks(backend):
-    torch._dynamo.reset()
-    block = Block().to(DEV)
-    x = rnd(2, 5, 32)
+def aot_targets(fn, x, **compile_kw):
+    """``fn(x)`` under torch.compile(fullgraph=True) and the call targets of the forward graph AOTAutograd
+    traced (where the ops dynamo recorded whole are traced too)."""
+    from torch._dynamo.backends.common import aot_autograd
+
     seen: list[str] = []
 
     def spy(gm, example_inputs):
-        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm if backend == "eager" else torch._dynamo.backends.debugging.aot_eager(gm, example_inputs)
+        seen.extend(str(n.target).removesuffix(".default") for n in gm.graph.nodes if n.op == "call_function")
+        return gm
 
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            out = torch.compile(fn, fullgraph=True, backend=aot_autograd(fw_compiler=spy), **compile_kw)(x)
+    finally:
+        torch._dynamo.reset()
+    return out, seen
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_torch_compile_fullgraph_traces_every_op_without_graph_breaks(dynamic):
+    block = Block().to(DEV)
+    x = rnd(2, 5, 32)
     with torch.no_grad():
         ref = block(x)
-        out = torch.compile(block, fullgraph=True, backend=spy)(x)  # fullgraph: a graph break raises
+    out, seen = aot_targets(block, x, dynamic=dynamic)  # fullgraph: a graph break raises
     close(out, ref, 1e-3)
     for op in ("linear", "rms_norm", "layer_norm", "silu_mul", "gelu_tanh_mul", "swiglu", "add"):
         assert f"autoopt.{op}" in seen, seen
     explained = torch._dynamo.explain(block)(x)
     assert explained.graph_break_count == 0
+
+
+def test_torch_compile_puts_the_torch_op_in_the_graph_where_the_dispatch_chose_torch(monkeypatch):
+    if DEV == "cuda":
+        pytest.skip("needs a key whose choice is torch at trace time: CPU tensors with no interpreter")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors, no interpreter: every choice is NO_CUDA
+    block = Block().to(DEV)
+    x = rnd(2, 5, 32)
+    with torch.no_grad():
+        ref = block(x)
+    out, seen = aot_targets(block, x)
+    close(out, ref, 1e-3)
+    assert seen and not [t for t in seen if t.startswith("autoopt.")], seen  # no custom op left to pay for
+    assert "aten.addmm" in seen and "aten.rsqrt" in seen, seen
+    _, dyn = aot_targets(block, x, dynamic=True)  # symbolic dims have no key: the custom ops decide per call
+    assert {"autoopt.linear", "autoopt.rms_norm"} <= set(dyn), dyn
 
 
 def test_torch_compile_dynamic_shapes_and_the_autograd_path_trace_fullgraph():

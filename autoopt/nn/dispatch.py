@@ -25,6 +25,16 @@ CUDA-graph capture. A *first* call for a new key inside capture still ranks corr
 also compile the Triton kernel there; warm every shape bucket up eagerly before capturing (a
 warning says so once if it happens).
 
+**cuBLAS where it is faster.** For a 16-bit matmul on a CUDA device whose GPU has a fitted
+cuBLAS model (:mod:`autoopt.kernels.vendor`: the H100 and H200), the ranked config's time (measured
+if the store has it, else predicted) is compared with cuBLAS's predicted time, and the faster one
+runs: a :data:`VENDOR` choice runs ``F.linear``, keeps the config it beat, and is logged once at INFO
+(it is a decision, not a problem). On the committed timings this picks the measured-faster of the two
+in 34 (H100) and 36 (H200) of 41 shapes, within 1.005x and 1.029x of the faster geomean, where
+always taking autoopt's kernel costs 1.14x and 1.18x (``benchmarks/results/vendor_matmul_fit.json``).
+:func:`set_vendor` turns the comparison off (autoopt's kernels everywhere). Under Triton's
+interpreter there is no cuBLAS to compare with: the kernels run, so CI proves them.
+
 The GPU profile is detected once per process (:func:`autoopt.hardware.detection.detect`) for CUDA
 tensors; under Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) the stand-in
 :data:`INTERPRETER_PROFILE` is ranked for. :func:`set_profile` overrides both (and clears the cache).
@@ -32,6 +42,7 @@ tensors; under Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) the st
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -44,15 +55,16 @@ from autoopt.errors import AutooptError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import GEMV_MAX_M, OpSpec
+from autoopt.kernels.vendor import predict_vendor_matmul
 from autoopt.search.ranking import rank
 
 log = get_logger(__name__)
 
 __all__ = [
     "AUTOGRAD", "BROADCAST", "DTYPE", "EMPTY", "FALLBACK_REASONS", "INDEX", "INTERPRETER_BF16", "INTERPRETER_PROFILE",
-    "NO_CONFIG", "NO_CUDA", "NO_GPU", "STRIDES", "TF32",
+    "NO_CONFIG", "NO_CUDA", "NO_GPU", "STRIDES", "TF32", "VENDOR",
     "Choice", "bucket_m", "choices", "choose", "clear_cache", "fallback_counts", "interpreter_active",
-    "matmul_kind", "note_fallback", "profile", "reset", "set_profile", "tf32_problem",
+    "matmul_kind", "note_fallback", "profile", "reset", "set_profile", "set_vendor", "tf32_problem",
 ]
 
 #: the profile ranked for under Triton's interpreter when none is set (the CPU has no GPU to model).
@@ -70,9 +82,10 @@ AUTOGRAD = "autograd needed: torch fallback"
 EMPTY = "empty tensor: torch fallback"
 BROADCAST = "broadcast or type promotion: torch fallback"
 INDEX = "too large for 32-bit indexing: torch fallback"
+VENDOR = "cuBLAS predicted faster: torch"
 #: every reason, for reports and tests.
 FALLBACK_REASONS = (NO_CUDA, DTYPE, NO_CONFIG, NO_GPU, INTERPRETER_BF16, TF32, STRIDES, AUTOGRAD, EMPTY,
-                    BROADCAST, INDEX)
+                    BROADCAST, INDEX, VENDOR)
 
 #: torch dtype (as ``str(dtype)``) -> autoopt dtype name: the dtypes the templates cover.
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
@@ -102,6 +115,8 @@ class Choice:
     source: str = ""
     #: the cost model's reason for the config.
     reason: str = ""
+    #: cuBLAS's predicted time for a matmul (None: not compared, see the module docstring).
+    vendor_us: float | None = None
     fallback: str | None = None
     elapsed_us: float = 0.0
 
@@ -127,7 +142,8 @@ class Choice:
                 "device": self.device, "kernel": self.kernel,
                 "config": self.config.to_dict() if self.config is not None else None, "gpu": self.gpu,
                 "predicted_us": self.predicted_us, "measured_us": self.measured_us, "source": self.source,
-                "reason": self.reason, "fallback": self.fallback, "elapsed_us": round(self.elapsed_us, 1)}
+                "reason": self.reason, "vendor_us": None if self.vendor_us is None else round(self.vendor_us, 2),
+                "fallback": self.fallback, "elapsed_us": round(self.elapsed_us, 1)}
 
 
 # -- process-wide state ------------------------------------------------------------------------------
@@ -139,6 +155,7 @@ _COUNTS: Counter[tuple[str, str]] = Counter()
 _OVERRIDE: list[GPUProfile | HardwareProfile] = []
 _DETECTED: list[HardwareProfile] = []
 _STAND_IN: list[GPUProfile] = []
+_VENDOR: list[bool] = [True]
 
 
 def bucket_m(m: int) -> int:
@@ -168,6 +185,14 @@ def set_profile(profile: GPUProfile | HardwareProfile | str | None) -> None:
         _CACHE.clear()
 
 
+def set_vendor(enabled: bool) -> None:
+    """Compare matmuls with cuBLAS and run the faster (True, the default), or always run autoopt's
+    kernel (False). Clears the cached choices."""
+    with _LOCK:
+        _VENDOR[0] = bool(enabled)
+        _CACHE.clear()
+
+
 def profile() -> GPUProfile | HardwareProfile | None:
     """The profile set by :func:`set_profile`, else this machine's if it was detected already."""
     if _OVERRIDE:
@@ -182,8 +207,9 @@ def clear_cache() -> None:
 
 
 def reset() -> None:
-    """Forget choices, logged reasons, fallback counts and the profile override (tests)."""
+    """Forget choices, logged reasons, fallback counts, the profile override and :func:`set_vendor` (tests)."""
     with _LOCK:
+        _VENDOR[0] = True
         _CACHE.clear()
         _SEEN.clear()
         _COUNTS.clear()
@@ -211,7 +237,8 @@ def _log_once(op: str, message: str) -> None:
     key = (op, message)
     if key not in _SEEN:
         _SEEN.add(key)
-        log.warning("autoopt.nn.%s: %s", op, message)
+        # choosing cuBLAS because it is faster is a decision, not a problem: INFO, not WARNING
+        log.log(logging.INFO if message.startswith(VENDOR) else logging.WARNING, "autoopt.nn.%s: %s", op, message)
 
 
 def tf32_problem(dtype: Any, device: Any, precision: str) -> str | None:
@@ -274,9 +301,27 @@ def _choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any)
     except AutooptError as exc:
         return fallback(f"{NO_CONFIG} ({exc})")
     best = ranking.best
-    return replace(base, config=best.config, gpu=gpu.name, predicted_us=best.predicted_us,
-                   measured_us=best.measured_us, source=best.source, reason=best.reason,
-                   elapsed_us=(time.perf_counter() - t0) * 1e6)
+    chosen = replace(base, config=best.config, gpu=gpu.name, predicted_us=best.predicted_us,
+                     measured_us=best.measured_us, source=best.source, reason=best.reason)
+    if dev_type == "cuda" and kind in _MATMUL and _VENDOR[0]:
+        chosen = _against_vendor(chosen, gpu, OpSpec(kind=kind, shape=shape, dtype=name))
+    return replace(chosen, elapsed_us=(time.perf_counter() - t0) * 1e6)
+
+
+def _against_vendor(chosen: Choice, gpu: GPUProfile, op: OpSpec) -> Choice:
+    """``chosen`` with cuBLAS's predicted time, falling back to it (:data:`VENDOR`) where that is lower
+    than the config's time (measured when the store has it, else predicted)."""
+    vendor_us = predict_vendor_matmul(gpu, op)
+    if vendor_us is None:
+        return chosen
+    ours = chosen.measured_us if chosen.measured_us is not None else chosen.predicted_us
+    chosen = replace(chosen, vendor_us=vendor_us)
+    if ours is None or vendor_us >= ours:
+        return chosen
+    assert chosen.config is not None
+    label = "measured" if chosen.measured_us is not None else "predicted"
+    return chosen.with_fallback(f"{VENDOR} ({vendor_us:.1f} us predicted for cuBLAS against {ours:.1f} us "
+                                f"{label} for {chosen.config.kernel} {chosen.config.describe()})")
 
 
 def _warn_if_capturing(op: str, device: Any) -> None:

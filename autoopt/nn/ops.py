@@ -36,6 +36,12 @@ inference kernels with no backward, so when grad mode is on and an input require
 function runs the torch op (training keeps working; under ``torch.no_grad()`` /
 ``torch.inference_mode()`` or with ``requires_grad=False`` parameters the kernels run).
 
+**Under torch.compile** a public function asks the dispatch at trace time (static shapes): where the
+choice for its key is the torch op (a fallback, or cuBLAS predicted faster than autoopt's kernel) the
+graph holds the torch op itself, which Inductor fuses and launches with none of a custom op's host
+cost (~100 us a call on the H100's host at prefill shapes, ``benchmarks/results/h100/nn_overhead.json``);
+otherwise it holds the custom op. Dynamic shapes always take the custom op.
+
 **Bad input** raises what torch would (``ValueError`` for shapes, ``RuntimeError`` for dtype and
 device mismatches, ``TypeError`` for non-tensors), naming the tensor, from the public function, the
 custom op and its fake implementation alike: never a Triton compile error.
@@ -214,6 +220,44 @@ def _direct(*tensors: Tensor | None) -> bool:
     return all(t is None or type(t) in _PLAIN for t in tensors)
 
 
+def _torch_chosen(op: str, kind: str, shape: tuple[Any, ...], dtype: Any, device: Any) -> bool:
+    """At trace time: whether the dispatch runs the torch op for this key. Only static, non-empty shapes are
+    decided (a symbolic dim has no key); the fallback is noted once, as the graph will run it every call."""
+    if not all(type(d) is int and d > 0 for d in shape):
+        return False
+    choice = choose(op, kind, shape, dtype, device)
+    if choice.fallback is None:
+        return False
+    note_fallback(op, choice.fallback)
+    return True
+
+
+# torch.compile: dynamo hides whether a dim is symbolic, so the choice is made where it is visible: in a
+# function dynamo does not trace but records whole, which AOTAutograd then traces on fake tensors
+# (``torch._dynamo.nonstrict_trace``, torch >= 2.7). Without it the compiled graph holds the custom ops.
+_NONSTRICT: Callable[[Callable[..., Tensor]], Callable[..., Tensor]] | None = getattr(
+    torch._dynamo, "nonstrict_trace", None)
+
+
+def _traced(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    return _NONSTRICT(fn) if _NONSTRICT is not None else fn
+
+
+def _compiling() -> bool:
+    """Whether a public function should route through its traced variant (under torch.compile)."""
+    return _NONSTRICT is not None and torch.compiler.is_compiling()
+
+
+def _present(*optional: Tensor | None) -> tuple[tuple[bool, ...], tuple[Tensor, ...]]:
+    """Optional tensors as (which are given, the given ones): a traced function takes no None."""
+    return tuple(t is not None for t in optional), tuple(t for t in optional if t is not None)
+
+
+def _given(mask: tuple[bool, ...], tensors: tuple[Tensor, ...]) -> list[Tensor | None]:
+    it = iter(tensors)
+    return [next(it) if m else None for m in mask]
+
+
 def _autograd_fallback(op: str) -> None:
     """Count and log (once) a public call that runs the torch op because autograd needs it; at trace time
     under torch.compile nothing is logged (the traced graph holds the torch op)."""
@@ -327,6 +371,20 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         return F.linear(x, weight, bias)
     if _direct(x, weight, bias):
         return _linear_impl(x, weight, bias)
+    if _compiling():
+        mask, given = _present(bias)
+        return _linear_traced(x, weight, mask, *given)
+    out: Tensor = torch.ops.autoopt.linear(x, weight, bias)
+    return out
+
+
+@_traced
+def _linear_traced(x: Tensor, weight: Tensor, mask: tuple[bool, ...], *given: Tensor) -> Tensor:
+    (bias,) = _given(mask, given)
+    _check_linear(x, weight, bias)
+    m = math.prod(x.shape[:-1])
+    if _torch_chosen("linear", matmul_kind(m), (m, *weight.shape), x.dtype, x.device):
+        return F.linear(x, weight, bias)
     out: Tensor = torch.ops.autoopt.linear(x, weight, bias)
     return out
 
@@ -400,7 +458,20 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
         return F.rms_norm(x, (x.shape[-1],), weight, eps)
     if _direct(x, weight):
         return _rms_norm_impl(x, weight, float(eps))
+    if _compiling():
+        mask, given = _present(weight)
+        return _rms_norm_traced(x, float(eps), mask, *given)
     out: Tensor = torch.ops.autoopt.rms_norm(x, weight, float(eps))
+    return out
+
+
+@_traced
+def _rms_norm_traced(x: Tensor, eps: float, mask: tuple[bool, ...], *given: Tensor) -> Tensor:
+    (weight,) = _given(mask, given)
+    _check_norm("rms_norm", x, weight, None)
+    if _torch_chosen("rms_norm", "rmsnorm", _rows(x), x.dtype, x.device):
+        return F.rms_norm(x, (x.shape[-1],), weight, eps).to(x.dtype)
+    out: Tensor = torch.ops.autoopt.rms_norm(x, weight, eps)
     return out
 
 
@@ -413,7 +484,20 @@ def layer_norm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = No
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     if _direct(x, weight, bias):
         return _layer_norm_impl(x, weight, bias, float(eps))
+    if _compiling():
+        mask, given = _present(weight, bias)
+        return _layer_norm_traced(x, float(eps), mask, *given)
     out: Tensor = torch.ops.autoopt.layer_norm(x, weight, bias, float(eps))
+    return out
+
+
+@_traced
+def _layer_norm_traced(x: Tensor, eps: float, mask: tuple[bool, ...], *given: Tensor) -> Tensor:
+    weight, bias = _given(mask, given)
+    _check_norm("layer_norm", x, weight, bias)
+    if _torch_chosen("layer_norm", "layernorm", _rows(x), x.dtype, x.device):
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps).to(x.dtype)
+    out: Tensor = torch.ops.autoopt.layer_norm(x, weight, bias, eps)
     return out
 
 
@@ -506,25 +590,40 @@ def silu_mul(gate: Tensor, up: Tensor) -> Tensor:
     ``silu_mul`` kernel; row-strided ones (unit stride along the last dim) a strided variant of it;
     anything else runs torch (logged).
     """
-    if _grad_needed(gate, up):
-        _check_pair("silu_mul", "gate", gate, "up", up)
-        _autograd_fallback("silu_mul")
-        return F.silu(gate) * up
-    if _direct(gate, up):
-        return _silu_mul_impl(gate, up)
-    out: Tensor = torch.ops.autoopt.silu_mul(gate, up)
-    return out
+    return _gated_public(gate, up, gelu=False)
 
 
 def gelu_tanh_mul(gate: Tensor, up: Tensor) -> Tensor:
     """``gelu(gate, approximate="tanh") * up`` (GeGLU: Gemma's MLP activation), fused like :func:`silu_mul`."""
+    return _gated_public(gate, up, gelu=True)
+
+
+def _gated_torch(gate: Tensor, up: Tensor, gelu: bool) -> Tensor:
+    return (F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)) * up
+
+
+def _gated_public(gate: Tensor, up: Tensor, *, gelu: bool) -> Tensor:
+    """The public path of :func:`silu_mul` and :func:`gelu_tanh_mul` (autograd, eager, compiled)."""
+    op = "gelu_tanh_mul" if gelu else "silu_mul"
     if _grad_needed(gate, up):
-        _check_pair("gelu_tanh_mul", "gate", gate, "up", up)
-        _autograd_fallback("gelu_tanh_mul")
-        return F.gelu(gate, approximate="tanh") * up
+        _check_pair(op, "gate", gate, "up", up)
+        _autograd_fallback(op)
+        return _gated_torch(gate, up, gelu)
     if _direct(gate, up):
-        return _gelu_tanh_mul_impl(gate, up)
-    out: Tensor = torch.ops.autoopt.gelu_tanh_mul(gate, up)
+        return _gelu_tanh_mul_impl(gate, up) if gelu else _silu_mul_impl(gate, up)
+    if _compiling():
+        return _gated_traced(gate, up, gelu)
+    out: Tensor = getattr(torch.ops.autoopt, op)(gate, up)
+    return out
+
+
+@_traced
+def _gated_traced(gate: Tensor, up: Tensor, gelu: bool) -> Tensor:
+    op = "gelu_tanh_mul" if gelu else "silu_mul"
+    _check_pair(op, "gate", gate, "up", up)
+    if _torch_chosen(op, op, _rows(gate), gate.dtype, gate.device):
+        return _gated_torch(gate, up, gelu)
+    out: Tensor = getattr(torch.ops.autoopt, op)(gate, up)
     return out
 
 
@@ -542,6 +641,18 @@ def swiglu(gate_up: Tensor) -> Tensor:
         return F.silu(gate) * up
     if _direct(gate_up):
         return _swiglu_impl(gate_up)
+    if _compiling():
+        return _swiglu_traced(gate_up)
+    out: Tensor = torch.ops.autoopt.swiglu(gate_up)
+    return out
+
+
+@_traced
+def _swiglu_traced(gate_up: Tensor) -> Tensor:
+    _check_swiglu(gate_up)
+    gate, up = _halves(gate_up)
+    if _torch_chosen("swiglu", "silu_mul", _rows(gate), gate.dtype, gate.device):
+        return F.silu(gate) * up
     out: Tensor = torch.ops.autoopt.swiglu(gate_up)
     return out
 
@@ -586,6 +697,17 @@ def add(x: Tensor, y: Tensor) -> Tensor:
         return x + y
     if _direct(x, y):
         return _add_impl(x, y)
+    if _compiling():
+        return _add_traced(x, y)
+    out: Tensor = torch.ops.autoopt.add(x, y)
+    return out
+
+
+@_traced
+def _add_traced(x: Tensor, y: Tensor) -> Tensor:
+    _check_add(x, y)
+    if x.shape == y.shape and x.dtype == y.dtype and _torch_chosen("add", "add", _rows(x), x.dtype, x.device):
+        return x + y
     out: Tensor = torch.ops.autoopt.add(x, y)
     return out
 
