@@ -20,7 +20,14 @@ import autoopt  # noqa: E402
 from autoopt.errors import AutooptError, OpError  # noqa: E402
 from autoopt.nn import dispatch  # noqa: E402
 from autoopt.nn import ops as aops  # noqa: E402
-from autoopt.nn.modules import AutooptGatedMLP, AutooptLinear, AutooptRMSNorm  # noqa: E402
+from autoopt.nn.modules import (  # noqa: E402
+    AutooptGatedMLP,
+    AutooptLinear,
+    AutooptQKV,
+    AutooptQKVPart,
+    AutooptRMSNorm,
+    Replacement,
+)
 from autoopt.nn.optimize import optimize, restore  # noqa: E402
 
 LAYERS = 2
@@ -85,7 +92,7 @@ def assert_restored(model, snap):
     assert all(torch.equal(now[k], state[k]) for k in state)
     assert {n: (type(m), m) for n, m in model.named_modules()} == modules  # same types, same objects
     assert {n: p for n, p in model.named_parameters()} == params          # same Parameter objects
-    assert not any(isinstance(m, (AutooptLinear, AutooptRMSNorm, AutooptGatedMLP)) for m in model.modules())
+    assert not any(isinstance(m, Replacement) for m in model.modules())
     ptrs = [p.untyped_storage().data_ptr() for p in model.parameters()]
     assert len(set(ptrs)) == len(ptrs)  # every Parameter has its own storage again (gate/up untied)
 
@@ -101,7 +108,8 @@ def test_family_is_replaced_matches_and_restores(family):
 
     report = optimize(model)
     counts = report.counts()
-    assert counts["linear"] == {"replaced": 5 * LAYERS + 1, "fused": 2 * LAYERS}  # q k v o down + lm_head
+    assert counts["linear"] == {"replaced": 2 * LAYERS + 1, "fused": 5 * LAYERS}  # o down + lm_head; q k v gate up
+    assert counts["qkv"] == {"replaced": LAYERS}
     assert counts["gated_mlp"] == {"replaced": LAYERS}
     assert counts["rms_norm"] == {"replaced": 2 * LAYERS + 1}
     assert counts["attention"] == {"kept": LAYERS}
@@ -251,11 +259,77 @@ def test_tied_gate_up_follows_load_state_dict_and_dtype_moves():
     assert mlp.is_tied() and torch.equal(mlp.gate_up_weight[:128], sd["model.layers.0.mlp.gate_proj.weight"])
     model.load_state_dict(sd, assign=True)  # new tensors: gate_up is rebuilt and tied again
     assert mlp.is_tied()
+    _half_stays_tied_and_matches_a_restored_copy(model, mlp, "gate_up_weight", x)
+
+
+def _half_stays_tied_and_matches_a_restored_copy(model, rep, fused, x):
     model.to(torch.float16)
-    assert mlp.is_tied() and mlp.gate_up_weight.dtype == torch.float16
+    assert rep.is_tied() and getattr(rep, fused).dtype == torch.float16
     ref = copy.deepcopy(model)
     restore(ref)
     assert rel(logits(model, x), logits(ref, x)) < 5e-3
+
+
+def test_qkv_is_one_gemm_over_slices_of_one_weight():
+    model = build("qwen2")  # q/k/v with biases, k/v narrower than q (GQA)
+    before = _storage_bytes(model)
+    attn = model.model.layers[0].self_attn
+    q_w, k_w, v_b = attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.bias
+    optimize(model, check=False)
+    q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+    assert isinstance(q, AutooptQKV) and isinstance(k, AutooptQKVPart) and isinstance(v, AutooptQKVPart)
+    assert q.tied and q.is_tied() and q.weight is q_w and k.weight is k_w and v.bias is v_b  # same Parameters
+    assert k_w.data_ptr() == q.qkv_weight[q.out_features:].data_ptr()
+    assert _storage_bytes(model) == before  # the weights exist once
+    assert list(model.state_dict()) == list(snapshot(build("qwen2"))[0])  # same keys: qkv_weight is not saved
+
+
+def test_qkv_parts_answer_from_the_fused_gemm_and_release_it_after_v():
+    model = build("llama")
+    optimize(model, check=False)
+    attn = model.model.layers[0].self_attn
+    h = torch.randn(1, 3, 64)
+    with torch.no_grad():
+        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+        assert k.data_ptr() == q.data_ptr() + q.shape[-1] * q.element_size()  # a slice of one output
+        assert attn.q_proj.__dict__["_stash"] is None  # v took the last slice: nothing kept alive
+        for got, lin in ((q, attn.q_proj), (k, attn.k_proj), (v, attn.v_proj)):
+            assert rel(got, torch.nn.functional.linear(h, lin.weight, lin.bias)) < 1e-5
+
+
+def test_a_qkv_part_called_on_another_input_computes_its_own_gemm():
+    model = build("llama")
+    optimize(model, check=False)
+    attn = model.model.layers[0].self_attn
+    h, other = torch.randn(1, 3, 64), torch.randn(1, 3, 64)
+    with torch.no_grad():
+        attn.q_proj(h)
+        k = attn.k_proj(other)  # not the tensor q_proj saw: its own GEMM, the right answer
+        v = attn.v_proj(other)
+    assert rel(k, torch.nn.functional.linear(other, attn.k_proj.weight)) < 1e-5
+    assert rel(v, torch.nn.functional.linear(other, attn.v_proj.weight)) < 1e-5
+
+
+def test_tied_qkv_follows_load_state_dict_and_dtype_moves():
+    model = build("qwen2")
+    x = ids()
+    optimize(model, check=False)
+    q = model.model.layers[0].self_attn.q_proj
+    key = "model.layers.0.self_attn.v_proj.weight"
+    sd = {k: (v * 2 if k == key else v) for k, v in model.state_dict().items()}
+    model.load_state_dict(sd)
+    assert q.is_tied() and torch.equal(q.qkv_weight[-sd[key].shape[0]:], sd[key])
+    model.load_state_dict(sd, assign=True)  # new tensors: qkv is rebuilt once v has loaded, and tied again
+    assert q.is_tied() and torch.equal(q.qkv_weight[-sd[key].shape[0]:], sd[key])
+    _half_stays_tied_and_matches_a_restored_copy(model, q, "qkv_weight", x)
+
+
+def test_qkv_not_in_ops_replaces_q_k_v_one_by_one():
+    model = build("llama")
+    report = optimize(model, ops=["linear", "rms_norm", "gated_mlp"], check=False)
+    assert report.count("qkv") == 0 and report.count("linear") == 5 * LAYERS + 1
+    assert isinstance(model.model.layers[0].self_attn.k_proj, AutooptLinear)
+    assert "qkv and linear must both be in ops=" in report.row("model.layers.0.self_attn.qkv").reason
 
 
 # -- check=True, ops=, skip= ------------------------------------------------------------------------------------
@@ -270,7 +344,7 @@ def test_check_keeps_the_original_when_the_replacement_is_wrong(monkeypatch):
     row = report.row("model.norm")
     assert row.status == "kept" and "check failed" in row.reason and row.error > row.tolerance
     assert not isinstance(model.model.norm, AutooptRMSNorm)
-    assert report.count("linear") == 5 * LAYERS + 1  # the others are unaffected
+    assert report.count("linear") == 2 * LAYERS + 1 and report.count("qkv") == LAYERS  # the others: unaffected
     assert rel(logits(model, x), ref) < 1e-4
     assert "check failed" in str(report)
 
@@ -285,7 +359,7 @@ def test_check_keeps_the_original_when_the_replacement_raises(monkeypatch):
     report = optimize(model)
     row = report.row("model.layers.0.mlp")
     assert row.status == "kept" and "kernel exploded" in row.reason
-    assert report.count("linear") == 7 * LAYERS + 1  # the kept MLPs' linears are replaced one by one
+    assert report.count("linear") == 4 * LAYERS + 1  # o + the kept MLPs' linears, one by one (q/k/v: fused)
     assert type(model.model.layers[0].mlp).__name__ == "LlamaMLP"
 
 

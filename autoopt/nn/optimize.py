@@ -18,7 +18,11 @@ The walk goes down the module tree from the root. At each child it tries, in ord
 3. a plain **linear**: :class:`~autoopt.nn.modules.AutooptLinear`;
 
 and otherwise descends into the child. Attention modules are left as the model's own (SDPA,
-FlashAttention): only their projections are replaced. Recognition rules: :mod:`autoopt.nn.recognize`.
+FlashAttention): only their projections are replaced. Where an attention has ``q_proj``, ``k_proj``
+and ``v_proj`` linears reading one input, they become one **qkv** GEMM
+(:class:`~autoopt.nn.modules.AutooptQKV` at ``q_proj``, its slices at ``k_proj``/``v_proj``; the three
+are *fused* rows, the group a ``qkv`` row); ``o_proj`` is a replaced linear. Recognition rules:
+:mod:`autoopt.nn.recognize`.
 
 ``check=True`` (the default) runs, once per distinct (kind, shape, dtype, device, variant), the
 original and the replacement on two samples, ``[2, 8, features]`` and ``[2, 16, features]`` (16 rows:
@@ -27,10 +31,10 @@ within 1e-4 fp32, 5e-3 fp16, 2e-2 bf16; 5e-3 for fp32 matmuls when torch allows 
 or an exception keeps the original and is reported. With ``check=False`` recognition still runs its
 torch-only probes, but the replacements are not run.
 
-``keep_original=False`` (the default) builds each gated MLP's ``gate_up`` once and re-points the
-original ``gate_proj``/``up_proj`` weights at its halves: no weight exists twice (see
+``keep_original=False`` (the default) builds each gated MLP's ``gate_up`` (and each attention's
+``qkv``) once and re-points the original weights at its row slices: no weight exists twice (see
 :class:`~autoopt.nn.modules.AutooptGatedMLP`); ``keep_original=True`` leaves the original tensors
-untouched and costs ``2 * intermediate * hidden`` elements per MLP.
+untouched and costs the fused weights' size again (``2 * intermediate * hidden`` elements per MLP).
 """
 
 from __future__ import annotations
@@ -47,9 +51,17 @@ from torch import nn
 from autoopt._log import get_logger
 from autoopt.errors import OpError
 from autoopt.nn import dispatch
-from autoopt.nn.modules import AutooptGatedMLP, AutooptLayerNorm, AutooptLinear, AutooptRMSNorm, Replacement
+from autoopt.nn.modules import (
+    AutooptGatedMLP,
+    AutooptLayerNorm,
+    AutooptLinear,
+    AutooptQKV,
+    AutooptRMSNorm,
+    Replacement,
+)
 from autoopt.nn.recognize import (
     FLOAT_DTYPES,
+    QKV,
     GatedMLPMatch,
     NormMatch,
     gated_mlp_parts,
@@ -57,6 +69,7 @@ from autoopt.nn.recognize import (
     match_gated_mlp,
     match_norm,
     norm_parts,
+    qkv_parts,
     rel_error,
     sample,
     tolerance,
@@ -68,7 +81,7 @@ log = get_logger(__name__)
 __all__ = ["OPS", "optimize", "restore"]
 
 #: what ``ops=`` can name: the kinds of module optimize() replaces.
-OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp")
+OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "qkv")
 _ATTENTION_CHILDREN = (("q_proj", "k_proj", "v_proj"), ("qkv_proj",), ("query_key_value",), ("c_attn",))
 
 
@@ -139,6 +152,10 @@ def _kernels_at(rep: Replacement, m: int) -> dict[str, str]:
     if isinstance(rep, AutooptLinear):
         w = rep.weight
         return {"linear": _linear_choice(m, w.shape[0], w.shape[1], w.dtype, w.device)}
+    if isinstance(rep, AutooptQKV):
+        w = rep.weight
+        n = rep.out_features + sum(p.out_features for p in rep.parts)
+        return {"qkv": _linear_choice(m, n, rep.in_features, w.dtype, w.device)}
     if isinstance(rep, (AutooptRMSNorm, AutooptLayerNorm)):
         w = rep.weight
         op, kind = ("rms_norm", "rmsnorm") if isinstance(rep, AutooptRMSNorm) else ("layer_norm", "layernorm")
@@ -222,6 +239,8 @@ class _Walk:
     #: (parent, child name, replacement), both weakly: a report must not keep a deleted model alive.
     patches: list[tuple[Any, str, Any]] = field(default_factory=list)
     done: dict[int, nn.Module] = field(default_factory=dict)
+    #: replacements this walk put in place under a module it then descends into (the q/k/v parts)
+    placed: set[int] = field(default_factory=set)
     checked: dict[tuple[Any, ...], _Checked] = field(default_factory=dict)
 
     # -- checking ---------------------------------------------------------------------------------
@@ -355,6 +374,58 @@ class _Walk:
                       shape=f"{down.in_features}->{down.out_features}")
         return True
 
+    def qkv(self, attn: nn.Module, path: str, parts: tuple[nn.Linear, nn.Linear, nn.Linear] | str) -> bool:
+        """Fuse ``attn``'s q/k/v projections into one GEMM (:class:`AutooptQKV`), or say why not; the
+        walk then descends into ``attn`` (its o_proj, and q/k/v one by one where they were not fused)."""
+        where = f"{path}.qkv"
+        why = self._qkv_blocker(path, parts)
+        if why is not None:
+            self._row(where, "qkv", "kept", attn, why + "; q/k/v are tried one by one")
+            return False
+        assert not isinstance(parts, str)
+        q, k, v = parts
+        w = q.weight
+        shape = f"{q.in_features}->{q.out_features}+{k.out_features}+{v.out_features}"
+        rep = AutooptQKV(q, k, v)
+        k_rep, v_rep = rep.parts
+        key = ("qkv", q.in_features, q.out_features, k.out_features, v.out_features, q.bias is not None, w.dtype,
+               w.device)
+        verdict = self._verify(key, _Stacked(q, k, v), _Stacked(rep, k_rep, v_rep),
+                               lambda t: sample(q.in_features, w.dtype, w.device, tokens=t, seed=3),
+                               tolerance(w.dtype, matmul=True))
+        if not verdict.ok:
+            rep.untie()
+            self._row(where, "qkv", "kept", attn, verdict.reason + "; q/k/v are tried one by one", shape=shape,
+                      dtype=w.dtype, verdict=verdict)
+            return False
+        if not self.keep_original:
+            rep.tie()
+        news: tuple[nn.Module, ...] = (rep, k_rep, v_rep)
+        for name, original, new in zip(QKV, parts, news, strict=True):
+            self._swap(attn, name, original, new)
+            self.placed.add(id(new))
+        self._row(where, "qkv", "replaced", attn, shape=shape, dtype=w.dtype, verdict=verdict, kernels=_kernels(rep))
+        for name, lin in zip(QKV, parts, strict=True):
+            self._row(f"{path}.{name}", "linear", "fused", lin, f"runs in {path}'s qkv GEMM "
+                      f"({'a slice of qkv_weight' if rep.tied else 'qkv_weight is a copy'})",
+                      shape=f"{lin.in_features}->{lin.out_features}")
+        return True
+
+    def _qkv_blocker(self, path: str, parts: tuple[nn.Linear, nn.Linear, nn.Linear] | str) -> str | None:
+        if isinstance(parts, str):
+            return parts
+        if "qkv" not in self.ops or "linear" not in self.ops:
+            return "qkv and linear must both be in ops= to fuse q/k/v"
+        for name, lin in zip(QKV, parts, strict=True):
+            hit = next((p for p in self.skip if fnmatch.fnmatchcase(f"{path}.{name}", p)), None)
+            if hit is not None:
+                return f"{path}.{name} matches skip= pattern {hit!r}"
+            if id(lin) in self.done:
+                return f"{path}.{name} is shared with another module"
+            if any(getattr(lin, d, None) for d in ("_forward_hooks", "_forward_pre_hooks")):
+                return f"{path}.{name} has forward hooks (they would see a slice computed elsewhere)"
+        return None
+
     def visit(self, parent: nn.Module, prefix: str) -> None:
         for name, child in list(parent._modules.items()):
             if child is None:
@@ -366,6 +437,8 @@ class _Walk:
 
     def step(self, parent: nn.Module, name: str, m: nn.Module, path: str) -> bool:
         """Handle ``m`` (at ``parent.name``); True when its subtree is done (do not descend)."""
+        if id(m) in self.placed:
+            return True
         shared = self.done.get(id(m))
         if shared is not None:  # the same module object reached again (shared): the same replacement
             assert isinstance(shared, Replacement)
@@ -413,11 +486,26 @@ class _Walk:
             impl = getattr(getattr(m, "config", None), "_attn_implementation", None)
             self._row(path, "attention", "kept", m, f"attention stays the model's own ({impl or type(m).__name__}); "
                       "its projections are rows of their own")
+            projections = qkv_parts(m)
+            if projections is not None:
+                self.qkv(m, path, projections)
             return False
         if next(iter(m.children()), None) is None and any(True for _ in m.parameters(recurse=False)):
             self._row(path, "other", "kept", m, f"{type(m).__name__}: no autoopt kernel for it")
             return True
         return False
+
+
+class _Stacked(nn.Module):
+    """Three projections as one function of x (their outputs side by side), for the q/k/v check: called in
+    the order attention calls them, so the fused replacement answers k and v from its stash."""
+
+    def __init__(self, q: nn.Module, k: nn.Module, v: nn.Module) -> None:
+        super().__init__()
+        self.__dict__["mods"] = (q, k, v)  # not children: this wrapper lives only for the check
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([m.forward(x) for m in self.__dict__["mods"]], dim=-1)
 
 
 def _kind_of(m: nn.Module) -> str:

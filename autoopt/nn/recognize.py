@@ -17,6 +17,10 @@ A class name proves nothing (every model family names its RMSNorm differently, a
   matching shapes and an ``act_fn`` that computes SiLU or tanh-GELU (checked on a sample: exact
   erf-GELU differs from the tanh form by ~1e-3 and is not taken for it), whose output is
   ``down(act(gate(x)) * up(x))`` on a sample input.
+- **q/k/v projections**: an attention module's ``q_proj``, ``k_proj`` and ``v_proj``, three linears
+  (above) reading the same ``in_features`` in one dtype and device, each with a bias or none with one.
+  Fusing them changes no arithmetic (each output column is the same dot product), so there is no
+  behavioural probe beyond the check ``optimize`` runs.
 
 Probes run under ``torch.no_grad()`` on random inputs from a private generator (the global RNG is
 never touched), in the module's own dtype and device.
@@ -36,6 +40,7 @@ from torch.nn import functional as F
 __all__ = [
     "EPS_ATTRS",
     "FLOAT_DTYPES",
+    "QKV",
     "GatedMLPMatch",
     "NormMatch",
     "activation_of",
@@ -44,6 +49,7 @@ __all__ = [
     "match_gated_mlp",
     "match_norm",
     "norm_parts",
+    "qkv_parts",
     "rel_error",
     "sample",
     "tolerance",
@@ -293,3 +299,32 @@ def match_gated_mlp(m: nn.Module) -> GatedMLPMatch | str:
                 f"(relative error {err:.2g} > {tol:g})")
     return GatedMLPMatch(activation=activation, hidden=hidden, intermediate=inter,
                          has_bias=gate.bias is not None or down.bias is not None, error=err)
+
+
+# -- q/k/v projections ------------------------------------------------------------------------------------
+
+#: the child names of the projections one fused GEMM can serve, in the order attention code calls them.
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def qkv_parts(m: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear] | str | None:
+    """``m``'s q/k/v linears when one GEMM can serve them, a reason when it has them but cannot, None
+    when ``m`` has no q/k/v projections."""
+    lins = [getattr(m, name, None) for name in QKV]
+    if not all(isinstance(lin, nn.Module) for lin in lins):
+        return None
+    for name, lin in zip(QKV, lins, strict=True):
+        problem = linear_problem(lin)  # type: ignore[arg-type]
+        if problem is not None:
+            return f"{name}: {problem}"
+    q, k, v = lins
+    assert isinstance(q, nn.Linear) and isinstance(k, nn.Linear) and isinstance(v, nn.Linear)
+    if len({lin.in_features for lin in (q, k, v)}) != 1:
+        return "q/k/v read different in_features"
+    if len({(lin.weight.dtype, lin.weight.device) for lin in (q, k, v)}) != 1:
+        return "q/k/v weights differ in dtype or device"
+    if len({lin.bias is None for lin in (q, k, v)}) != 1:
+        return "some of q/k/v have a bias and some not"
+    if len({id(lin) for lin in (q, k, v)}) != 3:
+        return "q/k/v are not three distinct modules"
+    return q, k, v
