@@ -317,7 +317,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
     prof = _profile(args.profile)
     kwargs: dict[str, Any] = {"batch": args.batch, "phase": args.phase, "preference": args.preference,
-                              "compare_wfc": True}  # an engineer reads the search beside the DP
+                              "compare_wfc": True,  # an engineer reads the search beside the DP
+                              "cuda_graphs": args.cuda_graphs}
     for key in ("context", "prompt_len", "gen_len", "weight_dtype", "kv_dtype", "runtime", "tensor_parallel",
                 "pipeline_parallel"):
         if getattr(args, key) is not None:
@@ -830,6 +831,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--tensor-parallel", dest="tensor_parallel", type=int, help="fix the tensor-parallel degree")
     sp.add_argument("--pipeline-parallel", dest="pipeline_parallel", type=int,
                     help="fix the pipeline-parallel degree")
+    sp.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_true",
+                    help="price decode steps as replayed from a CUDA graph (about 1 us a kernel, not a launch)")
     sp.add_argument("--model-id", dest="model_id", help="the checkpoint name the runtime loads (with --runtime)")
     sp.add_argument("--format", choices=(*FORMATS[:2], "args"), default="table",
                     help="args: the runtime's own arguments, ready to paste (needs --runtime)")

@@ -134,9 +134,12 @@ def _predicted_lines(pred: dict | None, opt: dict | None) -> list[str]:
         if m:
             lines.append(f"- predicted prefill {shape}: {p:.2f} ms vs measured {m:.2f} ms "
                          f"({p / m - 1:+.0%}; target within 20 %)")
+    graphed_pred = pred.get("decode_ms_per_token_graphed", {})
     for batch, p in pred["decode_ms_per_token"].items():
         m, how = _graphed(opt, batch), "in a CUDA graph"
-        if m is None:
+        if m is not None and batch in graphed_pred:  # priced as replayed from a graph, like the measurement
+            p, how = graphed_pred[batch], "in a CUDA graph (predicted with cuda_graphs=True)"
+        elif m is None:
             m, how = opt["decode_ms_per_token"].get(batch), "through generate"
         if m:
             lines.append(f"- predicted decode {batch}: {p:.2f} ms vs measured {m:.2f} ms {how} "

@@ -116,6 +116,15 @@ def test_recommend_json_for_a_catalog_model_on_eight_h100():
     assert data["label"] == "predicted" and data["fits"] is True
 
 
+
+def test_recommend_cuda_graphs_flag_prices_decode_as_replayed():
+    base = ("recommend", "--model", "llama-3-8b", "--profile", "h100-sxm", "--phase", "decode", "--format", "json")
+    plain, graphed = autoopt(*base), autoopt(*base, "--cuda-graphs")
+    assert plain.returncode == 0 and graphed.returncode == 0, graphed.stderr
+    p, g = json.loads(plain.stdout), json.loads(graphed.stdout)
+    assert g["workload"]["cuda_graphs"] is True
+    assert g["predicted"]["decode_step_us"] < p["predicted"]["decode_step_us"]
+
 def test_recommend_reads_a_hugging_face_config_json(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,

@@ -138,3 +138,36 @@ def test_an_out_of_range_request_names_the_option_and_the_accepted_range(kwargs,
     with pytest.raises(ModelError, match=rf"{field} must be an integer in 1\.\.\d+") as info:
         rec(load("h100-sxm"), "llama-3-8b", **kwargs)
     assert info.value.field == field
+
+
+# -- decode replayed from a CUDA graph ---------------------------------------------------------------------------
+
+def _decode(**kw):
+    return recommend(load_profile("h100-sxm"), "llama-3-8b", batch=1, prompt_len=128, gen_len=128, phase="decode",
+                     weight_dtype="bf16", max_devices=1, **kw)
+
+
+def test_cuda_graphs_price_each_decode_kernel_at_its_in_graph_launch():
+    from autoopt.kernels.constants import constants
+    from autoopt.planning.recommendation import GRAPH_LAUNCH_US
+
+    plain, graphed = _decode(), _decode(cuda_graphs=True)
+    kernels = sum(o.occurrences for o in plain.ops)  # every op of the step is one kernel launch
+    saved = plain.predicted["decode_step_us"] - graphed.predicted["decode_step_us"]
+    per_launch = constants().launch_us - GRAPH_LAUNCH_US
+    # ranked ops drop a standalone launch for an in-graph one; roofline-priced ones (attention) gain one
+    attention = sum(o.occurrences for o in plain.ops if o.kernel_class == "attention")
+    assert saved == pytest.approx((kernels - attention) * per_launch - attention * GRAPH_LAUNCH_US, rel=1e-6)
+    assert graphed.workload.to_dict()["cuda_graphs"] is True and "cuda_graphs" not in plain.workload.to_dict()
+
+
+def test_cuda_graphs_leave_prefill_alone():
+    kw = dict(batch=1, prompt_len=2048, gen_len=1, phase="prefill", weight_dtype="bf16", max_devices=1)
+    h100 = load_profile("h100-sxm")
+    assert recommend(h100, "llama-3-8b", cuda_graphs=True, **kw).predicted == \
+        recommend(h100, "llama-3-8b", **kw).predicted
+
+
+def test_cuda_graphs_must_be_a_bool():
+    with pytest.raises(ModelError, match="cuda_graphs must be a bool"):
+        _decode(cuda_graphs="yes")

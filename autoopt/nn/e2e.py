@@ -301,10 +301,12 @@ def _predicted(name: str, profile: Any, prefill: Sequence[tuple[int, int]], deco
         rec = recommend(profile, name, batch=batch, prompt_len=seq, gen_len=1, phase="prefill", weight_dtype="bf16",
                         max_devices=1)
         out["prefill_ms"][f"{batch}x{seq}"] = round(rec.predicted["prefill_us"] / 1e3, 3)
+    out["decode_ms_per_token_graphed"] = {}
     for batch in decode_batches:
-        rec = recommend(profile, name, batch=batch, prompt_len=128, gen_len=128, phase="decode", weight_dtype="bf16",
-                        max_devices=1)
-        out["decode_ms_per_token"][str(batch)] = round(rec.predicted["decode_step_us"] / 1e3, 4)
+        for key, graphs in (("decode_ms_per_token", False), ("decode_ms_per_token_graphed", True)):
+            rec = recommend(profile, name, batch=batch, prompt_len=128, gen_len=128, phase="decode",
+                            weight_dtype="bf16", max_devices=1, cuda_graphs=graphs)
+            out[key][str(batch)] = round(rec.predicted["decode_step_us"] / 1e3, 4)
     return out
 
 

@@ -232,12 +232,14 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
               gen_len: int = 256, context: int | None = None, phase: str = "both", weight_dtype: str | None = None,
               kv_dtype: str | None = None, preference: str = "balanced", max_devices: int | None = None,
               include_cpu: bool = False, top: int = 3, compare_wfc: bool = False, runtime: Any = None,
-              tensor_parallel: int | None = None, pipeline_parallel: int | None = None) -> Recommendation:
+              tensor_parallel: int | None = None, pipeline_parallel: int | None = None,
+              cuda_graphs: bool = False) -> Recommendation:
     """Recommend how to run ``model`` on ``profile`` (see module docstring); predictions only.
 
     ``runtime`` (``"vllm"``, ``"sglang"``, ``"llama.cpp"``, ``"transformers"``, ``"autoopt"`` or a
     plugin's) limits the plan to what that runtime runs; ``tensor_parallel`` / ``pipeline_parallel``
-    fix the degrees.
+    fix the degrees. ``cuda_graphs``: price decode steps as replayed from a CUDA graph (each kernel's
+    launch at :data:`GRAPH_LAUNCH_US` instead of a standalone launch).
     """
     t0 = time.perf_counter()
     rt = _runtime(runtime, tensor_parallel, pipeline_parallel)
@@ -246,7 +248,7 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
         include_cpu = include_cpu or rt.offload == "cpu-compute"
     spec = parse_model(model)
     wl = _workload(hw.gpu, preference, batch=batch, prompt_len=prompt_len, gen_len=gen_len, context=context,
-                   phase=phase, kv_dtype=_kv_dtype(rt, hw.gpu, kv_dtype, preference))
+                   phase=phase, kv_dtype=_kv_dtype(rt, hw.gpu, kv_dtype, preference), cuda_graphs=cuda_graphs)
     shape = _Shape(rt=rt, tp=tensor_parallel, pp=pipeline_parallel)
     fit = _fit(hw, spec, wl, preference=preference, weight_dtype=weight_dtype, max_devices=max_devices,
                include_cpu=include_cpu, shape=shape)
@@ -291,7 +293,7 @@ MAX_TOKENS = 10_000_000
 
 
 def _workload(gpu: GPUProfile | None, preference: str, *, batch: int, prompt_len: int, gen_len: int,
-              context: int | None, phase: str, kv_dtype: str | None) -> Workload:
+              context: int | None, phase: str, kv_dtype: str | None, cuda_graphs: bool = False) -> Workload:
     """The request as asked. The KV cache defaults to fp8 for speed where the GPU has fp8, else to the
     16-bit type the GPU computes in."""
     if kv_dtype is None:
@@ -305,8 +307,10 @@ def _workload(gpu: GPUProfile | None, preference: str, *, batch: int, prompt_len
             raise ModelError(f"{name} must be an integer in 1..{top}, got {value!r}", field=name)
     if context is not None and context < prompt_len:
         raise ModelError(f"context {context} is shorter than the prompt ({prompt_len} tokens)", field="context")
+    if not isinstance(cuda_graphs, bool):
+        raise ModelError(f"cuda_graphs must be a bool, got {cuda_graphs!r}", field="cuda_graphs")
     return Workload(batch=batch, prompt_len=prompt_len, gen_len=gen_len, phase=phase, kv_dtype=kv_dtype,
-                    context=context)
+                    context=context, cuda_graphs=cuda_graphs)
 
 
 # -- runtime rules -----------------------------------------------------------------------
@@ -533,13 +537,14 @@ class _Phase:
     """One phase of a request as a layer sees it: ``q_len`` new tokens per sequence attending to
     ``context`` tokens, run ``runs`` times per request (decode: once per generated token)."""
 
-    __slots__ = ("context", "name", "q_len", "runs")
+    __slots__ = ("context", "graphed", "name", "q_len", "runs")
 
-    def __init__(self, *, name: str, q_len: int, context: int, runs: float) -> None:
+    def __init__(self, *, name: str, q_len: int, context: int, runs: float, graphed: bool = False) -> None:
         self.name = name
         self.q_len = q_len
         self.context = context
         self.runs = runs
+        self.graphed = graphed
 
 
 class _Mode:
@@ -616,11 +621,12 @@ def _layer_costs(spec: ModelSpec, wl: Workload, fit: _Fit, *, preference: str, t
 def _phases(wl: Workload) -> tuple[_Phase, ...]:
     """Prefill over the prompt and ``gen_len`` decode steps, each priced at the full context."""
     if wl.phase == "decode":  # the request is one decode step
-        return (_Phase(name="decode", q_len=1, context=wl.max_context, runs=1.0),)
+        return (_Phase(name="decode", q_len=1, context=wl.max_context, runs=1.0, graphed=wl.cuda_graphs),)
     prefill = _Phase(name="prefill", q_len=wl.prompt_len, context=wl.prompt_len, runs=1.0)
     if wl.phase == "prefill":
         return (prefill,)
-    return prefill, _Phase(name="decode", q_len=1, context=wl.max_context, runs=float(wl.gen_len))
+    return prefill, _Phase(name="decode", q_len=1, context=wl.max_context, runs=float(wl.gen_len),
+                           graphed=wl.cuda_graphs)
 
 
 def _modes(fmt: QuantFormat, gpu: GPUProfile | None, preference: str) -> tuple[tuple[_Mode, ...], tuple[str, ...]]:
@@ -647,7 +653,7 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
     for p in phases:
         us = 0.0
         for op in spec.layer_ops(i, batch=batch, q_len=p.q_len, context=p.context, dtype=mode.gemm_dtype):
-            t = _op_time(p.name, dev, _shard(op, tp), mode, top)
+            t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed)
             us += t.us * t.op.count
             ops.append(t)
         phase_us[p.name] = us
@@ -707,7 +713,7 @@ def _head_ops(spec: ModelSpec, wl: Workload, fit: _Fit, costs: _LayerCosts, plan
     """The final norm and LM head of every phase: outside the layer chain, so priced after it, on the
     last layer's device and in its mode."""
     dev, mode = fit.stage_of[-1], costs.modes[plan.assignment[-1]]
-    return tuple(_op_time(p.name, dev, _shard(op, fit.tp), mode, top)
+    return tuple(_op_time(p.name, dev, _shard(op, fit.tp), mode, top, graphed=p.graphed)
                  for p in costs.phases for op in spec.head_ops(batch=wl.batch, q_len=p.q_len))
 
 
@@ -820,9 +826,21 @@ def _totals(fit: _Fit, costs: _LayerCosts, plan: ChainSolution, head: tuple[_OpT
 
 
 # -- pricing one op ----------------------------------------------------------------------
-def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int) -> _OpTime:
+#: what one kernel costs inside a CUDA-graph replay beyond its own work, in us. The cost model's times
+#: include a standalone launch (``CostConstants.launch_us``, ~5.2 us, what torch-timed code sees); a
+#: replayed graph issues its kernels back to back. H100, Llama-3-8B decode step in one graph
+#: (``benchmarks/results/h100/e2e_llama-3-8b_agreement_profile.json``): norms ran 1.69 us and the fused
+#: activations 1.19 us each, which the model prices at ~1.0 us of work, and the step's 6.52 ms exceeded
+#: its ~420 kernels' summed time by 0.17 ms (0.4 us each): 0.6-1.1 us a kernel, taken as 1.0.
+GRAPH_LAUNCH_US = 1.0
+
+
+def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int, *, graphed: bool = False) -> _OpTime:
     """rank()'s best config where a template covers the op on this GPU (GEMMs at the mode's dtype),
-    else the roofline of the op's FLOPs and bytes."""
+    else the roofline of the op's FLOPs and bytes. ``graphed``: the op runs inside a replayed CUDA graph,
+    so a ranked op's standalone launch becomes :data:`GRAPH_LAUNCH_US` (one launch an op: a split-K
+    reduce's second launch stays standalone-priced) and a roofline-priced op, which has no launch term,
+    gains one."""
     if op.op is not None and dev.gpu is not None:
         spec = op.op
         if spec.is_matmul and spec.dtype != mode.gemm_dtype:
@@ -832,9 +850,19 @@ def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int) -> _Op
             us, bound = best.predicted_us, best.bound
             if spec.is_matmul and mode.weight_ratio != 1.0:
                 us, bound = _weight_only_us(dev.gpu, spec, mode, us, bound, top)
+            if graphed:
+                us = max(GRAPH_LAUNCH_US, us - _standalone_launch_us() + GRAPH_LAUNCH_US)
             return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=bound, best=best)
     us, bound = _roofline(dev, op, mode.gemm_dtype if op.kernel_class == "gemm" else "bf16")
+    if graphed:
+        us += GRAPH_LAUNCH_US
     return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=bound, best=None)
+
+
+def _standalone_launch_us() -> float:
+    from autoopt.kernels.constants import constants  # only graphed workloads need it: kept off the cold path
+
+    return constants().launch_us
 
 
 def _rank(gpu: GPUProfile, op: OpSpec, top: int) -> Candidate | AutooptError:

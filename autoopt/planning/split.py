@@ -67,6 +67,9 @@ class Workload:
     phase: str = "both"
     kv_dtype: str = "bf16"
     context: int | None = None
+    #: decode steps are replayed from a CUDA graph (vLLM, SGLang, a captured ``optimize``d model): each
+    #: kernel then costs its in-graph launch, not a standalone one (see ``recommendation.GRAPH_LAUNCH_US``).
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         for f in ("batch", "prompt_len", "gen_len"):
@@ -77,6 +80,8 @@ class Workload:
             raise ModelError(f"must be a positive integer, got {self.context!r}", field="context")
         if self.phase not in ("prefill", "decode", "both"):
             raise ModelError(f"unknown phase {self.phase!r}; expected prefill, decode or both", field="phase")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ModelError(f"must be a bool, got {self.cuda_graphs!r}", field="cuda_graphs")
 
     @property
     def max_context(self) -> int:
@@ -96,8 +101,11 @@ class Workload:
                 (1, self.prompt_len + max(1, self.gen_len // 2), float(self.gen_len)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "prompt_len": self.prompt_len, "gen_len": self.gen_len,
-                "phase": self.phase, "kv_dtype": self.kv_dtype, "context": self.max_context}
+        out: dict[str, Any] = {"batch": self.batch, "prompt_len": self.prompt_len, "gen_len": self.gen_len,
+                               "phase": self.phase, "kv_dtype": self.kv_dtype, "context": self.max_context}
+        if self.cuda_graphs:  # only when set: plans and committed results written before it keep their shape
+            out["cuda_graphs"] = True
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
