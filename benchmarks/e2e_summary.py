@@ -91,6 +91,10 @@ def _targets(d: dict, floor_ms: float) -> list[str]:
         lines.append(f"- top-1 vs eager: optimize {a['top1_agreement']:.3f} (rel err {a['rel_err']:.3f}); "
                      "eager against itself (all prompts in one batch vs one at a time) "
                      f"{n['top1_agreement']:.3f} (rel err {n['rel_err']:.3f}); target >= 0.99")
+        dec = v["optimize"].get("agreement_vs_eager_decisive")
+        if dec and dec.get("prompts"):
+            lines.append(f"- top-1 vs eager where eager's lead exceeds twice its own noise ({dec['margin']:.2f} "
+                         f"logits): {dec['top1_agreement']:.3f} over {dec['prompts']} of {dec['of']} prompts")
     return lines + _predicted_lines(d.get("predicted"), opt)
 
 

@@ -203,6 +203,9 @@ def test_bench_model_without_a_gpu_runs_the_tiny_config_and_says_so(tmp_path, ca
     data = json.loads(out.read_text())
     assert data["tiny"] is True and set(data["variants"]) == {"eager", "optimize"}
     assert data["variants"]["optimize"]["agreement_vs_eager"]["top1_agreement"] == 1.0
+    decisive = data["variants"]["optimize"]["agreement_vs_eager_decisive"]
+    assert decisive["margin"] == data["decisive_margin"] and 0 < decisive["prompts"] <= decisive["of"]
+    assert decisive["top1_agreement"] == 1.0
 
 
 def test_bench_model_unknown_is_one_line_exit_2(capsys):
