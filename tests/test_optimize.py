@@ -306,8 +306,8 @@ def test_a_qkv_part_called_on_another_input_computes_its_own_gemm():
         attn.q_proj(h)
         k = attn.k_proj(other)  # not the tensor q_proj saw: its own GEMM, the right answer
         v = attn.v_proj(other)
-    assert rel(k, torch.nn.functional.linear(other, attn.k_proj.weight)) < 1e-5
-    assert rel(v, torch.nn.functional.linear(other, attn.v_proj.weight)) < 1e-5
+        assert rel(k, torch.nn.functional.linear(other, attn.k_proj.weight)) < 1e-5
+        assert rel(v, torch.nn.functional.linear(other, attn.v_proj.weight)) < 1e-5
 
 
 def test_tied_qkv_follows_load_state_dict_and_dtype_moves():
@@ -322,6 +322,19 @@ def test_tied_qkv_follows_load_state_dict_and_dtype_moves():
     model.load_state_dict(sd, assign=True)  # new tensors: qkv is rebuilt once v has loaded, and tied again
     assert q.is_tied() and torch.equal(q.qkv_weight[-sd[key].shape[0]:], sd[key])
     _half_stays_tied_and_matches_a_restored_copy(model, q, "qkv_weight", x)
+
+
+def test_a_qkv_check_failure_keeps_the_projections_apart(monkeypatch):
+    model = build("llama")
+    x = ids()
+    ref = logits(model, x)
+    monkeypatch.setattr(AutooptQKV, "forward", lambda self, h: torch.zeros_like(h))  # a wrong q
+    report = optimize(model)
+    row = report.row("model.layers.0.self_attn.qkv")
+    assert row.status == "kept" and "check failed" in row.reason and "one by one" in row.reason
+    attn = model.model.layers[0].self_attn
+    assert isinstance(attn.q_proj, AutooptLinear) and isinstance(attn.v_proj, AutooptLinear)
+    assert report.count("qkv") == 0 and rel(logits(model, x), ref) < 1e-4
 
 
 def test_qkv_not_in_ops_replaces_q_k_v_one_by_one():
