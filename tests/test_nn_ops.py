@@ -376,6 +376,11 @@ def test_set_vendor_false_runs_autoopt_kernels_everywhere(on_h100):
     assert dispatch.choose("linear", "gemm", (2048, 4096, 4096), torch.bfloat16, CUDA).kernel == "torch"
 
 
+def test_set_vendor_takes_only_a_bool():
+    with pytest.raises(TypeError, match="set_vendor takes True or False, got str 'off'"):
+        dispatch.set_vendor("off")
+
+
 def test_vendor_is_not_compared_without_a_fit_or_for_fp32_or_norms(on_h100):
     fp32 = dispatch.choose("linear", "gemm", (2048, 4096, 4096), torch.float32, CUDA)
     norm = dispatch.choose("rms_norm", "rmsnorm", (2048, 4096), torch.bfloat16, CUDA)

@@ -169,5 +169,5 @@ def test_cuda_graphs_leave_prefill_alone():
 
 
 def test_cuda_graphs_must_be_a_bool():
-    with pytest.raises(ModelError, match="cuda_graphs must be a bool"):
+    with pytest.raises(ModelError, match="field 'cuda_graphs': must be a bool, got 'yes'"):
         _decode(cuda_graphs="yes")

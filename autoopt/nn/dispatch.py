@@ -187,9 +187,11 @@ def set_profile(profile: GPUProfile | HardwareProfile | str | None) -> None:
 
 def set_vendor(enabled: bool) -> None:
     """Compare matmuls with cuBLAS and run the faster (True, the default), or always run autoopt's
-    kernel (False). Clears the cached choices."""
+    kernel (False). Clears the cached choices. TypeError for anything but a bool."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_vendor takes True or False, got {type(enabled).__name__} {enabled!r}")
     with _LOCK:
-        _VENDOR[0] = bool(enabled)
+        _VENDOR[0] = enabled
         _CACHE.clear()
 
 

@@ -102,8 +102,9 @@ def _is_tied(linears: tuple[Any, ...], w: torch.Tensor | None) -> bool:
     """Whether each linear's weight is its row slice of ``w`` right now."""
     if not isinstance(w, torch.Tensor):
         return False
+    offsets = _row_offsets(linears)
     return all(lin.weight.data_ptr() == w[lo:].data_ptr() and lin.weight.shape[0] == hi - lo
-               for lin, lo, hi in zip(linears, _row_offsets(linears), _row_offsets(linears)[1:], strict=False))
+               for lin, lo, hi in zip(linears, offsets, offsets[1:], strict=False))
 
 
 def _tie(linears: tuple[Any, ...], w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -175,6 +176,28 @@ class _FusedRows:
 
     def extra_bytes(self) -> int:
         return 0 if self.tied else _bytes_of(getattr(self, self._WEIGHT), getattr(self, self._BIAS))
+
+    def _sync(self) -> None:
+        """Tie again once the linears are converted alike (after ``.to()``; q/k/v convert one module at
+        a time, in the attention's child order, so the last of them does it)."""
+        ws = [lin.weight for lin in self._linears()]
+        if self.tied and not self.is_tied() and all(w.dtype == ws[0].dtype and w.device == ws[0].device for w in ws):
+            self._build()
+            self.tie()
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> Any:
+        # .to()/.half()/.cuda(): convert the (viewed) Parameters once, then rebuild the stack from them and
+        # tie again, rather than converting the stack too and ending with two copies.
+        if not self.tied:
+            return super()._apply(fn, recurse)  # type: ignore[misc]
+        saved = getattr(self, self._WEIGHT), getattr(self, self._BIAS)
+        setattr(self, self._WEIGHT, None)
+        setattr(self, self._BIAS, None)
+        super()._apply(fn, recurse)  # type: ignore[misc]
+        setattr(self, self._WEIGHT, saved[0])
+        setattr(self, self._BIAS, saved[1])
+        self._sync()
+        return self
 
 
 class AutooptLinear(Replacement, nn.Linear):
@@ -304,22 +327,6 @@ class AutooptGatedMLP(_FusedRows, Replacement, nn.Module):
     def _linears(self) -> tuple[Any, ...]:
         return (self.gate_proj, self.up_proj)
 
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> AutooptGatedMLP:
-        if not self.tied:
-            super()._apply(fn, recurse)
-            return self
-        # .to()/.half()/.cuda(): convert the (viewed) Parameters once, then rebuild gate_up from them
-        # and tie again, rather than converting gate_up too and ending with two copies.
-        old_w, old_b = self.gate_up_weight, self.gate_up_bias
-        self.gate_up_weight = None
-        self.gate_up_bias = None
-        super()._apply(fn, recurse)
-        self.gate_up_weight, self.gate_up_bias = old_w, old_b
-        if not self.is_tied():  # fn moved or converted them: build anew
-            self._build()
-            self.tie()
-        return self
-
     def restore_original(self) -> nn.Module:
         self.untie()
         if isinstance(self.down_proj, Replacement):
@@ -398,28 +405,6 @@ class AutooptQKV(_FusedRows, Replacement, nn.Module):
         k, _ = self.parts
         lo = self.out_features + (0 if part is k else k.out_features)
         return lo, lo + part.out_features
-
-    # -- the concatenated weight (see _FusedRows) ------------------------------------------------
-
-    def _sync(self) -> None:
-        """After ``.to()``: once q, k and v are converted alike, rebuild and tie again (the three convert
-        one at a time, in the attention's child order)."""
-        ws = [lin.weight for lin in self._linears()]
-        if self.tied and not self.is_tied() and all(w.dtype == ws[0].dtype and w.device == ws[0].device for w in ws):
-            self._build()
-            self.tie()
-
-    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> AutooptQKV:
-        if not self.tied:
-            super()._apply(fn, recurse)
-            return self
-        old_w, old_b = self.qkv_weight, self.qkv_bias  # not converted: rebuilt from the converted weights
-        self.qkv_weight = None
-        self.qkv_bias = None
-        super()._apply(fn, recurse)
-        self.qkv_weight, self.qkv_bias = old_w, old_b
-        self._sync()
-        return self
 
     def restore_original(self) -> nn.Module:
         self.untie()

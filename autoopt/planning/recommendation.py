@@ -307,8 +307,6 @@ def _workload(gpu: GPUProfile | None, preference: str, *, batch: int, prompt_len
             raise ModelError(f"{name} must be an integer in 1..{top}, got {value!r}", field=name)
     if context is not None and context < prompt_len:
         raise ModelError(f"context {context} is shorter than the prompt ({prompt_len} tokens)", field="context")
-    if not isinstance(cuda_graphs, bool):
-        raise ModelError(f"cuda_graphs must be a bool, got {cuda_graphs!r}", field="cuda_graphs")
     return Workload(batch=batch, prompt_len=prompt_len, gen_len=gen_len, phase=phase, kv_dtype=kv_dtype,
                     context=context, cuda_graphs=cuda_graphs)
 
