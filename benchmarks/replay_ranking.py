@@ -9,7 +9,8 @@ median rho, the geomean and the worst top-1 ratio, for the constants in use and 
     PYTHONPATH=. python benchmarks/replay_ranking.py --set dram_run_bytes=0 --set dram_run_bytes=70
 
 Data sets: the GEMV/GEMM rows of ``{h100,h200}/wide_sweep.json`` and ``broad_sweep.json``, the 576
-rows of ``h100/calibrate_sweep_run1_rows.json`` and the H200 grid (``h200_gemm_grid.json``).
+rows of ``h100/calibrate_sweep_run1_rows.json``, the M = 4096 grids re-timed in one run
+(``{h100,h200}/ranking_samerun_m4096_{skdram,smsp}.json``) and the H200 grid (``h200_gemm_grid.json``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.constants import CostConstants, constants
 from autoopt.kernels.ops import OpSpec
 from autoopt.search.calibration import Sample, grid_samples, score
+from autoopt.search.ranking import validate_config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILES = {"h100": "h100-sxm", "h200": "h200"}
@@ -54,6 +56,26 @@ def sweep_samples(gpu_dir: str, name: str) -> list[Sample]:
     return out
 
 
+def samerun_samples(gpu_dir: str, name: str) -> list[Sample]:
+    """The grid configs re-timed in one run by ``ranking_quality.py --rerun-tma all --rerun-plain 8``
+    (``grid_rerun``: TMA configs as ``gemm_tma``, the plain ones as ``gemm``), shape by shape."""
+    gpu = load_profile(PROFILES[gpu_dir]).gpu
+    assert gpu is not None
+    out: list[Sample] = []
+    for shape, entry in json.loads((RESULTS / gpu_dir / name).read_text())["shapes"].items():
+        op = OpSpec(kind="gemm", shape=tuple(int(x) for x in shape.split("x")), dtype="bf16")
+        for key, kernel, template, path, extra in (
+                ("rows_gemm_tma", "gemm_tma", "hopper-tma-gemm", "tma_wgmma", {"SPLIT_K": 1, "STREAM_K": 0}),
+                ("rows_gemm", "gemm", "gemm", "wgmma", {"SPLIT_K": 1})):
+            for row in entry.get("grid_rerun", {}).get(key, []):
+                if row.get("label") == "measured" and row.get("us"):
+                    config = KernelConfig(kernel=kernel, template=template, path=path,
+                                          params={**extra, **row["config"]})
+                    if not validate_config(gpu, op, config):  # the model never ranks what it rejects
+                        out.append((gpu, op, config, float(row["us"])))
+    return out
+
+
 def datasets() -> dict[str, list[Sample]]:
     from autoopt.results.transfer import read_file
 
@@ -64,6 +86,9 @@ def datasets() -> dict[str, list[Sample]]:
     sets["h100 calibrate sweep"] = [(h100, r.op, r.config, r.us) for r in rows if r.label == "measured" and r.us]
     h200 = load_profile("h200").gpu
     assert h100 is not None and h200 is not None
+    for g in PROFILES:
+        for name in ("ranking_samerun_m4096_skdram.json", "ranking_samerun_m4096_smsp.json"):
+            sets[f"{g} samerun {name.split('_')[-1][:-5]}"] = samerun_samples(g, name)
     sets["h200 grid"] = grid_samples(json.loads((RESULTS / "h200_gemm_grid.json").read_text()), h200)
     return sets
 
