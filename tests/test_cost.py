@@ -158,3 +158,20 @@ def test_short_row_runs_rank_the_measured_lm_head_sweeps_better():
         samples = sweep_samples(gpu_dir, "wide_sweep.json")
         assert score(samples, CostConstants(dram_run_bytes=0.0)).geomean_top1 == pytest.approx(before, abs=0.002)
         assert score(samples, CostConstants()).geomean_top1 == pytest.approx(after, abs=0.002)
+
+
+@pytest.mark.parametrize("profile", ["h100-sxm", "h200"])
+def test_one_n256_wgmma_per_warpgroup_outranks_two_n128_at_m4096(profile):
+    """128x256 tiles (each warpgroup one m64n256k16) beat 256x128 (two m64n128k16) on 14 of 16 same-run
+    shape timings on both GPUs (benchmarks/results/{h100,h200}/ranking_samerun_m4096_*.json)."""
+    gpu = load_profile(profile).gpu
+    best = rank(gpu, OpSpec(kind="gemm", shape=(4096, 6144, 4096)), measured=False).best.config.params
+    assert (best["BLOCK_M"], best["BLOCK_N"], best["num_warps"]) == (128, 256, 8)
+
+
+def test_wgmma_width_prices_n128_slices_and_narrower_below_them():
+    c = cost.constants()
+    assert cost._wgmma_width_efficiency(128, 256, 8, c) == 1.0  # two 64x256 slices
+    assert cost._wgmma_width_efficiency(256, 128, 8, c) == c.n128_wgmma_efficiency == 0.95
+    assert cost._wgmma_width_efficiency(64, 256, 8, c) == 0.95  # one row of slices: 64x128 each
+    assert cost._wgmma_width_efficiency(64, 64, 4, c) == pytest.approx(0.95 * c.narrow_wgmma_efficiency)

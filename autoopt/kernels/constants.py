@@ -78,6 +78,12 @@ class CostConstants:
     #: (two 64x64 warpgroup slices) 158 us vs 128x128 with 8 warps 123 us (prior).
     #: fitted on the H200 grid (benchmarks/results/calibration_h200.json); prior 0.8
     narrow_wgmma_efficiency: float = 0.84
+    #: wgmma rate kept when each warpgroup's instruction is N = 128 rather than 256 (two m64n128k16
+    #: for one m64n256k16: the A fragment is read twice as often). Same-run grids at M = 4096
+    #: (benchmarks/results/{h100,h200}/ranking_samerun_m4096_{skdram,smsp}.json): 128x256x64 (N = 256
+    #: per warpgroup) beat 256x128x64 and 128x128x64 (N = 128; 8 warps) on 14 of 16 shape-runs, by
+    #: 2-9 % (4096^3 on the H200: 184.3 against 202.7 us). Chosen by benchmarks/replay_ranking.py.
+    n128_wgmma_efficiency: float = 0.95
 
     #: sustained/spec DRAM bandwidth of streaming kernels (elementwise, norms, GEMV), which read
     #: and write each byte once like a copy: the device-to-device copy reaches 4221 of 4800 GB/s
@@ -148,7 +154,7 @@ _active: list[CostConstants] = [DEFAULT_CONSTANTS]
 #: constants that are fractions of a peak or rate: a fit keeps them in (0, 1], a stored set must too.
 FRACTIONS = frozenset({"tc_efficiency", "mma_sync_fraction", "dram_efficiency", "l2_usable_fraction",
                        "persistent_fill_fraction", "pointer_wgmma_efficiency", "single_warpgroup_efficiency",
-                       "stream_dram_efficiency", "narrow_wgmma_efficiency"})
+                       "stream_dram_efficiency", "narrow_wgmma_efficiency", "n128_wgmma_efficiency"})
 
 
 def constants() -> CostConstants:

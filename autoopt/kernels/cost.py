@@ -136,6 +136,19 @@ def _mma_efficiency(gpu: GPUProfile, mma: str, c: CostConstants) -> float:
     return 1.0
 
 
+def _wgmma_width_efficiency(bm: int, bn: int, num_warps: int, c: CostConstants) -> float:
+    """wgmma rate kept for the width N of each warpgroup's instruction (its 64-row slice of the tile):
+    every m64nNk16 re-reads its 64x16 A fragment from shared memory, so narrower instructions move
+    more bytes per FLOP. N = 256, the widest: 1; N = 128: ``n128_wgmma_efficiency``; N < 128: that
+    times ``narrow_wgmma_efficiency`` (fitted as the step from 128 down, before N = 256 was priced)."""
+    groups = max(1, num_warps // 4)
+    groups_m = max(1, min(groups, bm // 64))
+    width = bn // max(1, groups // groups_m)
+    if width >= 256:
+        return 1.0
+    return c.n128_wgmma_efficiency * (c.narrow_wgmma_efficiency if width < 128 else 1.0)
+
+
 def _smem_intensity(bm: int, bn: int, num_warps: int, e: float, mma: str) -> float:
     """FLOP per byte of shared memory read by the MMA: per warp tile (mma.sync) or per 64-row
     warpgroup slice with N = BLOCK_N (wgmma/tcgen05 read both operands from SMEM)."""
@@ -210,10 +223,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
         if mma == "wgmma":
             if occ * warps < 8:
                 rate *= c.single_warpgroup_efficiency
-            groups = max(1, warps // 4)
-            groups_m = max(1, min(groups, bm // 64))
-            if bn // max(1, groups // groups_m) < 128:
-                rate *= c.narrow_wgmma_efficiency
+            rate *= _wgmma_width_efficiency(bm, bn, warps, c)
         if mma in ("mma_sync", "mfma", "fma"):
             # An SM is four sub-partitions, each with its own warp scheduler, tensor core and FMA units, and
             # a warp runs on one of them (H100 whitepaper; AMD CUs: four SIMDs): fewer than four resident
