@@ -201,10 +201,11 @@ def test_replay_of_a_real_h100_sweep_lifts_heldout_rho_over_the_h200_fitted_defa
 
 
 def test_the_h100_sweep_fit_is_adopted_only_where_it_picks_better_than_the_defaults():
-    """The sweep's fit always lifts rho; calibrate adopts it only if it also picks the held-out configs
-    faster. Without the N = 128 wgmma price (``n128_wgmma_efficiency=1``) the defaults picked at 0.968 of
+    """The sweep's fit always lifts rho; calibrate adopts it only if it does not pick the held-out configs
+    slower. Without the N = 128 wgmma price (``n128_wgmma_efficiency=1``) the defaults picked at 0.968 of
     the best and the fit at 0.960: kept (0.948 without the DRAM row-run term, where the fit won). With it
-    the defaults pick at 0.971 (4096^2 x 28672 moves to 128x256 tiles) and the fit at 0.976: adopted."""
+    the defaults pick at 0.976 (4096^2 x 28672 moves to 128x256 tiles) and so does the fit, whose rho is
+    higher (0.948 -> 0.970): adopted."""
     from autoopt.results.transfer import read_file
 
     rows = read_file(ROOT / "benchmarks/results/h100/calibrate_sweep_run1_rows.json")
@@ -214,8 +215,9 @@ def test_the_h100_sweep_fit_is_adopted_only_where_it_picks_better_than_the_defau
     old = calibrate(samples, start=CostConstants(dram_run_bytes=0.0, n128_wgmma_efficiency=1.0))
     assert old.before.geomean_top1 == pytest.approx(0.948, abs=0.002) and old.better
     rep = calibrate(samples)
-    assert rep.before.geomean_top1 == pytest.approx(0.971, abs=0.002)
-    assert rep.after.geomean_top1 == pytest.approx(0.976, abs=0.002) and rep.better
+    assert rep.before.geomean_top1 == pytest.approx(0.976, abs=0.002)
+    assert rep.after.geomean_top1 == pytest.approx(0.976, abs=0.002)
+    assert rep.after.median_spearman > rep.before.median_spearman + 0.015 and rep.better
 
 
 def test_constants_that_rank_no_better_are_not_written_unless_forced(cache):

@@ -175,3 +175,4 @@ def test_wgmma_width_prices_n128_slices_and_narrower_below_them():
     assert cost._wgmma_width_efficiency(256, 128, 8, c) == c.n128_wgmma_efficiency == 0.95
     assert cost._wgmma_width_efficiency(64, 256, 8, c) == 0.95  # one row of slices: 64x128 each
     assert cost._wgmma_width_efficiency(64, 64, 4, c) == pytest.approx(0.95 * c.narrow_wgmma_efficiency)
+    assert cost._wgmma_width_efficiency(64, 64, 8, c) == pytest.approx(0.95 * c.narrow_wgmma_efficiency ** 2)

@@ -139,14 +139,18 @@ def _mma_efficiency(gpu: GPUProfile, mma: str, c: CostConstants) -> float:
 def _wgmma_width_efficiency(bm: int, bn: int, num_warps: int, c: CostConstants) -> float:
     """wgmma rate kept for the width N of each warpgroup's instruction (its 64-row slice of the tile):
     every m64nNk16 re-reads its 64x16 A fragment from shared memory, so narrower instructions move
-    more bytes per FLOP. N = 256, the widest: 1; N = 128: ``n128_wgmma_efficiency``; N < 128: that
-    times ``narrow_wgmma_efficiency`` (fitted as the step from 128 down, before N = 256 was priced)."""
+    more bytes per FLOP. N = 256, the widest: 1; N = 128: ``n128_wgmma_efficiency``; below that,
+    ``narrow_wgmma_efficiency`` (fitted as the step from 128 to 64) once more per halving. The halvings
+    separate 64-row tiles on 4 warps (N = 64) from 8 (two N = 32 slices): at 16 x 6144 x 4096 on the
+    H100, 64 x 64 x 128 ran 30.3 us on 4 warps and 32.7 on 8, and the single factor priced them alike
+    (benchmarks/results/h100/ranking_samerun_m16_256_{smsp,n128}.json)."""
     groups = max(1, num_warps // 4)
     groups_m = max(1, min(groups, bm // 64))
     width = bn // max(1, groups // groups_m)
     if width >= 256:
         return 1.0
-    return c.n128_wgmma_efficiency * (c.narrow_wgmma_efficiency if width < 128 else 1.0)
+    halvings = max(0, int(math.log2(128 // max(width, 1)))) if width < 128 else 0
+    return c.n128_wgmma_efficiency * c.narrow_wgmma_efficiency ** halvings
 
 
 def _smem_intensity(bm: int, bn: int, num_warps: int, e: float, mma: str) -> float:
