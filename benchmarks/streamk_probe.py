@@ -14,7 +14,7 @@ Compiled for sm_90, the kernel converts each fp32 partial between the wgmma accu
 blocked one through shared memory, out and in (128 KB at 128 x 256): the second run
 (``h200/streamk_probe.json``) removed that with TMA-moved partials, and it ran no faster either.
 
-This version times, per shape and tile, against torch.matmul in the same run:
+This version times, per shape and tile, beside torch.matmul and the zero-shot pick in the same run:
 
 - ``dp``: the shipped data-parallel kernel (SPLIT_K = 1) with the same tile;
 - ``sk``: the shipped stream-K kernel;
@@ -33,10 +33,8 @@ Every output is checked against float64 before it is timed.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +44,8 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autoopt.backend.kernels.gemm_tma import _tile_of
-from benchmarks.hw_limit import environment
+from benchmarks.hw_limit import probe_main
+from benchmarks.probe_kit import tile_rows
 
 SHAPES = ((1000, 4608, 3584), (333, 7168, 8192), (333, 8192, 3584), (2047, 3584, 4096), (256, 6144, 4096),
           (77, 3072, 8192), (512, 8192, 3584), (4095, 2560, 8192), (2047, 8192, 3584), (4096, 4096, 4096),
@@ -112,10 +111,6 @@ def dp_tiles(tiles: int, sms: int) -> int:
     return max(0, (tiles // sms - 1) * sms)
 
 
-def bench(fn: Any) -> float:
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")) * 1e3
-
-
 def tma_launcher(a: Any, w: Any, out: Any, tile: tuple[int, ...], hybrid: bool) -> Any:
     import torch
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -137,61 +132,31 @@ def tma_launcher(a: Any, w: Any, out: Any, tile: tuple[int, ...], hybrid: bool) 
     return run
 
 
-def checked(run: Any, out: Any, ref: Any) -> dict[str, Any]:
-    import torch
-
-    try:
-        out.fill_(float("nan"))
-        run()
-        torch.cuda.synchronize()
-    except Exception as exc:  # a variant this triton cannot compile is data, not a crash
-        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    err = float((out.double() - ref).norm() / ref.norm())
-    if not err < 1e-2:
-        return {"error": f"wrong output: relative error {err:.3g}", "rel_err": err}
-    return {"us": bench(run), "rel_err": err}
-
-
-def shape_rows() -> list[dict[str, Any]]:
-    import torch
-
+def shipped(a: Any, w: Any, out: Any, tile: tuple[int, ...], *, stream_k: int) -> Any:
+    """The shipped ``gemm_tma`` launcher, data-parallel (``stream_k=0``) or stream-K."""
     from autoopt.backend.kernels.gemm_tma import gemm_tma_prepare
 
-    rows = []
-    for m, n, k in SHAPES:
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        a = torch.randn((m, k), generator=gen).to("cuda", torch.bfloat16)
-        w = (torch.randn((n, k), generator=gen) * k ** -0.5).to("cuda", torch.bfloat16)
-        ref = a.double() @ w.double().t()
-        out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-        row: dict[str, Any] = {"shape": f"{m}x{n}x{k}", "torch_us": bench(lambda a=a, w=w: a @ w.t()), "tiles": {}}
-        for tile in TILES:
-            bm, bn, bk, warps, stages = tile
-            params = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": 1, "num_warps": warps,
-                      "num_stages": stages}
-            cell = {"dp": checked(gemm_tma_prepare(a, w, out, {**params, "STREAM_K": 0}), out, ref),
-                    "sk": checked(gemm_tma_prepare(a, w, out, {**params, "STREAM_K": 1}), out, ref),
-                    "sk_tma": checked(tma_launcher(a, w, out, tile, False), out, ref)}
-            tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-            if 0 < dp_tiles(tiles, torch.cuda.get_device_properties(0).multi_processor_count) < tiles:
-                cell["hybrid_tma"] = checked(tma_launcher(a, w, out, tile, True), out, ref)
-            row["tiles"][f"{bm}x{bn}x{bk}_w{warps}_s{stages}"] = cell
-            print(f"{row['shape']:16s} {bm}x{bn}x{bk} w{warps} s{stages}: torch {row['torch_us']:7.1f} "
-                  + " ".join(f"{key} {v.get('us') or float('nan'):7.1f}" for key, v in cell.items()),
-                  file=sys.stderr, flush=True)
-        rows.append(row)
-    return rows
+    bm, bn, bk, warps, stages = tile
+    return gemm_tma_prepare(a, w, out, {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "SPLIT_K": 1,
+                                        "STREAM_K": stream_k, "num_warps": warps, "num_stages": stages})
+
+
+def hybrid_launcher(a: Any, w: Any, out: Any, tile: tuple[int, ...]) -> Any:
+    """``tma_launcher`` with a data-parallel head, where the tiles span more than two waves (else None)."""
+    import torch
+
+    tiles = triton.cdiv(a.shape[0], tile[0]) * triton.cdiv(w.shape[0], tile[1])
+    dp = dp_tiles(tiles, torch.cuda.get_device_properties(a.device).multi_processor_count)
+    return tma_launcher(a, w, out, tile, True) if 0 < dp < tiles else None
+
+
+VARIANTS = {"dp": partial(shipped, stream_k=0), "sk": partial(shipped, stream_k=1),
+            "sk_tma": partial(tma_launcher, hybrid=False), "hybrid_tma": hybrid_launcher}
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    t0 = time.time()
-    report: dict[str, Any] = {"env": environment(), "shapes": shape_rows()}
-    report["elapsed_s"] = round(time.time() - t0, 1)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    return 0
+    return probe_main("streamk_probe", __doc__ or "", "shapes",
+                      lambda gpu, _copy: tile_rows(gpu, SHAPES, TILES, VARIANTS))
 
 
 if __name__ == "__main__":

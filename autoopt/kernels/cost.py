@@ -142,14 +142,14 @@ def _wgmma_width_efficiency(bm: int, bn: int, num_warps: int, c: CostConstants) 
     more bytes per FLOP. N = 256, the widest: 1; N = 128: ``n128_wgmma_efficiency``; below that,
     ``narrow_wgmma_efficiency`` (fitted as the step from 128 to 64) once more per halving. The halvings
     separate 64-row tiles on 4 warps (N = 64) from 8 (two N = 32 slices): at 16 x 6144 x 4096 on the
-    H100, 64 x 64 x 128 ran 30.3 us on 4 warps and 32.7 on 8, and the single factor priced them alike
-    (benchmarks/results/h100/ranking_samerun_m16_256_{smsp,n128}.json)."""
+    H100, 64 x 64 x 128 ran 30.3 us on 4 warps and 32.7 on 8 (two runs, as each one's pick:
+    benchmarks/results/h100/ranking_samerun_m16_256_{smsp,n128}.json); one factor priced them alike."""
     groups = max(1, num_warps // 4)
     groups_m = max(1, min(groups, bm // 64))
     width = bn // max(1, groups // groups_m)
     if width >= 256:
         return 1.0
-    halvings = max(0, int(math.log2(128 // max(width, 1)))) if width < 128 else 0
+    halvings = (128 // max(width, 1)).bit_length() - 1  # 0 at N = 128, 1 at 64, 2 at 32
     return c.n128_wgmma_efficiency * c.narrow_wgmma_efficiency ** halvings
 
 
