@@ -7,11 +7,11 @@ kernel with ``num_ctas=2`` splits each output tile over the cluster's two CTAs (
 W box halves to 128 x 64 at 128 x 256 tiles) and needs 131 KB of shared memory instead of 213 KB.
 Whether Triton 3.6 multicasts the shared operand, and what it does to the time, only a GPU says.
 
-It said no. In the first H100 run (``h100/tma_cluster_probe.json``), every 2-CTA cluster launch ran
-slower than the same tile launched plainly: 0.35-0.84 of torch.matmul against 0.55-1.0. In the second
-(``h100/tma_cluster_probe_run2.json``) the cluster won 2 of 36 pairs, both with a 128 x 256 tile that
-trails the zero-shot pick by a quarter (256 x 6144 x 4096: 48.6 against 52.2 us; the pick took 38.8).
-At 256 x 128 tiles Triton 3.6's LLVM lowering failed outright.
+It said no, the same way in two H100 runs (``h100/tma_cluster_probe.json``, ``..._run2.json``). Of
+the 36 tile-and-shape pairs that launched both ways, the cluster was slower in 34, reading 0.35-0.84
+of torch.matmul. The 2 it won were the same in both runs: 128 x 256 x 64 tiles at 256 x 6144 x 4096 and
+77 x 9216 x 3072 (48.8 against 52.7 us at the first), over a tile a quarter slower than the zero-shot
+pick (38.5 us). At 256 x 128 tiles Triton 3.6's LLVM lowering failed outright.
 
 Per shape and tile, against torch.matmul and the zero-shot pick in the same run: ``ctas1`` (the
 shipped launch: one program per SM) and ``ctas2`` (half as many programs, each a 2-CTA cluster).
