@@ -4,9 +4,10 @@ The cost model prices a stream-K K-iteration at 0.70 of a data-parallel one, and
 worst shapes (M = 333 / 1000 / 2047: one or two ragged waves of output tiles) are the ones stream-K
 exists for. The first run (H200, ``h200/streamk_probe_run1.json``; an earlier version of this script,
 whose rows carry ``sk_local`` and ``sk_nofix``) timed the shipped kernel beside a copy with its
-hand-over removed (``sk_nofix``: output not checked, a diagnostic only). The hand-over cost 5-17 us a
-launch (333 x 8192 x 3584 with 128 x 256 tiles: 54.8 against 42.0 us; 77 x 3072 x 8192: 37.0 against
-24.7), more than the idle SMs stream-K recovers. A copy with the partial's offsets built at their use
+hand-over removed (``sk_nofix``: output not checked, a diagnostic only). The hand-over cost 3-17 us a
+launch on the skinny shapes (333 x 8192 x 3584 with 128 x 256 tiles: 54.8 against 42.0 us), 41 us at
+77 x 3072 x 8192 with 128 x 256 tiles, where 5-6 programs share each tile: more than the idle SMs
+stream-K recovers. A copy with the partial's offsets built at their use
 (155 registers against 204) ran no faster. At 4096^3, where each SM walks ~8 tiles, stream-K ran 20 %
 behind data-parallel even without the hand-over: an SM's contiguous range of tiles is far from its
 neighbours', so the tiles in flight share no operands in L2 (data-parallel runs 132 adjacent tiles).
