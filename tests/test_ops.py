@@ -1,7 +1,8 @@
 """OpSpec validation and the shape parser: a valid op or an OpError, nothing else."""
 
 import pytest
-from hypothesis import given, settings
+from _fuzz import budget
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autoopt.errors import OpError
@@ -37,7 +38,7 @@ def test_parse_shape_accepts_commas_and_x():
     assert parse_shape("256,6144,4096") == parse_shape("256x6144x4096") == (256, 6144, 4096)
 
 
-@settings(max_examples=300, deadline=None)
+@budget(300)
 @given(st.text(max_size=30))
 def test_parse_shape_of_any_text_is_a_tuple_of_positive_ints_or_an_op_error(text):
     try:
@@ -47,7 +48,7 @@ def test_parse_shape_of_any_text_is_a_tuple_of_positive_ints_or_an_op_error(text
     assert dims and all(isinstance(d, int) and d > 0 for d in dims)
 
 
-@settings(max_examples=300, deadline=None)
+@budget(300)
 @given(st.fixed_dictionaries({"kind": st.sampled_from(["gemm", "gemv", "rmsnorm", "softmax", "add", "conv", ""]),
                               "shape": st.lists(st.integers(-5, 2**33), max_size=4),
                               "dtype": st.sampled_from(["bf16", "fp16", "fp8", "fp32", "int4", "float16"])}))

@@ -5,14 +5,16 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from _fuzz import budget
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autoopt.errors import ProfileError
 from autoopt.hardware.library import KnownDevice, get_known, parse_known
 
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = budget(200)
 
 #: a valid file to mutate: the shipped H100 SXM profile (with an interconnect added so that
 #: nested mapping is mutated too), as a plain dict.
@@ -136,3 +138,16 @@ def test_negating_any_size_is_rejected_with_that_field(path, magnitude):
     outcome = _outcome(yaml.safe_dump(data))
     assert isinstance(outcome, ProfileError)
     assert outcome.field == ".".join(str(p) for p in path)
+
+
+# ----------------------------------------------------------------- (c) bugs the fuzzers found
+
+@pytest.mark.parametrize("key", ["memory_type", "arch", "generation"])
+def test_a_blank_string_field_is_rejected_naming_it(key):
+    # found by the mutation fuzzer: memory_type '' was accepted, then written back as "unset"
+    data = copy.deepcopy(BASE)
+    data["gpu"][key] = " " if key == "arch" else ""
+    outcome = _outcome(yaml.safe_dump(data))
+    assert isinstance(outcome, ProfileError)
+    assert outcome.field == f"gpu.{key}"
+    assert "leave the field out" in str(outcome)

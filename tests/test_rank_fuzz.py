@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from _fuzz import budget
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autoopt.errors import AutooptError
@@ -36,7 +37,7 @@ OPS = st.one_of(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@budget(60)
 @given(op=OPS, gpu=st.sampled_from(sorted(GPUS)))
 def test_rank_yields_valid_sorted_configs_or_a_typed_error(op, gpu):
     g = GPUS[gpu]

@@ -11,7 +11,8 @@ import math
 from dataclasses import fields, replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from _fuzz import budget
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autoopt.hardware.library import load_profile
@@ -149,7 +150,7 @@ def _scaled(factors: dict[str, float]) -> CostConstants:
                             for name, f in factors.items() for v in [getattr(base, name) * f]})
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@budget(12)
 @given(profile=st.sampled_from(PROFILES), shape=_SHAPES, dtype=st.sampled_from(["bf16", "fp8", "fp32"]),
        template=st.sampled_from(["gemm", "gemv", "hopper-tma-gemm"]), factors=_CONSTS, data=st.data())
 def test_every_node_bound_is_at_most_every_prediction_below_it(profile, shape, dtype, template, factors,
@@ -169,7 +170,7 @@ def test_every_node_bound_is_at_most_every_prediction_below_it(profile, shape, d
             assert max(bounds) <= us * (1 + 1e-9), (cfg.describe(), bounds, us)
 
 
-@settings(max_examples=60, deadline=None)
+@budget(60)
 @given(profile=st.sampled_from(PROFILES), shape=_SHAPES, bm=st.sampled_from([16, 32, 64, 128, 256]),
        bn=st.sampled_from([32, 64, 128, 256]), bk=st.sampled_from([32, 64, 128]),
        split=st.sampled_from([1, 2, 4]), warps=st.sampled_from([4, 8]), stages=st.integers(2, 6),
@@ -202,7 +203,7 @@ def test_matmul_lower_bound_never_exceeds_predict_matmul(profile, shape, bm, bn,
     assert math.isfinite(exact) and exact > 0
 
 
-@settings(max_examples=40, deadline=None)
+@budget(40)
 @given(profile=st.sampled_from(PROFILES), rows=st.integers(1, 70000), n=st.integers(1, 140000),
        kind=st.sampled_from(["rmsnorm", "layernorm", "softmax"]), data=st.data())
 def test_norm_bounds_are_at_most_the_prediction(profile, rows, n, kind, data):

@@ -8,8 +8,9 @@ import json
 import time
 
 import pytest
+from _fuzz import budget
 from _results_rows import KERNEL_FILE, KERNEL_HASH, T0, row
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from autoopt.errors import StoreError
@@ -136,7 +137,7 @@ def valid_rows(draw: st.DrawFn) -> StoredResult:
         measured_at=draw(st.floats(T0, T0 + 1e7)), autoopt_version=draw(_names))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@budget(150)
 @given(st.lists(valid_rows(), max_size=4))
 def test_every_valid_row_survives_export_and_parse_unchanged(rows):
     text = json.dumps(transfer.document(rows))
@@ -156,7 +157,7 @@ _BREAKAGES = [
 ]
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@budget(150)
 @given(st.lists(valid_rows(), min_size=1, max_size=3), st.data())
 def test_any_broken_field_is_a_store_error_naming_the_row_and_field(rows, data):
     doc = json.loads(json.dumps(transfer.document(rows)))
@@ -177,7 +178,7 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow
                                                                                  max_size=4), max_leaves=20)
 
 
-@settings(max_examples=300, deadline=None)
+@budget(300)
 @given(st.dictionaries(st.sampled_from(["env", "op", "config", "label", "us", "max_error", "reason", "kernel_file",
                                         "kernel_hash", "measured_at", "autoopt_version", "other"]), _json))
 def test_arbitrary_json_as_a_row_is_accepted_or_a_store_error_never_another_exception(raw):
@@ -190,7 +191,7 @@ def test_arbitrary_json_as_a_row_is_accepted_or_a_store_error_never_another_exce
         assert len(rows) == 1
 
 
-@settings(max_examples=200, deadline=None)
+@budget(200)
 @given(_json)
 def test_arbitrary_json_as_a_document_is_a_store_error_or_a_list_of_rows(raw):
     try:

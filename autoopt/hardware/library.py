@@ -268,8 +268,12 @@ def _check(spec: _Spec, gpu: GPUProfile, err: Any) -> None:
         if ic.topology not in _TOPOLOGIES:
             raise err(f"unknown topology {ic.topology!r} (known: {', '.join(_TOPOLOGIES)})",
                       "interconnect.topology")
-    if not gpu.name.strip():
-        raise err("must not be empty", "gpu.name")
+    for key in ("name", "vendor", "backend", "arch", "generation", "memory_type"):
+        value = spec.gpu.get(key)  # as written: GPUProfile fills a blank arch/generation in
+        if isinstance(value, str) and not value.strip():
+            # a blank string would be written back as "unset" (to_dict leaves unset fields out), so a
+            # file that says '' would not round-trip: say "unknown" by leaving the field out
+            raise err("must not be empty (leave the field out when it is not known)", f"gpu.{key}")
     backends = _VENDOR_BACKENDS.get(gpu.vendor)
     if backends is None:
         raise err(f"unknown vendor {gpu.vendor!r} (known: {', '.join(_VENDOR_BACKENDS)})", "gpu.vendor")
