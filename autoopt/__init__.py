@@ -8,6 +8,8 @@ stays fast and never imports torch, triton, rich or pynvml)::
     plan    = autoopt.recommend(profile, "llama-3-8b", batch=8, context=8192)
     @autoopt.autotune(configs=[...], key=["M", "N", "K"])  # triton.autotune's drop-in: times the top 4
     report  = autoopt.optimize(model)               # swap an nn.Module's linears/norms/MLPs for the kernels
+    result  = autoopt.tune(profile, {"kind": "gemm", "shape": (256, 6144, 4096), "dtype": "bf16"})
+    tuned   = autoopt.tune_ops(profile, [op_a, op_b], budget_s=60)  # measured winners kept in the store
 
 Errors all derive from :class:`AutooptError` (tree in :mod:`autoopt.errors`).
 """
@@ -49,6 +51,10 @@ _LAZY = {
     "Recommendation": "autoopt.planning.recommendation",
     "ModelSpec": "autoopt.planning.model",
     "autotune": "autoopt.tuning.autotune",
+    "tune": "autoopt.tuning.campaign",
+    "tune_ops": "autoopt.tuning.campaign",
+    "TuneResult": "autoopt.tuning.tuner",
+    "TunedOp": "autoopt.tuning.campaign",
     "optimize": "autoopt.nn.optimize",
     "restore": "autoopt.nn.optimize",
     "OptimizeReport": "autoopt.nn.report",
@@ -79,6 +85,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from autoopt.planning.recommendation import recommend as recommend
     from autoopt.search.ranking import rank as rank
     from autoopt.tuning.autotune import autotune as autotune
+    from autoopt.tuning.campaign import TunedOp as TunedOp
+    from autoopt.tuning.campaign import tune as tune
+    from autoopt.tuning.campaign import tune_ops as tune_ops
+    from autoopt.tuning.tuner import TuneResult as TuneResult
 
 
 __getattr__, __dir__ = lazy_attributes("autoopt", _LAZY, globals(), __all__)

@@ -1,10 +1,13 @@
 """`import autoopt` is cheap: no torch, no triton, no rich, no pynvml, well under 150 ms."""
 
+import glob
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "triton", "rich", "pynvml", "numpy", "yaml", "cpuinfo", "pluggy")
@@ -46,12 +49,30 @@ def test_lazy_public_api_resolves_on_first_use():
     assert out.stdout.split() == ["autoopt.kernels.ops", "HardwareProfile"]
 
 
+def test_tune_and_tune_ops_are_on_the_package_face():
+    out = _run("import autoopt; print(autoopt.tune.__module__, autoopt.tune_ops.__module__, "
+               "'tune' in autoopt.__all__, 'tune_ops' in autoopt.__all__)")
+    assert out.stdout.split() == ["autoopt.tuning.campaign", "autoopt.tuning.campaign", "True", "True"]
+
+
+@pytest.mark.skipif(bool(glob.glob("/dev/nvidia[0-9]*")), reason="with a GPU it tunes for real")
+def test_tune_without_a_cuda_gpu_is_a_backend_error_naming_it():
+    code = ("import autoopt\n"
+            "try:\n"
+            "    autoopt.tune(autoopt.load_profile('h100-sxm'), {'kind': 'gemm', 'shape': (16, 64, 64)})\n"
+            "except autoopt.BackendError as exc:\n"
+            "    print('BackendError', exc)\n")
+    out = _run(code, "-X", "utf8").stdout
+    assert out.startswith("BackendError") and "GPU" in out
+
+
 def test_public_functions_stay_callable_after_every_submodule_is_imported():
     # a submodule named like a public function would replace it on the package when imported
     code = ("import importlib, pkgutil, autoopt\n"
             "for m in pkgutil.iter_modules(autoopt.__path__):\n"
             "    if m.name != '__main__': importlib.import_module('autoopt.' + m.name)\n"
-            "print(all(callable(getattr(autoopt, n)) for n in ('detect', 'rank', 'recommend', 'load_profile')))")
+            "names = ('detect', 'rank', 'recommend', 'load_profile', 'tune', 'tune_ops')\n"
+            "print(all(callable(getattr(autoopt, n)) for n in names))")
     assert _run(code).stdout.strip() == "True"
 
 
