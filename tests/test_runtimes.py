@@ -111,7 +111,56 @@ def test_vllm_export_uses_only_documented_flags_and_values():
     kw = out["kwargs"]
     assert kw["--tensor-parallel-size"] == rec.split.tp and kw["--kv-cache-dtype"] in VLLM_KV
     assert kw.get("--quantization", "fp8") in VLLM_QUANT
-    assert format_args(out).startswith("vllm serve mixtral-8x7b --tensor-parallel-size ")
+    assert format_args(out).startswith("vllm serve mistralai/Mixtral-8x7B-v0.1 --tensor-parallel-size ")
+
+
+def test_every_catalog_model_names_the_hugging_face_repo_a_runtime_loads():
+    from autoopt.planning.catalog import get_model, model_names
+
+    repos = {name: get_model(name).checkpoint for name in model_names()}
+    assert repos["mixtral-8x7b"] == "mistralai/Mixtral-8x7B-v0.1"
+    assert all(r.count("/") == 1 and " " not in r for r in repos.values()), repos
+
+
+def test_sglang_and_transformers_exports_load_the_catalog_models_repo():
+    rec = recommend("h100-sxm-8x", "mixtral-8x7b", runtime="sglang")
+    assert export(rec.to_dict(), "sglang")["kwargs"]["--model-path"] == "mistralai/Mixtral-8x7B-v0.1"
+    rec = recommend("h100-sxm-8x", "mixtral-8x7b", runtime="transformers")
+    kw = export(rec.to_dict(), "transformers")["kwargs"]
+    assert kw["pretrained_model_name_or_path"] == "mistralai/Mixtral-8x7B-v0.1"
+
+
+@pytest.mark.parametrize("given", ["folder", "config.json"])
+def test_a_model_read_from_a_local_config_is_served_from_its_folder(tmp_path, given):
+    import json
+
+    from autoopt.planning.catalog import _entries
+
+    folder = tmp_path / "my-mixtral"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_entries()["mixtral-8x7b"]["config"]))
+    model = str(folder if given == "folder" else folder / "config.json")
+    rec = recommend("h100-sxm-8x", model, runtime="vllm")
+    out = export(rec.to_dict(), "vllm")
+    assert out["args"][0] == str(folder)
+    assert not [n for n in out["notes"] if "replace it" in n]
+
+
+def test_a_config_mapping_without_a_repo_id_is_exported_by_name_with_a_note():
+    from autoopt.planning.catalog import _entries
+
+    rec = recommend("h100-sxm-8x", dict(_entries()["mixtral-8x7b"]["config"]), runtime="vllm")
+    out = export(rec.to_dict(), "vllm")
+    assert out["args"][0] == rec.model.name
+    assert any("not a checkpoint: replace it with the Hugging Face repo id" in n for n in out["notes"])
+
+
+def test_a_config_mapping_saved_by_transformers_is_served_from_its_name_or_path():
+    from autoopt.planning.catalog import _entries
+
+    cfg = {**_entries()["mixtral-8x7b"]["config"], "_name_or_path": "me/my-mixtral-finetune"}
+    out = export(recommend("h100-sxm-8x", cfg, runtime="vllm").to_dict(), "vllm")
+    assert out["args"][0] == "me/my-mixtral-finetune"
 
 
 def test_sglang_export_uses_only_documented_flags():
@@ -126,7 +175,7 @@ def test_llama_cpp_export_gives_the_gpu_layer_count_and_the_gguf_file():
     out = export(rec.to_dict(), "llama.cpp", profile={"cpu": {"physical_cores": 16}})
     assert _flags(out["args"]) <= LLAMA_CPP_FLAGS
     assert out["kwargs"]["-ngl"] == rec.offload.gpu_layers and out["kwargs"]["-t"] == 16
-    assert out["kwargs"]["-m"].endswith("-Q4_K_M.gguf")
+    assert out["kwargs"]["-m"] == "Mixtral-8x7B-v0.1-Q4_K_M.gguf"
 
 
 def test_exporting_a_plan_made_for_another_runtime_is_refused():
@@ -244,7 +293,7 @@ def test_cli_prints_the_runtimes_own_arguments_ready_to_paste(capsys):
     assert main(["recommend", "--model", "mixtral-8x7b", "--profile", "rtx-4090", "--runtime", "llama.cpp",
                  "--format", "args"]) == 0
     out = capsys.readouterr().out.strip()
-    assert out.startswith("llama-server -m mixtral-8x7b-Q4_K_M.gguf -ngl ") and out.count("\n") == 0
+    assert out.startswith("llama-server -m Mixtral-8x7B-v0.1-Q4_K_M.gguf -ngl ") and out.count("\n") == 0
 
 
 @pytest.mark.parametrize(("argv", "needle"), [

@@ -62,7 +62,8 @@ def get_model(name: str) -> ModelSpec:
         raise ModelError(f"unknown model {name!r}{hint} (known: {', '.join(sorted(entries))})", field="model")
     entry = entries[key]
     spec = from_hf_config(entry["config"], name=key)
-    return ModelSpec.from_dict({**spec.to_dict(), "source": str(entry.get("source", ""))})
+    return ModelSpec.from_dict({**spec.to_dict(), "source": str(entry.get("source", "")),
+                                "checkpoint": str(entry.get("repo", ""))})
 
 
 def _is_torch_module(obj: Any) -> bool:

@@ -204,6 +204,10 @@ class ModelSpec:
     #: the routed experts' checkpoint format where it is not ``dtype`` (gpt-oss ships them as "mxfp4")
     expert_dtype: str | None = None
     source: str = ""
+    #: what a runtime loads: the Hugging Face repo id (the catalog's ``repo``, a config's ``_name_or_path``)
+    #: or the local folder the config.json was read from; "" when nothing says (the exports then name the
+    #: model and say to replace it)
+    checkpoint: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -859,6 +863,15 @@ def _load_config(config: Mapping[str, Any] | str | Path,
     return data, str(path), name or path.parent.name or path.stem
 
 
+def _checkpoint(raw: Mapping[str, Any], source: str) -> str:
+    """What a runtime loads for this config: the folder a config.json file was read from (runtimes take
+    the folder, never the file), else the repo id that ``save_pretrained`` records as ``_name_or_path``."""
+    if source:
+        return str(Path(source).parent)
+    named = raw.get("_name_or_path")
+    return named if isinstance(named, str) else ""
+
+
 def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face ``config.json`` (a mapping, a file, or a folder holding one).
 
@@ -911,6 +924,7 @@ def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None =
             dtype=dtype,
             expert_dtype=expert_dtype if moe else None,
             source=source,
+            checkpoint=_checkpoint(raw, source),
         )
     except ModelError as exc:
         hf = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_heads",

@@ -54,7 +54,23 @@ def _split(rec: Mapping[str, Any]) -> tuple[int, int, list[dict[str, Any]]]:
 
 
 def _model_id(rec: Mapping[str, Any], model_id: str | None) -> str:
-    return model_id or rec["model"]["name"]
+    """The name the runtime loads: ``model_id`` when given, else the plan's checkpoint (a Hugging Face
+    repo id, or the local folder its config came from), else the model's name (see :func:`_unnamed`)."""
+    return model_id or rec["model"].get("checkpoint") or rec["model"]["name"]
+
+
+def _unnamed(rec: Mapping[str, Any], model_id: str | None) -> list[str]:
+    """A note when the export could only name the model: no runtime can fetch a bare autoopt name."""
+    if model_id or rec["model"].get("checkpoint"):
+        return []
+    return [f"{rec['model']['name']!r} is autoopt's name for the model, not a checkpoint: replace it with the "
+            "Hugging Face repo id or local folder to load (or pass --model-id)"]
+
+
+def _gguf_stem(rec: Mapping[str, Any], model_id: str | None) -> str:
+    """llama.cpp loads a local GGUF file: name it after the checkpoint's last path part
+    (mistralai/Mixtral-8x7B-v0.1 -> Mixtral-8x7B-v0.1-Q4_K_M.gguf, as the GGUF conversions are named)."""
+    return _model_id(rec, model_id).rstrip("/").rsplit("/", 1)[-1]
 
 
 def _serving(rec: Mapping[str, Any], rt: RuntimeSpec, model_id: str | None, flags: Mapping[str, str]
@@ -127,7 +143,7 @@ def _llama_cpp(rec: Mapping[str, Any], rt: RuntimeSpec, model_id: str | None, pr
     gpu_layers = sum(s["layers"][1] - s["layers"][0] for s in gpu_stages)
     ngl = layers + 1 if gpu_layers == layers else gpu_layers
     quant = _format_arg(rec, rt) or "F16"
-    kw: dict[str, Any] = {"-m": f"{_model_id(rec, model_id)}-{quant}.gguf", "-ngl": ngl,
+    kw: dict[str, Any] = {"-m": f"{_gguf_stem(rec, model_id)}-{quant}.gguf", "-ngl": ngl,
                           "-c": rec["workload"]["context"] * rec["workload"]["batch"], "-b": rt.max_batch_tokens,
                           "-np": rec["workload"]["batch"]}
     cores = (profile.get("cpu") or {}).get("physical_cores")
@@ -207,8 +223,8 @@ def export(rec: Mapping[str, Any], runtime: str | RuntimeSpec, *, model_id: str 
         raise RuntimeRuleError("has no exporter (a plugin runtime is planned for but not exported)",
                                runtime=rt.name, rule="export")
     out = fn(rec, rt, model_id, profile or {})
-    return {"runtime": rt.name, **out, "notes": [f"predicted: {k} {v / 1e3:.3f} ms"
-                                                for k, v in rec.get("predicted", {}).items()]}
+    notes = [f"predicted: {k} {v / 1e3:.3f} ms" for k, v in rec.get("predicted", {}).items()]
+    return {"runtime": rt.name, **out, "notes": [*notes, *_unnamed(rec, model_id)]}
 
 
 def format_args(exported: Mapping[str, Any]) -> str:
