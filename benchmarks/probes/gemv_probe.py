@@ -31,7 +31,7 @@ from autoopt.backend import runner
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
 from autoopt.search.ranking import rank
-from benchmarks.hw_limit import probe_main
+from benchmarks.probes.probe_kit import probe_main
 
 K = 4096
 NS = (4096, 6144, 14336, 28672, 57344, 128256)

@@ -21,7 +21,8 @@ from autoopt.backend import registry, runner
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
 from autoopt.search.ranking import rank
-from benchmarks.hw_limit import NORM_SHAPES, probe_main
+from benchmarks.hw_limit import NORM_SHAPES
+from benchmarks.probes.probe_kit import probe_main
 
 
 def copy_us(nbytes: int) -> float:

@@ -45,8 +45,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from autoopt.backend.kernels.gemm_tma import _tile_of
-from benchmarks.hw_limit import probe_main
-from benchmarks.probes.probe_kit import tile_rows
+from benchmarks.probes.probe_kit import probe_main, tile_rows
 
 SHAPES = ((1000, 4608, 3584), (333, 7168, 8192), (333, 8192, 3584), (2047, 3584, 4096), (256, 6144, 4096),
           (77, 3072, 8192), (512, 8192, 3584), (4095, 2560, 8192), (2047, 8192, 3584), (4096, 4096, 4096),

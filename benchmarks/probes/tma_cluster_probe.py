@@ -28,8 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.hw_limit import probe_main
-from benchmarks.probes.probe_kit import tile_rows
+from benchmarks.probes.probe_kit import probe_main, tile_rows
 from benchmarks.probes.tma_occupancy_probe import persistent_launcher
 
 SHAPES = ((256, 6144, 4096), (256, 28672, 4096), (333, 7168, 8192), (333, 8192, 3584), (1000, 4608, 3584),
