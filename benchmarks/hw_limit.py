@@ -31,7 +31,6 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -159,26 +158,6 @@ def environment() -> dict[str, Any]:
     except (OSError, subprocess.SubprocessError, IndexError):
         env["driver"] = None
     return env
-
-
-def probe_main(name: str, doc: str, key: str, steps: Callable[[Any, float], Iterable[list[dict[str, Any]]]]) -> int:
-    """Run a probe script: parse ``--out``, detect the GPU, measure the copy bandwidth, then extend the
-    report's ``key`` list with each batch of rows ``steps(gpu, copy_gbs)`` yields, saving after each."""
-    from autoopt.hardware.detection import detect
-
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args()
-    gpu = detect().gpu
-    if gpu is None:
-        print(f"{name}: no GPU detected", file=sys.stderr)
-        return 2
-    copy = copy_gbs()
-    report: dict[str, Any] = {"env": environment(), "gpu": gpu.name, "copy_gbs": round(copy, 1), key: []}
-    for rows in steps(gpu, copy):
-        report[key] += rows
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    return 0
 
 
 def main() -> int:

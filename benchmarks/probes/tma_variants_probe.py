@@ -8,7 +8,7 @@ halves). This script times four variants of the same kernel with the current zer
 tile config on the 8 prefill shapes, beside torch.matmul in the same run, after checking each
 output against torch. A variant that fails to compile is reported, not timed.
 
-    PYTHONPATH=. python benchmarks/tma_variants_probe.py --out probe.json
+    PYTHONPATH=. python benchmarks/probes/tma_variants_probe.py --out probe.json
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from autoopt.backend import runner
 from autoopt.backend.kernels.gemm_tma import _tile_of

@@ -13,7 +13,7 @@ For M = 1, K = 4096 and N from 4096 to 128256 (W from 34 MB to 1.05 GB), one pro
 A linear fit of time against bytes per variant gives its fixed cost (intercept) and its
 streaming rate (slope). Every GEMV output is checked against float64 first. One JSON file:
 
-    PYTHONPATH=. python benchmarks/gemv_probe.py --out $OUT/gemv_probe.json
+    PYTHONPATH=. python benchmarks/probes/gemv_probe.py --out $OUT/gemv_probe.json
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ from typing import Any
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from autoopt.backend import runner
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
 from autoopt.search.ranking import rank
-from benchmarks.hw_limit import probe_main
+from benchmarks.probes.probe_kit import probe_main
 
 K = 4096
 NS = (4096, 6144, 14336, 28672, 57344, 128256)

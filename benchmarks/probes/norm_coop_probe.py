@@ -6,7 +6,7 @@ For each RMSNorm shape of ``hw_limit.py``'s norm section: a device-to-device cop
 inputs and run 20 times on one input with the outputs compared bit for bit (a result that moves
 between runs is a race); only then is it timed (``do_bench`` median, L2 flushed). One JSON file:
 
-    PYTHONPATH=. python benchmarks/norm_coop_probe.py --out $OUT/norm_coop_probe.json
+    PYTHONPATH=. python benchmarks/probes/norm_coop_probe.py --out $OUT/norm_coop_probe.json
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from autoopt.backend import registry, runner
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
 from autoopt.search.ranking import rank
-from benchmarks.hw_limit import NORM_SHAPES, probe_main
+from benchmarks.hw_limit import NORM_SHAPES
+from benchmarks.probes.probe_kit import probe_main
 
 
 def copy_us(nbytes: int) -> float:

@@ -29,7 +29,7 @@ This version times, per shape and tile, beside torch.matmul and the zero-shot pi
 
 Every output is checked against float64 before it is timed.
 
-    PYTHONPATH=. python benchmarks/streamk_probe.py --out $OUT/streamk_probe.json
+    PYTHONPATH=. python benchmarks/probes/streamk_probe.py --out $OUT/streamk_probe.json
 """
 
 from __future__ import annotations
@@ -42,11 +42,10 @@ from typing import Any
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from autoopt.backend.kernels.gemm_tma import _tile_of
-from benchmarks.hw_limit import probe_main
-from benchmarks.probe_kit import tile_rows
+from benchmarks.probes.probe_kit import probe_main, tile_rows
 
 SHAPES = ((1000, 4608, 3584), (333, 7168, 8192), (333, 8192, 3584), (2047, 3584, 4096), (256, 6144, 4096),
           (77, 3072, 8192), (512, 8192, 3584), (4095, 2560, 8192), (2047, 8192, 3584), (4096, 4096, 4096),

@@ -10,7 +10,7 @@ and stride. Per shape and tile, against torch.matmul and the zero-shot pick in t
 ``x1`` (one program per SM, as shipped) and ``x2`` (two). Every output is checked against float64
 before it is timed.
 
-    PYTHONPATH=. python benchmarks/tma_occupancy_probe.py --out $OUT/tma_occupancy_probe.json
+    PYTHONPATH=. python benchmarks/probes/tma_occupancy_probe.py --out $OUT/tma_occupancy_probe.json
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from typing import Any
 
 import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.hw_limit import probe_main
-from benchmarks.probe_kit import tile_rows
+from benchmarks.probes.probe_kit import probe_main, tile_rows
 
 SHAPES = ((256, 6144, 4096), (256, 28672, 4096), (256, 4096, 14336), (333, 7168, 8192), (333, 8192, 3584),
           (333, 1280, 8192), (1000, 4608, 3584), (77, 3072, 8192), (77, 9216, 3072), (512, 8192, 3584),

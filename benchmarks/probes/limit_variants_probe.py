@@ -20,7 +20,7 @@ that layout: its cells sit at the row's top level as ``sub_{tile}_s{stages}``. `
 M = 1, K = 4096 at N = 14336 / 28672 / 128256, a device-to-device copy of the same bytes, the shipped
 pick and the variants. Every output is checked against float64 before it is timed.
 
-    PYTHONPATH=. python benchmarks/limit_variants_probe.py --out $OUT/limit_variants.json
+    PYTHONPATH=. python benchmarks/probes/limit_variants_probe.py --out $OUT/limit_variants.json
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from typing import Any
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.hw_limit import copy_gbs, environment, prefill_ops
-from benchmarks.probe_kit import bench_us, checked, tile_rows, timed_pick
+from benchmarks.probes.probe_kit import bench_us, checked, tile_rows, timed_pick
 
 GEMV_K = 4096
 GEMV_NS = (14336, 28672, 128256)
@@ -69,7 +69,7 @@ def _gemv_prefetch(x_ptr, w_ptr, c_ptr, N, K, stride_wn,  # type: ignore[no-unty
 
 def subtile(a: Any, w: Any, out: Any, tile: tuple[int, ...]) -> Any:
     """tma_variants_probe's split-epilogue kernel (C stored in two BLOCK_N / 2 halves), not warp-specialized."""
-    from benchmarks.tma_variants_probe import _launcher
+    from benchmarks.probes.tma_variants_probe import _launcher
 
     bm, bn, bk, warps, stages = tile
     return _launcher(a, w, out, {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps,

@@ -4,15 +4,24 @@ A probe (``limit_variants_probe.py``, ``streamk_probe.py``, ``tma_occupancy_prob
 ``tma_cluster_probe.py``) times hand-built launchers of variant kernels beside the shipped pick. Each
 launcher's output is compared with a float64 reference before it is timed, so a variant that is wrong,
 or that this Triton cannot compile, is recorded as such and never gets a time. Runs on a CUDA GPU.
+
+:func:`probe_main` is the command line and report loop of ``gemv_probe.py``, ``norm_coop_probe.py``,
+``streamk_probe.py``, ``tma_occupancy_probe.py`` and ``tma_cluster_probe.py``; the copy bandwidth and
+environment it records come from ``benchmarks/hw_limit.py``, as in that harness's own reports.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import triton.testing
+
+from benchmarks.hw_limit import copy_gbs, environment
 
 
 def bench_us(fn: Callable[[], Any], rep_ms: int = 100) -> float:
@@ -87,3 +96,23 @@ def tile_rows(gpu: Any, shapes: Iterable[tuple[int, int, int]], tiles: Iterable[
         print(f"{row['shape']:16s} torch {row['torch_us']:7.1f} pick {row['pick']['us'] or float('nan'):7.1f} "
               + " ".join(f"best {name} {us:7.1f}" for name, us in best.items()), file=sys.stderr, flush=True)
         yield [row]
+
+
+def probe_main(name: str, doc: str, key: str, steps: Callable[[Any, float], Iterable[list[dict[str, Any]]]]) -> int:
+    """Run a probe script: parse ``--out``, detect the GPU, measure the copy bandwidth, then extend the
+    report's ``key`` list with each batch of rows ``steps(gpu, copy_gbs)`` yields, saving after each."""
+    from autoopt.hardware.detection import detect
+
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    gpu = detect().gpu
+    if gpu is None:
+        print(f"{name}: no GPU detected", file=sys.stderr)
+        return 2
+    copy = copy_gbs()
+    report: dict[str, Any] = {"env": environment(), "gpu": gpu.name, "copy_gbs": round(copy, 1), key: []}
+    for rows in steps(gpu, copy):
+        report[key] += rows
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    return 0

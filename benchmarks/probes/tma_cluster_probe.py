@@ -17,7 +17,7 @@ Per shape and tile, against torch.matmul and the zero-shot pick in the same run:
 shipped launch: one program per SM) and ``ctas2`` (half as many programs, each a 2-CTA cluster).
 Every output is checked against float64 before it is timed.
 
-    PYTHONPATH=. python benchmarks/tma_cluster_probe.py --out $OUT/tma_cluster_probe.json
+    PYTHONPATH=. python benchmarks/probes/tma_cluster_probe.py --out $OUT/tma_cluster_probe.json
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ import sys
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from benchmarks.hw_limit import probe_main
-from benchmarks.probe_kit import tile_rows
-from benchmarks.tma_occupancy_probe import persistent_launcher
+from benchmarks.probes.probe_kit import probe_main, tile_rows
+from benchmarks.probes.tma_occupancy_probe import persistent_launcher
 
 SHAPES = ((256, 6144, 4096), (256, 28672, 4096), (333, 7168, 8192), (333, 8192, 3584), (1000, 4608, 3584),
           (77, 9216, 3072), (2047, 3584, 4096), (4096, 4096, 4096), (4096, 28672, 4096))
