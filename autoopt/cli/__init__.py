@@ -6,8 +6,8 @@ status 2, never a traceback.
 
 One module per verb (or family of verbs): each adds its sub-commands to the parser
 (``register``) and holds their handlers; :mod:`autoopt.cli._common` holds what they
-share. The verb modules import only the standard library at load time, so that
-``autoopt --help`` stays cheap; a handler imports what it runs.
+share. ``autoopt --help`` loads every verb module, so at load time they import only
+the standard library, ``_common`` and :mod:`autoopt.errors`; a handler imports what it runs.
 """
 
 from __future__ import annotations
