@@ -56,10 +56,10 @@ __all__ = ["OpChoice", "Recommendation", "recommend"]
 log = get_logger(__name__)
 
 #: GEMMs whose output dimension (N) is split over tensor-parallel ranks (Megatron column-parallel).
-_COLUMN_PARALLEL = {"qkv_proj", "gate_up_proj", "q_b_proj", "kv_b_proj", "shared_gate_up", "expert_gate_up",
+_COLUMN_PARALLEL = {"qkv_proj", "gate_up_proj", "fc1", "q_b_proj", "kv_b_proj", "shared_gate_up", "expert_gate_up",
                     "lm_head"}
 #: GEMMs whose reduction dimension (K) is split (row-parallel, followed by an all-reduce).
-_ROW_PARALLEL = {"o_proj", "down_proj", "shared_down", "expert_down"}
+_ROW_PARALLEL = {"o_proj", "down_proj", "fc2", "shared_down", "expert_down"}
 #: rank() per (GPU content, op, top): its best candidate, or the error it raised (asked again, it raises again).
 _RANK_CACHE: dict[tuple[Any, ...], Candidate | AutooptError] = {}
 #: while not None, every (GPU, op) :func:`_rank` is asked about is appended here: how
