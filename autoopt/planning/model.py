@@ -827,9 +827,8 @@ def _falcon(cfg: Mapping[str, Any]) -> dict[str, Any]:
                          "input/post-attention norms but runs ln_attn/ln_mlp, so no checkpoint has this layout; "
                          "Falcon-40B/180B set parallel_attn true", field="parallel_attn")
     if n_ln not in (None, 1, 2) or (n_ln == 2 and parallel and not new):
-        raise ModelError(f"{n_ln!r}: FalconDecoderLayer runs 1 norm (input_layernorm) or, with "
-                         "new_decoder_architecture, 2 (ln_attn, ln_mlp); other values build norms it does not run",
-                         field="num_ln_in_parallel_attn")
+        raise ModelError(f"{n_ln!r} builds norms FalconDecoderLayer does not run: it runs one (input_layernorm), "
+                         "or two (ln_attn, ln_mlp) with new_decoder_architecture only", field="num_ln_in_parallel_attn")
     kv = (cfg.get("num_kv_heads") or heads) if new else 1 if _flag(cfg, "multi_query", True) else heads
     bias = _flag(cfg, "bias", False)
     norms = 2 if not parallel or (new and n_ln != 1) else 1
