@@ -483,16 +483,28 @@ def test_layer_types_autoopt_cannot_model_are_refused():
 
 
 # -- ModelSpec's new fields ----------------------------------------------------------
-def test_a_new_family_spec_round_trips_through_its_dict():
-    spec = from_hf_config(GPT_OSS_20B)
+@pytest.mark.parametrize("config", [GPT_OSS_20B, FALCON_40B], ids=["gpt-oss-20b", "falcon-40b"])
+def test_a_new_family_spec_round_trips_through_its_dict(config):
+    spec = from_hf_config(config)
     assert ModelSpec.from_dict(spec.to_dict()) == spec
 
 
-def test_a_spec_dict_written_before_the_new_fields_still_loads():
-    spec = from_hf_config(QWEN15_MOE_A27B)
-    new = ("o_bias", "qk_norm", "attention_sinks", "shared_expert_gate", "moe_bias", "expert_dtype")
+#: a spec dict written before a set of fields -> (config, those fields, the weights they add)
+_BEFORE = {
+    "MoE extras": (QWEN15_MOE_A27B, ("o_bias", "qk_norm", "attention_sinks", "shared_expert_gate", "moe_bias",
+                                     "expert_dtype"), 24 * 2048),  # the 24 shared-expert gates
+    # LayerNorm keeps its bias (norm_bias None resolves to it); the lm_head bias goes
+    "layer structure": (PHI35_MOE, ("mlp", "mlp_bias", "norm_bias", "norm_unit_offset", "parallel_block",
+                                    "lm_head_bias"), 32064),
+}
+
+
+@pytest.mark.parametrize("before", sorted(_BEFORE))
+def test_a_spec_dict_written_before_the_new_fields_still_loads(before):
+    config, new, added = _BEFORE[before]
+    spec = from_hf_config(config)
     old = {k: v for k, v in spec.to_dict().items() if k not in new}
-    assert ModelSpec.from_dict(old).num_params == spec.num_params - 24 * 2048  # less the 24 shared-expert gates
+    assert ModelSpec.from_dict(old).num_params == spec.num_params - added
 
 
 def test_an_expert_dtype_without_experts_is_refused():
@@ -613,80 +625,46 @@ def test_layout_variants_match_transformers_on_meta(transformers, variant):
 
 
 # -- what autoopt cannot size exactly is refused, naming the key ----------------------------
-def test_use_parallel_residual_on_a_family_that_does_not_read_it_is_refused():
-    with pytest.raises(ModelError, match="transformers reads it for gpt_neox only") as exc:
-        from_hf_config({**OLMO2_7B, "use_parallel_residual": True})
-    assert exc.value.field == "use_parallel_residual"
+def _deepseek_v3() -> dict[str, Any]:
+    from autoopt.planning.catalog import _entries
+
+    return dict(_entries()["deepseek-v3"]["config"])
+
+
+#: behaviour -> (config, what the message says, the key it names)
+REFUSALS: dict[str, tuple[Any, str, str]] = {
+    "use_parallel_residual on a family that does not read it": (
+        lambda: {**OLMO2_7B, "use_parallel_residual": True}, "autoopt reads it for gpt_neox only",
+        "use_parallel_residual"),
+    "a structural key in a model_type nobody described": (
+        lambda: {**STARLING, "use_bias": True}, "a model_type nobody described with it cannot", "use_bias"),
+    "an mlp_type starcoder2 does not build": (
+        lambda: {**STARCODER2_3B, "mlp_type": "gated"}, "c_fc/c_proj", "mlp_type"),
+    "a norm_type starcoder2 does not build": (
+        lambda: {**STARCODER2_3B, "norm_type": "rms_norm"}, r"nn\.LayerNorm", "norm_type"),
+    "an activation autoopt does not cost": (
+        lambda: {**PHI2, "hidden_act": "relu"}, "'relu' is not one autoopt models", "hidden_act"),
+    "falcon's activation, read from its own key": (
+        lambda: {**FALCON_7B, "activation": "relu"}, "'relu'", "activation"),
+    "a gelu mlp in a model_type nobody described (plain or gated unknown)": (
+        lambda: {**STARLING, "hidden_act": "gelu_new"}, "plain in some families", "hidden_act"),
+    "falcon new_decoder_architecture without parallel_attn": (
+        lambda: {**FALCON_40B, "parallel_attn": False}, "no checkpoint has this layout", "parallel_attn"),
+    "falcon two parallel norms without the new decoder architecture": (
+        lambda: {**FALCON_7B, "num_ln_in_parallel_attn": 2}, "builds norms FalconDecoderLayer does not run",
+        "num_ln_in_parallel_attn"),
+    "biases on latent attention": (
+        lambda: {**_deepseek_v3(), "attention_bias": True}, "multi-head latent attention", "attention_bias"),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
+def test_what_autoopt_cannot_size_exactly_is_refused_naming_the_key(refusal):
+    config, message, key = REFUSALS[refusal]
+    with pytest.raises(ModelError, match=message) as exc:
+        from_hf_config(config())
+    assert exc.value.field == key
 
 
 def test_a_structural_key_set_false_where_it_is_not_read_changes_nothing():
     assert from_hf_config({**OLMO2_7B, "use_parallel_residual": False}) == from_hf_config(OLMO2_7B)
-
-
-def test_a_structural_key_in_a_model_type_nobody_described_is_refused():
-    with pytest.raises(ModelError, match="a model_type nobody described is not read for it") as exc:
-        from_hf_config({**STARLING, "use_bias": True})
-    assert exc.value.field == "use_bias"
-
-
-def test_an_mlp_type_starcoder2_does_not_build_is_refused():
-    with pytest.raises(ModelError, match="c_fc/c_proj") as exc:
-        from_hf_config({**STARCODER2_3B, "mlp_type": "gated"})
-    assert exc.value.field == "mlp_type"
-
-
-def test_a_norm_type_starcoder2_does_not_build_is_refused():
-    with pytest.raises(ModelError, match=r"nn\.LayerNorm") as exc:
-        from_hf_config({**STARCODER2_3B, "norm_type": "rms_norm"})
-    assert exc.value.field == "norm_type"
-
-
-def test_an_activation_autoopt_does_not_cost_is_refused_naming_the_key():
-    with pytest.raises(ModelError, match="'relu' is not one autoopt models") as exc:
-        from_hf_config({**PHI2, "hidden_act": "relu"})
-    assert exc.value.field == "hidden_act"
-
-
-def test_falcon_activation_is_read_from_its_own_key():
-    with pytest.raises(ModelError, match="'relu'") as exc:
-        from_hf_config({**FALCON_7B, "activation": "relu"})
-    assert exc.value.field == "activation"
-
-
-def test_a_gelu_mlp_in_a_model_type_nobody_described_is_refused_as_plain_or_gated_unknown():
-    with pytest.raises(ModelError, match="plain in some families") as exc:
-        from_hf_config({**STARLING, "hidden_act": "gelu_new"})
-    assert exc.value.field == "hidden_act"
-
-
-def test_falcon_new_decoder_architecture_without_parallel_attn_is_refused():
-    with pytest.raises(ModelError, match="no checkpoint has this layout") as exc:
-        from_hf_config({**FALCON_40B, "parallel_attn": False})
-    assert exc.value.field == "parallel_attn"
-
-
-def test_falcon_two_parallel_norms_without_the_new_decoder_architecture_are_refused():
-    with pytest.raises(ModelError, match="builds norms FalconDecoderLayer does not run") as exc:
-        from_hf_config({**FALCON_7B, "num_ln_in_parallel_attn": 2})
-    assert exc.value.field == "num_ln_in_parallel_attn"
-
-
-def test_biases_on_latent_attention_are_refused():
-    from autoopt.planning.catalog import _entries
-
-    with pytest.raises(ModelError, match="multi-head latent attention") as exc:
-        from_hf_config({**_entries()["deepseek-v3"]["config"], "attention_bias": True})
-    assert exc.value.field == "attention_bias"
-
-
-# -- the new fields in a spec's dict ----------------------------------------------------------
-def test_a_plain_mlp_spec_round_trips_through_its_dict():
-    spec = from_hf_config(FALCON_40B)
-    assert ModelSpec.from_dict(spec.to_dict()) == spec
-
-
-def test_a_layernorm_spec_dict_without_the_structure_fields_keeps_its_norm_biases():
-    spec = from_hf_config(PHI35_MOE)
-    new = ("mlp", "mlp_bias", "norm_bias", "norm_unit_offset", "parallel_block", "lm_head_bias")
-    old = {k: v for k, v in spec.to_dict().items() if k not in new}
-    assert ModelSpec.from_dict(old).num_params == spec.num_params - 32064  # less the lm_head bias only

@@ -777,9 +777,9 @@ def _refuse_unread_keys(cfg: Mapping[str, Any], family: str | None) -> None:
         if family in readers or value is None or value is False:
             continue
         who = f"a {family} model" if family else "a model_type nobody described"
-        raise ModelError(f"{key} = {value!r} changes the weights a model has, and {who} is not read for it "
-                         f"(transformers reads it for {', '.join(sorted(readers))} only), so its size cannot be "
-                         "told; drop the key if the checkpoint's layers have no such structure", field=key)
+        raise ModelError(f"{key} = {value!r} changes which weights a model has; autoopt reads it for "
+                         f"{', '.join(sorted(readers))} only (as transformers does), so the size of {who} with it "
+                         "cannot be told; drop the key if the checkpoint's layers have no such structure", field=key)
 
 
 def _expect(cfg: Mapping[str, Any], key: str, value: str, layout: str) -> None:

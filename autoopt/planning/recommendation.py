@@ -916,8 +916,8 @@ def _shard(op: LayerOp, tp: int) -> LayerOp:
     if tp == 1 or op.op is None:
         if tp > 1:
             # an activation without a template kind runs on its rank's columns of the MLP's intermediate
-            shape = (op.shape[0], max(1, op.shape[1] // tp)) if op.kind in _ROOFLINE_ACTIVATIONS else op.shape
-            return LayerOp(name=op.name, kind=op.kind, shape=shape, count=op.count, flops=op.flops / tp,
+            cols = (op.shape[0], max(1, op.shape[1] // tp)) if op.kind in _ROOFLINE_ACTIVATIONS else op.shape
+            return LayerOp(name=op.name, kind=op.kind, shape=cols, count=op.count, flops=op.flops / tp,
                            bytes=op.bytes / tp, op=None, kernel_class=op.kernel_class)
         return op
     shape: tuple[int, ...]
