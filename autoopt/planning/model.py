@@ -1,9 +1,10 @@
 """ModelSpec: the shape of a transformer LLM, and how to get one from what a user has.
 
 A :class:`ModelSpec` holds the architecture numbers a recommendation needs
-(sizes, heads, GQA/MQA, MoE, MLA, sliding windows, dtype). From them it derives
-the parameter count (total and active per token) and, for a given number of
-tokens, the op list of each layer: the projections as GEMM shapes, attention,
+(sizes, heads, GQA/MQA, MoE, MLA, sliding windows, dtype) and the layer's structure
+(gated or plain MLP, biases, LayerNorm or RMSNorm, sequential or parallel block). From
+them it derives the parameter count (total and active per token) and, for a given
+number of tokens, the op list of each layer: the projections as GEMM shapes, attention,
 norms, activations and the MoE router/experts.
 
 :func:`from_hf_config` reads a Hugging Face ``config.json`` (dict or path) and
@@ -30,7 +31,9 @@ __all__ = ["FAMILIES", "LayerOp", "ModelSpec", "from_hf_config", "from_module"]
 log = get_logger(__name__)
 
 #: architecture families described (HF ``model_type``) -> what their config.json leaves implicit (ModelSpec
-#: field defaults). A ``model_type`` not here is still planned, from its standard fields, with a warning.
+#: field defaults, as transformers' classes build them). A ``model_type`` not here is still planned, from its
+#: standard fields as a Llama-style layer, with a warning -- unless its config shows a structure that layer
+#: does not have (a key of _STRUCTURAL_KEYS, a GELU MLP), which is refused.
 FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {}, "mistral": {}, "mixtral": {}, "qwen2": {"qkv_bias": True, "o_bias": False},
     # Qwen3 / Qwen3-MoE: RMSNorm over each head of q and k (transformers Qwen3Attention q_norm/k_norm).
@@ -1080,8 +1083,11 @@ def _load_config(config: Mapping[str, Any] | str | Path,
 def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face ``config.json`` (a mapping, a file, or a folder holding one).
 
-    A family in :data:`FAMILIES` brings what its config leaves implicit; any other ``model_type`` is
-    planned from the standard decoder fields, with a warning naming what was assumed. A multimodal
+    A family in :data:`FAMILIES` brings what its config leaves implicit and reads the keys its
+    transformers classes read; any other ``model_type`` is planned from the standard decoder fields,
+    with a warning naming what was assumed. What cannot be sized exactly -- a key that changes the
+    weights where the family does not read it, an activation or layout outside those modelled, a GELU
+    MLP of a model_type nobody described -- raises :class:`ModelError` naming the key. A multimodal
     config is read for its text decoder (``text_config``); a vision tower is not planned.
     """
     raw, source, name = _load_config(config, name)
@@ -1171,7 +1177,8 @@ def from_module(module: Any, *, name: str | None = None, **overrides: Any) -> Mo
     A Hugging Face model carries its config, which is used directly. Otherwise the
     walk reads the embedding (vocab, hidden), the first layer's projections
     (``q_proj``/``k_proj``/``v_proj``/``o_proj``, ``gate_proj``/``up_proj``/
-    ``down_proj``), counts the numbered layers and looks for ``num_heads``/
+    ``down_proj``: an ``up_proj`` without a ``gate_proj`` is a plain MLP) and their
+    biases, counts the numbered layers and looks for ``num_heads``/
     ``head_dim`` attributes; what shapes cannot tell (the head count) must be
     there or passed in ``overrides`` (ModelSpec field names).
     """
