@@ -615,6 +615,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
                                                      "num_ln_in_parallel_attn": 1}),
     "falcon ffn_hidden_size": ("FalconConfig", {**FALCON_7B, "num_hidden_layers": 2, "ffn_hidden_size": 8192}),
     "falcon untied": ("FalconConfig", {**FALCON_7B, "num_hidden_layers": 2, "tie_word_embeddings": False}),
+    "granite gated mlp_bias": ("GraniteConfig", {**GRANITE31_8B, "num_hidden_layers": 2, "mlp_bias": True}),
 }
 
 
