@@ -1,5 +1,6 @@
 """Model families beyond the catalog's: Qwen3-MoE, Qwen2-MoE, gpt-oss, Llama 4, Gemma 3, Phi-3.5-MoE,
-OLMo 2, Granite 3, and a ``model_type`` nobody described.
+OLMo 2, Granite 3; the plain-MLP families StarCoder2, Phi, GPT-NeoX (Pythia) and Falcon; and a
+``model_type`` nobody described.
 
 Each published config below holds the architecture keys of the model's public ``config.json``,
 copied key for key (tokenizer ids, RoPE factor lists and other keys that hold no weights are left
@@ -136,6 +137,54 @@ GRANITE31_8B = {
     "rms_norm_eps": 1e-05, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "vocab_size": 49155,
 }
 
+# -- plain (ungated) MLP families ------------------------------------------------------
+# https://huggingface.co/bigcode/starcoder2-3b/blob/main/config.json
+STARCODER2_3B = {
+    "architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", "hidden_act": "gelu_pytorch_tanh",
+    "hidden_size": 3072, "intermediate_size": 12288, "layer_norm_epsilon": 1e-05, "max_position_embeddings": 16384,
+    "mlp_type": "default", "norm_epsilon": 1e-05, "norm_type": "layer_norm", "num_attention_heads": 24,
+    "num_hidden_layers": 30, "num_key_value_heads": 2, "rope_theta": 999999.4420358813, "sliding_window": 4096,
+    "torch_dtype": "float32", "use_bias": True, "vocab_size": 49152,
+}
+# https://huggingface.co/bigcode/starcoder2-7b/blob/main/config.json: starcoder2-3b's keys but for these
+STARCODER2_7B = {**STARCODER2_3B, "hidden_size": 4608, "intermediate_size": 18432, "num_attention_heads": 36,
+                 "num_hidden_layers": 32, "num_key_value_heads": 4, "rope_theta": 1000000}
+# https://huggingface.co/bigcode/starcoder2-15b/blob/main/config.json: starcoder2-3b's keys but for these
+STARCODER2_15B = {**STARCODER2_3B, "hidden_size": 6144, "intermediate_size": 24576, "num_attention_heads": 48,
+                  "num_hidden_layers": 40, "num_key_value_heads": 4, "rope_theta": 100000}
+# https://huggingface.co/microsoft/phi-2/blob/main/config.json
+PHI2 = {
+    "architectures": ["PhiForCausalLM"], "model_type": "phi", "hidden_act": "gelu_new", "hidden_size": 2560,
+    "intermediate_size": 10240, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "partial_rotary_factor": 0.4, "qk_layernorm": False,
+    "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 51200,
+}
+# https://huggingface.co/EleutherAI/pythia-1b/blob/main/config.json
+PYTHIA_1B = {
+    "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_act": "gelu", "hidden_size": 2048,
+    "intermediate_size": 8192, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048, "num_attention_heads": 8,
+    "num_hidden_layers": 16, "rotary_emb_base": 10000, "rotary_pct": 0.25, "tie_word_embeddings": False,
+    "torch_dtype": "float16", "use_parallel_residual": True, "vocab_size": 50304,
+}
+# https://huggingface.co/EleutherAI/pythia-6.9b/blob/main/config.json: pythia-1b's keys but for these
+PYTHIA_6_9B = {**PYTHIA_1B, "hidden_size": 4096, "intermediate_size": 16384, "num_attention_heads": 32,
+               "num_hidden_layers": 32, "vocab_size": 50432}
+# https://huggingface.co/EleutherAI/pythia-12b/blob/main/config.json: pythia-1b's keys but for these
+PYTHIA_12B = {**PYTHIA_1B, "hidden_size": 5120, "intermediate_size": 20480, "num_attention_heads": 40,
+              "num_hidden_layers": 36, "vocab_size": 50688}
+# https://huggingface.co/tiiuae/falcon-7b/blob/main/config.json (no intermediate_size, max_position_embeddings
+# or tie_word_embeddings: FalconConfig's 4 x hidden, 2048 and true)
+FALCON_7B = {
+    "architectures": ["FalconForCausalLM"], "model_type": "falcon", "alibi": False,
+    "apply_residual_connection_post_layernorm": False, "bias": False, "hidden_size": 4544,
+    "layer_norm_epsilon": 1e-05, "multi_query": True, "new_decoder_architecture": False,
+    "num_attention_heads": 71, "num_hidden_layers": 32, "parallel_attn": True, "torch_dtype": "bfloat16",
+    "vocab_size": 65024,
+}
+# https://huggingface.co/tiiuae/falcon-40b/blob/main/config.json: falcon-7b's keys but for these
+FALCON_40B = {**FALCON_7B, "hidden_size": 8192, "new_decoder_architecture": True, "num_attention_heads": 128,
+              "num_hidden_layers": 60, "num_kv_heads": 8}
+
 #: case -> (family, published config.json, transformers config class)
 CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "qwen3-30b-a3b": ("qwen3_moe", QWEN3_30B_A3B, "Qwen3MoeConfig"),
@@ -151,6 +200,15 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "olmo-2-7b": ("olmo2", OLMO2_7B, "Olmo2Config"),
     "olmo-2-13b": ("olmo2", OLMO2_13B, "Olmo2Config"),
     "granite-3.1-8b": ("granite", GRANITE31_8B, "GraniteConfig"),
+    "starcoder2-3b": ("starcoder2", STARCODER2_3B, "Starcoder2Config"),
+    "starcoder2-7b": ("starcoder2", STARCODER2_7B, "Starcoder2Config"),
+    "starcoder2-15b": ("starcoder2", STARCODER2_15B, "Starcoder2Config"),
+    "phi-2": ("phi", PHI2, "PhiConfig"),
+    "pythia-1b": ("gpt_neox", PYTHIA_1B, "GPTNeoXConfig"),
+    "pythia-6.9b": ("gpt_neox", PYTHIA_6_9B, "GPTNeoXConfig"),
+    "pythia-12b": ("gpt_neox", PYTHIA_12B, "GPTNeoXConfig"),
+    "falcon-7b": ("falcon", FALCON_7B, "FalconConfig"),
+    "falcon-40b": ("falcon", FALCON_40B, "FalconConfig"),
 }
 
 #: Published totals, billions: (figure, relative tolerance, source). 0.5 % where the figure has three or
@@ -169,6 +227,10 @@ PUBLISHED_TOTAL: dict[str, tuple[float, float, str]] = {
     "olmo-2-7b": (7.30, 0.005, "https://huggingface.co/allenai/OLMo-2-1124-7B (7.3B params)"),
     "olmo-2-13b": (13.7, 0.005, "https://huggingface.co/allenai/OLMo-2-1124-13B (13.7B params)"),
     "granite-3.1-8b": (8.17, 0.005, "https://huggingface.co/ibm-granite/granite-3.1-8b-instruct (8.17B params)"),
+    # the Pythia suite's table of models gives every parameter, to the unit
+    "pythia-1b": (1.011781632, 1e-9, "https://github.com/EleutherAI/pythia (models table: 1,011,781,632)"),
+    "pythia-6.9b": (6.857302016, 1e-9, "https://github.com/EleutherAI/pythia (models table: 6,857,302,016)"),
+    "pythia-12b": (11.846072320, 1e-9, "https://github.com/EleutherAI/pythia (models table: 11,846,072,320)"),
 }
 #: Published active counts, billions (figure, relative tolerance, source). gpt-oss counts the unembedding
 #: but not the embedding as active (model card, Table 1 caption); the others count both tables.
@@ -246,7 +308,7 @@ def test_active_parameters_match_the_published_count(transformers, case):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_total_parameters_match_transformers_on_meta(transformers, case):
-    """Exact but for weights ModelSpec leaves out (Phi-3.5-MoE's 32,064-entry lm_head bias)."""
+    """Exact: every weight transformers builds, tied ones once (Phi-3.5-MoE's and Phi-2's lm_head bias too)."""
     _, published, cls = CASES[case]
     config = getattr(transformers, cls)(**published)
     text = config.get_text_config()  # the decoder of a multimodal config, else the config itself
@@ -421,16 +483,28 @@ def test_layer_types_autoopt_cannot_model_are_refused():
 
 
 # -- ModelSpec's new fields ----------------------------------------------------------
-def test_a_new_family_spec_round_trips_through_its_dict():
-    spec = from_hf_config(GPT_OSS_20B)
+@pytest.mark.parametrize("config", [GPT_OSS_20B, FALCON_40B], ids=["gpt-oss-20b", "falcon-40b"])
+def test_a_new_family_spec_round_trips_through_its_dict(config):
+    spec = from_hf_config(config)
     assert ModelSpec.from_dict(spec.to_dict()) == spec
 
 
-def test_a_spec_dict_written_before_the_new_fields_still_loads():
-    spec = from_hf_config(QWEN15_MOE_A27B)
-    new = ("o_bias", "qk_norm", "attention_sinks", "shared_expert_gate", "moe_bias", "expert_dtype")
+#: a spec dict written before a set of fields -> (config, those fields, the weights they add)
+_BEFORE = {
+    "MoE extras": (QWEN15_MOE_A27B, ("o_bias", "qk_norm", "attention_sinks", "shared_expert_gate", "moe_bias",
+                                     "expert_dtype"), 24 * 2048),  # the 24 shared-expert gates
+    # LayerNorm keeps its bias (norm_bias None resolves to it); the lm_head bias goes
+    "layer structure": (PHI35_MOE, ("mlp", "mlp_bias", "norm_bias", "norm_unit_offset", "parallel_block",
+                                    "lm_head_bias"), 32064),
+}
+
+
+@pytest.mark.parametrize("before", sorted(_BEFORE))
+def test_a_spec_dict_written_before_the_new_fields_still_loads(before):
+    config, new, added = _BEFORE[before]
+    spec = from_hf_config(config)
     old = {k: v for k, v in spec.to_dict().items() if k not in new}
-    assert ModelSpec.from_dict(old).num_params == spec.num_params - 24 * 2048  # less the 24 shared-expert gates
+    assert ModelSpec.from_dict(old).num_params == spec.num_params - added
 
 
 def test_an_expert_dtype_without_experts_is_refused():
@@ -456,3 +530,142 @@ def test_decode_in_a_chunked_layer_attends_to_the_chunk_so_far():
     spec = from_hf_config(LLAMA4_SCOUT)
     # position 8291 is the 100th token of its chunk: the same work as a global layer at 100 tokens
     assert _attention_flops(spec, 0, q_len=1, context=8192 + 100) == _attention_flops(spec, 3, q_len=1, context=100)
+
+
+# -- plain-MLP families: structure ---------------------------------------------------------
+def test_starcoder2_layer_is_a_plain_mlp_with_biases_and_two_layernorms():
+    # q, o: 2 x (3072^2 + 3072); k, v (2 KV heads of 128): 2 x (3072 x 256 + 256); c_fc: 3072 x 12288 + 12288;
+    # c_proj: 12288 x 3072 + 3072; input and post-attention LayerNorm: 2 x (3072 + 3072)
+    spec = from_hf_config(STARCODER2_3B)
+    attention = 2 * (3072 * 3072 + 3072) + 2 * (3072 * 256 + 256)
+    mlp = 3072 * 12288 + 12288 + 12288 * 3072 + 3072
+    assert (spec.mlp, spec.mlp_bias, spec.norm, spec.norm_bias) == ("plain", True, "layernorm", True)
+    assert spec.layer_params(0) == attention + mlp + 2 * 2 * 3072
+
+
+def test_issue_26_eight_layer_starcoder2_is_planned_at_transformers_count_not_as_a_gated_mlp(transformers):
+    # the report: 1.372 B planned (gated MLP, RMSNorm, no biases) against 1.070 B in transformers
+    config = {**STARCODER2_3B, "num_hidden_layers": 8, "tie_word_embeddings": False}
+    expected = _meta_params(transformers, transformers.Starcoder2Config(**config))
+    assert from_hf_config(config).num_params == expected == 1_069_828_096
+
+
+def test_plain_mlp_layer_ops_are_fc1_an_activation_and_fc2():
+    ops = {o.name: o for o in from_hf_config(STARCODER2_3B).layer_ops(0, batch=2, q_len=64, context=64)}
+    assert "gate_up_proj" not in ops and "down_proj" not in ops
+    assert (ops["fc1"].shape, ops["fc2"].shape) == ((128, 12288, 3072), (128, 3072, 12288))
+    assert (ops["mlp_act"].kind, ops["mlp_act"].shape) == ("gelu", (128, 12288))
+    assert ops["mlp_act"].bytes == 2 * 128 * 12288 * 2  # reads fc1's output, writes the activation: bf16
+
+
+def test_phi2_attention_and_mlp_share_one_layernorm_and_join_the_residual_together():
+    spec = from_hf_config(PHI2)
+    assert (spec.parallel_block, spec.norms_per_layer, spec.lm_head_bias) == (True, 1, True)
+    names = [o.name for o in spec.layer_ops(0, batch=1, q_len=8, context=8)]
+    assert [n for n in names if n.endswith("norm")] == ["input_norm"]
+    assert names.count("residual_add") == 2 and names.index("residual_add") > names.index("fc2")
+
+
+def test_phi2_head_has_a_bias_beside_its_untied_weights():
+    assert from_hf_config(PHI2).lm_head_params == 51200 * 2560 + 51200
+
+
+def test_pythia_mlp_normalises_the_layer_input_itself_in_a_parallel_block():
+    spec = from_hf_config(PYTHIA_1B)
+    assert (spec.parallel_block, spec.norms_per_layer, spec.tied_embeddings) == (True, 2, False)
+    names = [o.name for o in spec.layer_ops(0, batch=1, q_len=8, context=8)]
+    assert names.index("pre_mlp_norm") < names.index("fc1") and names.index("residual_add") > names.index("fc2")
+
+
+def test_falcon_7b_is_multi_query_attention_with_one_kv_head():
+    spec = from_hf_config(FALCON_7B)
+    assert (spec.num_kv_heads, spec.head_dim, spec.intermediate_size) == (1, 64, 4 * 4544)
+    ops = {o.name: o for o in spec.layer_ops(0, batch=1, q_len=1, context=2048)}
+    assert ops["qkv_proj"].shape == (1, (71 + 2) * 64, 4544)
+    # K and V of one head of 64, 2 bytes each, per token per layer
+    assert kv_cache_bytes(spec, batch=1, context=2048) == 32 * 2048 * 2 * 64 * 2
+
+
+def test_falcon_40b_has_eight_kv_heads_and_its_own_norm_for_the_mlp():
+    spec = from_hf_config(FALCON_40B)
+    assert (spec.num_kv_heads, spec.norms_per_layer, spec.parallel_block) == (8, 2, True)
+
+
+def test_gemma_norms_scale_by_one_plus_weight_without_more_weights():
+    spec = from_hf_config(GEMMA3_27B)
+    assert spec.norm_unit_offset and not spec.norm_bias
+    plain = dataclasses.replace(spec, norm_unit_offset=False)
+    assert plain.num_params == spec.num_params
+
+
+#: layouts beyond the published configs, each a rule of from_hf_config checked against transformers' model
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "starcoder2 use_bias false": ("Starcoder2Config", {**STARCODER2_3B, "num_hidden_layers": 2, "use_bias": False}),
+    "phi qk_layernorm": ("PhiConfig", {**PHI2, "num_hidden_layers": 2, "qk_layernorm": True}),
+    "phi grouped kv heads": ("PhiConfig", {**PHI2, "num_hidden_layers": 2, "num_key_value_heads": 8}),
+    "gpt_neox sequential without attention bias": (
+        "GPTNeoXConfig", {**PYTHIA_1B, "num_hidden_layers": 2, "use_parallel_residual": False,
+                          "attention_bias": False}),
+    "gpt_neox tied head": ("GPTNeoXConfig", {**PYTHIA_1B, "num_hidden_layers": 2, "tie_word_embeddings": True}),
+    "falcon-rw sequential multi-head with biases": (
+        "FalconConfig", {**FALCON_7B, "hidden_size": 2048, "num_attention_heads": 32, "num_hidden_layers": 2,
+                         "multi_query": False, "parallel_attn": False, "bias": True, "alibi": True,
+                         "vocab_size": 50304}),
+    "falcon new decoder one norm": ("FalconConfig", {**FALCON_40B, "num_hidden_layers": 2,
+                                                     "num_ln_in_parallel_attn": 1}),
+    "falcon ffn_hidden_size": ("FalconConfig", {**FALCON_7B, "num_hidden_layers": 2, "ffn_hidden_size": 8192}),
+    "falcon untied": ("FalconConfig", {**FALCON_7B, "num_hidden_layers": 2, "tie_word_embeddings": False}),
+    "granite gated mlp_bias": ("GraniteConfig", {**GRANITE31_8B, "num_hidden_layers": 2, "mlp_bias": True}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_layout_variants_match_transformers_on_meta(transformers, variant):
+    cls, config = VARIANTS[variant]
+    assert from_hf_config(config).num_params == _meta_params(transformers, getattr(transformers, cls)(**config))
+
+
+# -- what autoopt cannot size exactly is refused, naming the key ----------------------------
+def _deepseek_v3() -> dict[str, Any]:
+    from autoopt.planning.catalog import _entries
+
+    return dict(_entries()["deepseek-v3"]["config"])
+
+
+#: behaviour -> (config, what the message says, the key it names)
+REFUSALS: dict[str, tuple[Any, str, str]] = {
+    "use_parallel_residual on a family that does not read it": (
+        lambda: {**OLMO2_7B, "use_parallel_residual": True}, "autoopt reads it for gpt_neox only",
+        "use_parallel_residual"),
+    "a structural key in a model_type nobody described": (
+        lambda: {**STARLING, "use_bias": True}, "a model_type nobody described with it cannot", "use_bias"),
+    "an mlp_type starcoder2 does not build": (
+        lambda: {**STARCODER2_3B, "mlp_type": "gated"}, "c_fc/c_proj", "mlp_type"),
+    "a norm_type starcoder2 does not build": (
+        lambda: {**STARCODER2_3B, "norm_type": "rms_norm"}, r"nn\.LayerNorm", "norm_type"),
+    "an activation autoopt does not cost": (
+        lambda: {**PHI2, "hidden_act": "relu"}, "'relu' is not one autoopt models", "hidden_act"),
+    "falcon's activation, read from its own key": (
+        lambda: {**FALCON_7B, "activation": "relu"}, "'relu'", "activation"),
+    "a gelu mlp in a model_type nobody described (plain or gated unknown)": (
+        lambda: {**STARLING, "hidden_act": "gelu_new"}, "plain in some families", "hidden_act"),
+    "falcon new_decoder_architecture without parallel_attn": (
+        lambda: {**FALCON_40B, "parallel_attn": False}, "no checkpoint has this layout", "parallel_attn"),
+    "falcon two parallel norms without the new decoder architecture": (
+        lambda: {**FALCON_7B, "num_ln_in_parallel_attn": 2}, "builds norms FalconDecoderLayer does not run",
+        "num_ln_in_parallel_attn"),
+    "biases on latent attention": (
+        lambda: {**_deepseek_v3(), "attention_bias": True}, "multi-head latent attention", "attention_bias"),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(REFUSALS))
+def test_what_autoopt_cannot_size_exactly_is_refused_naming_the_key(refusal):
+    config, message, key = REFUSALS[refusal]
+    with pytest.raises(ModelError, match=message) as exc:
+        from_hf_config(config())
+    assert exc.value.field == key
+
+
+def test_a_structural_key_set_false_where_it_is_not_read_changes_nothing():
+    assert from_hf_config({**OLMO2_7B, "use_parallel_residual": False}) == from_hf_config(OLMO2_7B)

@@ -122,6 +122,15 @@ def test_hf_config_and_profile_file_are_accepted(tmp_path):
     assert rec.fits and rec.model.num_params == get_model("llama-3-8b").num_params
 
 
+def test_a_plain_mlp_splits_fc1_by_columns_and_fc2_by_rows_under_tensor_parallelism():
+    rec = recommend("h100-sxm-8x", "pythia-1b", tensor_parallel=2, compare_wfc=False, top=1)
+    ops = {o.name: o for o in rec.ops if o.phase == "decode"}
+    # GPTNeoXMLP: 2048 -> 8192 -> 2048; each of 2 ranks holds half of the 8192 columns
+    assert rec.split is not None and rec.split.tp == 2
+    assert (ops["fc1"].shape, ops["fc2"].shape, ops["mlp_act"].shape) == ((1, 4096, 2048), (1, 2048, 4096),
+                                                                           (1, 4096))
+
+
 def test_bad_model_is_a_model_error():
     with pytest.raises(ModelError):
         recommend("h100-sxm", "no-such-model")

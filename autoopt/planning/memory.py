@@ -9,7 +9,8 @@ Terms, in bytes:
   tokens. Times context x batch.
 - activations: the largest live set of one layer for the tokens processed at once
   (prefill chunk or decode batch): the residual and normed input, plus the widest
-  stage (QKV+attention output, or gate_up+activation output), bf16; plus fp32 logits
+  stage (QKV+attention output, or gate_up+activation output; a plain MLP's fc1+activation output),
+  bf16, and in a parallel block the attention's output while the MLP runs; plus fp32 logits
   for the last token of each sequence.
 - workspace: cuBLAS workspace, 32 MiB on Hopper and later, 4 MiB before (cuBLAS docs,
   cublasSetWorkspace: recommended sizes).
@@ -91,12 +92,14 @@ def activation_bytes(model: ModelSpec, *, tokens: int, batch: int, tp: int = 1) 
         attn = model.num_attention_heads * (qk + model.v_head_dim) // tp + model.kv_lora_rank  # type: ignore
     else:
         attn = (2 * model.num_attention_heads + 2 * model.num_kv_heads) * model.head_dim // tp
-    mlp = 3 * model.intermediate_size // tp
+    # gated: gate_up's 2 x intermediate plus the activation's output; plain: fc1's output and the activation's
+    mlp = (3 if model.mlp == "gated" else 2) * model.intermediate_size // tp
     if model.is_moe:
         mi = model.moe_intermediate_size
         moe = 3 * mi * (model.experts_per_token + model.num_shared_experts) // tp  # type: ignore[operator]
         mlp = max(mlp if model.has_dense_layers else 0, moe + model.num_experts)
-    per_token = 2 * h + max(attn, mlp)
+    # a parallel block (Phi, GPT-NeoX, Falcon) holds the attention's output until the MLP's joins it
+    per_token = 2 * h + max(attn, mlp) + (h if model.parallel_block else 0)
     logits = batch * model.vocab_size * 4 / tp
     return float(tokens * per_token * 2 + logits)
 

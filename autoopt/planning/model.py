@@ -1,9 +1,10 @@
 """ModelSpec: the shape of a transformer LLM, and how to get one from what a user has.
 
 A :class:`ModelSpec` holds the architecture numbers a recommendation needs
-(sizes, heads, GQA/MQA, MoE, MLA, sliding windows, dtype). From them it derives
-the parameter count (total and active per token) and, for a given number of
-tokens, the op list of each layer: the projections as GEMM shapes, attention,
+(sizes, heads, GQA/MQA, MoE, MLA, sliding windows, dtype) and the layer's structure
+(gated or plain MLP, biases, LayerNorm or RMSNorm, sequential or parallel block). From
+them it derives the parameter count (total and active per token) and, for a given
+number of tokens, the op list of each layer: the projections as GEMM shapes, attention,
 norms, activations and the MoE router/experts.
 
 :func:`from_hf_config` reads a Hugging Face ``config.json`` (dict or path) and
@@ -30,21 +31,25 @@ __all__ = ["FAMILIES", "LayerOp", "ModelSpec", "from_hf_config", "from_module"]
 log = get_logger(__name__)
 
 #: architecture families described (HF ``model_type``) -> what their config.json leaves implicit (ModelSpec
-#: field defaults). A ``model_type`` not here is still planned, from its standard fields, with a warning.
+#: field defaults, as transformers' classes build them). A ``model_type`` not here is still planned, from its
+#: standard fields as a Llama-style layer, with a warning -- unless its config shows a structure that layer
+#: does not have (a key of _STRUCTURAL_KEYS, a GELU MLP), which is refused.
 FAMILIES: dict[str, dict[str, Any]] = {
     "llama": {}, "mistral": {}, "mixtral": {}, "qwen2": {"qkv_bias": True, "o_bias": False},
     # Qwen3 / Qwen3-MoE: RMSNorm over each head of q and k (transformers Qwen3Attention q_norm/k_norm).
     "qwen3": {"qk_norm": "head"}, "qwen3_moe": {"qk_norm": "head"},
     # Qwen2-MoE: q/k/v biases only; the shared expert's output goes through a sigmoid gate (hidden -> 1).
     "qwen2_moe": {"qkv_bias": True, "o_bias": False, "shared_expert_gate": True},
-    "gemma": {"activation": "gelu", "tied_embeddings": True},
+    # Gemma: GemmaRMSNorm scales by (1 + weight) (so do Gemma 2's and 3's norms).
+    "gemma": {"activation": "gelu", "tied_embeddings": True, "norm_unit_offset": True},
     # Gemma-2: four RMSNorms per layer (input, post-attention, pre- and post-feedforward),
     # local/global attention alternating (transformers Gemma2DecoderLayer: is_sliding = layer_idx % 2 == 0).
-    "gemma2": {"activation": "gelu", "tied_embeddings": True, "norms_per_layer": 4, "sliding_window_pattern": 2},
+    "gemma2": {"activation": "gelu", "tied_embeddings": True, "norm_unit_offset": True, "norms_per_layer": 4,
+               "sliding_window_pattern": 2},
     # Gemma-3: Gemma-2's four norms plus per-head q/k norms; five local layers then one global
     # (transformers Gemma3TextConfig: sliding_window_pattern 6).
-    "gemma3": {"activation": "gelu", "tied_embeddings": True, "norms_per_layer": 4, "qk_norm": "head",
-               "sliding_window_pattern": 6},
+    "gemma3": {"activation": "gelu", "tied_embeddings": True, "norm_unit_offset": True, "norms_per_layer": 4,
+               "qk_norm": "head", "sliding_window_pattern": 6},
     # gpt-oss: biases on q/k/v/o (attention_bias), one learned sink logit per head, biases on the
     # router and on every expert projection (transformers GptOssAttention / GptOssTopKRouter / GptOssExperts).
     "gpt_oss": {"attention_sinks": True, "moe_bias": True},
@@ -58,6 +63,19 @@ FAMILIES: dict[str, dict[str, Any]] = {
     # Granite 3: Llama layers; the embedding/attention/residual/logit multipliers scale, they add no weights.
     "granite": {},
     "deepseek_v2": {}, "deepseek_v3": {}, "phi3": {},
+    # The plain-MLP families (an ungated MLP, LayerNorm with a bias); what their config keys decide is
+    # read by _FAMILY_READERS below. StarCoder2 (transformers Starcoder2MLP c_fc/c_proj, nn.LayerNorm,
+    # Starcoder2Config: gelu_pytorch_tanh, tie_word_embeddings true).
+    "starcoder2": {"mlp": "plain", "norm": "layernorm", "activation": "gelu", "tied_embeddings": True},
+    # Phi-1/1.5/2 (PhiDecoderLayer: one input_layernorm feeds attention and MLP; q/k/v/dense, fc1/fc2 and
+    # lm_head all with bias=True; PhiConfig: gelu_new).
+    "phi": {"mlp": "plain", "norm": "layernorm", "activation": "gelu", "parallel_block": True,
+            "norms_per_layer": 1, "qkv_bias": True, "o_bias": True, "mlp_bias": True, "lm_head_bias": True},
+    # GPT-NeoX / Pythia (GPTNeoXLayer: input_layernorm and post_attention_layernorm; GPTNeoXMLP
+    # dense_h_to_4h/dense_4h_to_h with biases; a separate embed_out, GPTNeoXConfig: untied, gelu).
+    "gpt_neox": {"mlp": "plain", "norm": "layernorm", "activation": "gelu", "mlp_bias": True},
+    # Falcon (FalconConfig: tie_word_embeddings true, activation gelu; FalconMLP dense_h_to_4h/4h_to_h).
+    "falcon": {"mlp": "plain", "norm": "layernorm", "activation": "gelu", "tied_embeddings": True},
 }
 #: ``model_type`` of the text model inside a multimodal config -> its family.
 _ALIASES = {"gemma3_text": "gemma3", "llama4_text": "llama4"}
@@ -70,11 +88,30 @@ _ARCH_TO_FAMILY = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
                    "Llama4ForCausalLM": "llama4", "Llama4ForConditionalGeneration": "llama4",
                    "Gemma3ForCausalLM": "gemma3", "Gemma3ForConditionalGeneration": "gemma3",
                    "PhiMoEForCausalLM": "phimoe", "PhimoeForCausalLM": "phimoe", "Olmo2ForCausalLM": "olmo2",
-                   "GraniteForCausalLM": "granite"}
+                   "GraniteForCausalLM": "granite", "Starcoder2ForCausalLM": "starcoder2", "PhiForCausalLM": "phi",
+                   "GPTNeoXForCausalLM": "gpt_neox", "FalconForCausalLM": "falcon"}
 #: transformers config-class defaults for keys a family's published config.json leaves out (google/gemma-3-12b-it's
 #: text_config has no head_dim, vocab_size or max_position_embeddings: Gemma3TextConfig's are 256, 262208, 131072).
 _CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3": {"head_dim": 256, "vocab_size": 262_208, "max_position_embeddings": 131_072}}
+    "gemma3": {"head_dim": 256, "vocab_size": 262_208, "max_position_embeddings": 131_072},
+    # tiiuae/falcon-7b's config.json has no max_position_embeddings: FalconConfig's is 2048
+    "falcon": {"max_position_embeddings": 2048}}
+#: config keys that change which weights a model has -> the families whose transformers class reads them
+#: (each read in _FAMILY_READERS, or for llama/granite/phimoe in _structure). Anywhere else a value that
+#: would add weights is refused: autoopt cannot tell whether the checkpoint has them.
+_STRUCTURAL_KEYS: dict[str, frozenset[str]] = {
+    **dict.fromkeys(("use_bias", "mlp_type", "norm_type"), frozenset({"starcoder2"})),
+    "qk_layernorm": frozenset({"phi"}),
+    "use_parallel_residual": frozenset({"gpt_neox"}),
+    **dict.fromkeys(("parallel_attn", "new_decoder_architecture", "multi_query", "num_kv_heads",
+                     "num_ln_in_parallel_attn", "bias", "ffn_hidden_size"), frozenset({"falcon"})),
+    "mlp_bias": frozenset({"llama", "granite"}),  # LlamaMLP / GraniteMLP: bias=config.mlp_bias
+    "lm_head_bias": frozenset({"phimoe"}),  # PhimoeForCausalLM: nn.Linear(..., bias=config.lm_head_bias)
+}
+#: transformers' activation names (ACT2FN) -> the two activations autoopt costs
+_ACTIVATIONS = {**dict.fromkeys(("gelu", "gelu_new", "gelu_fast", "gelu_python", "gelu_pytorch_tanh",
+                                 "gelu_accurate", "gelu_10", "quick_gelu"), "gelu"),
+                "silu": "silu", "swish": "silu"}
 #: model_types that are not decoder-only attention stacks (state-space, recurrent, hybrid with linear
 #: attention or convolutions, encoder or encoder-decoder): their standard fields would parse, but
 #: planning them as a transformer decoder would be wrong, so they are refused by name.
@@ -170,11 +207,23 @@ class ModelSpec:
     head_dim: int                          # head_dim, else hidden_size / num_attention_heads
     vocab_size: int                        # vocab_size
     tied_embeddings: bool = False          # tie_word_embeddings
+    #: the dense MLP: "gated" act(gate(x)) * up(x) -> down (Llama's gate/up/down_proj), or "plain"
+    #: act(fc1(x)) -> fc2 (StarCoder2 c_fc/c_proj, Phi fc1/fc2, GPT-NeoX dense_h_to_4h/4h_to_h, Falcon)
+    mlp: str = "gated"
+    mlp_bias: bool = False                 # biases on the dense MLP's projections (mlp_bias, use_bias, bias)
     norm: str = "rmsnorm"                  # rmsnorm | layernorm
+    #: a bias beside each norm's weight; None: as torch builds them (nn.LayerNorm with one, RMSNorm without)
+    norm_bias: bool | None = None
+    #: RMSNorm scaling by (1 + weight) (Gemma's RMSNorm): no more weights, the same memory-bound pass
+    norm_unit_offset: bool = False
     norms_per_layer: int = 2
-    activation: str = "silu"               # gated: silu (SwiGLU) | gelu (GeGLU)
+    #: attention and MLP read the same layer input and their outputs join the residual together (GPT-J
+    #: style: Phi, GPT-NeoX use_parallel_residual, Falcon parallel_attn); one norm shared, or one each
+    parallel_block: bool = False
+    activation: str = "silu"               # silu | gelu (gated: SwiGLU | GeGLU)
     qkv_bias: bool = False                 # Qwen2 has biases on q, k, v
     o_bias: bool = False                   # attention_bias covering o_proj too (gpt-oss, Phi-3.5-MoE)
+    lm_head_bias: bool = False             # a bias on the LM head (Phi-2, Phi-3.5-MoE lm_head_bias)
     #: RMSNorm on queries and keys: "head" (over each head: Qwen3, Gemma 3) or "full" (over all heads: OLMo 2)
     qk_norm: str | None = None
     attention_sinks: bool = False          # one learned sink logit per head (gpt-oss)
@@ -223,6 +272,7 @@ class ModelSpec:
                              "heads (GQA needs a whole number of query heads per KV head)", field="num_kv_heads")
         if self.norm not in ("rmsnorm", "layernorm"):
             raise ModelError(f"unknown norm {self.norm!r}; expected 'rmsnorm' or 'layernorm'", field="norm")
+        self._check_block()
         if self.activation not in ("silu", "gelu"):
             raise ModelError(f"unknown activation {self.activation!r}; expected 'silu' or 'gelu'", field="activation")
         if self.dtype not in _DTYPES:
@@ -257,6 +307,22 @@ class ModelSpec:
                 _positive(getattr(self, f), f)
             if self.q_lora_rank is not None:
                 _positive(self.q_lora_rank, "q_lora_rank")
+
+    def _check_block(self) -> None:
+        """The layer-structure fields: an MLP kind, a norm bias resolved, layouts that exist."""
+        if self.mlp not in ("gated", "plain"):
+            raise ModelError(f"unknown MLP kind {self.mlp!r}; expected 'gated' or 'plain'", field="mlp")
+        if self.norm_bias is None:
+            object.__setattr__(self, "norm_bias", self.norm == "layernorm")
+        if self.norm_unit_offset and self.norm != "rmsnorm":
+            raise ModelError("(1 + weight) scaling is an RMSNorm variant (Gemma); this model has "
+                             f"{self.norm}", field="norm_unit_offset")
+        if self.parallel_block and self.norms_per_layer > 2:
+            raise ModelError(f"a parallel block has one norm shared by attention and MLP or one each, not "
+                             f"{self.norms_per_layer}", field="norms_per_layer")
+        if self.mlp == "plain" and self.num_experts:
+            raise ModelError("a plain (ungated) MLP with experts is not modelled: every MoE family described has "
+                             "gated experts", field="mlp")
 
     def _check_moe_extras(self) -> None:
         """The MoE-only fields need the MoE they describe."""
@@ -378,11 +444,19 @@ class ModelSpec:
         n, d = self.num_attention_heads, self.head_dim
         qk = {"head": 2 * d,  # one weight of head_dim for q, one for k, shared by the heads
               "full": (n + self.num_kv_heads) * d}.get(self.qk_norm or "", 0)  # over all of q and all of k
-        return qk + (n if self.attention_sinks else 0)
+        # the q/k norms are of the model's norm kind (Qwen3/Gemma 3/OLMo 2 RMSNorm; Phi's qk_layernorm LayerNorm)
+        return qk * (2 if self.norm_bias else 1) + (n if self.attention_sinks else 0)
 
     def _norm_params(self, count: int) -> int:
-        """``count`` norms of hidden width: LayerNorm has a weight and a bias, RMSNorm a weight."""
-        return count * self.hidden_size * (2 if self.norm == "layernorm" else 1)
+        """``count`` norms of hidden width: a weight each, and a bias where the norm has one."""
+        return count * self.hidden_size * (2 if self.norm_bias else 1)
+
+    def _dense_mlp_params(self) -> int:
+        """A dense MLP: gate/up/down (gated) or fc1/fc2 (plain), and their biases."""
+        h, m = self.hidden_size, self.intermediate_size
+        if self.mlp == "gated":
+            return 3 * h * m + ((2 * m + h) if self.mlp_bias else 0)
+        return 2 * h * m + ((m + h) if self.mlp_bias else 0)
 
     def _router_params(self) -> int:
         """The router (and bias), plus the shared experts' gate where the model has one."""
@@ -392,7 +466,7 @@ class ModelSpec:
     def _mlp_params(self, i: int, *, active: bool) -> int:
         h = self.hidden_size
         if not self.is_moe_layer(i):
-            return 3 * h * self.intermediate_size  # gate, up, down
+            return self._dense_mlp_params()
         mi: int = self.moe_intermediate_size  # type: ignore[assignment]
         per_expert = 3 * h * mi + ((2 * mi + h) if self.moe_bias else 0)  # gate/up/down (+ their biases)
         routed = self.experts_per_token if active else self.num_experts
@@ -407,7 +481,13 @@ class ModelSpec:
 
     @property
     def lm_head_params(self) -> int:
-        return 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+        """The LM head's own weights (none when tied to the embedding) and its bias, where it has one."""
+        return (0 if self.tied_embeddings else self.vocab_size * self.hidden_size) \
+            + (self.vocab_size if self.lm_head_bias else 0)
+
+    @property
+    def final_norm_params(self) -> int:
+        return self._norm_params(1)
 
     def _count(self, *, active: bool) -> int:
         per_kind: dict[bool, int] = {}
@@ -417,7 +497,7 @@ class ModelSpec:
             if moe not in per_kind:
                 per_kind[moe] = self.layer_params(i, active=active)
             total += per_kind[moe]
-        return total + self.embedding_params + self.lm_head_params + self._norm_params(1)  # + final norm
+        return total + self.embedding_params + self.lm_head_params + self.final_norm_params
 
     @property
     def num_params(self) -> int:
@@ -471,14 +551,14 @@ class ModelSpec:
             ops.append(LayerOp(name=name, kind=kind, shape=(m, n, k), count=count, flops=op.flops,
                                bytes=op.min_bytes, op=op, kernel_class="gemm"))
 
-        def rowwise(name: str, kind: str, rows: int, n: int, kernel_class: str) -> None:
+        def rowwise(name: str, kind: str, rows: int, n: int, kernel_class: str, inputs: int = 2) -> None:
             if kind in OP_KINDS:
                 op = OpSpec(kind=kind, shape=(rows, n), dtype="bf16")
                 ops.append(LayerOp(name=name, kind=kind, shape=(rows, n), flops=op.flops, bytes=op.min_bytes,
                                    op=op, kernel_class=kernel_class))
-            else:  # gelu_mul: tanh-GELU(x)*y, ~8 flops/element, reads 2 writes 1
+            else:  # gelu_mul: tanh-GELU(x)*y; gelu/silu: of x alone. ~8 flops/element, reads `inputs`, writes 1
                 ops.append(LayerOp(name=name, kind=kind, shape=(rows, n), flops=8.0 * rows * n,
-                                   bytes=3.0 * rows * n * _ACT_BYTES, kernel_class=kernel_class))
+                                   bytes=(inputs + 1.0) * rows * n * _ACT_BYTES, kernel_class=kernel_class))
 
         def act(name: str, rows: int, n: int, count: int = 1) -> None:
             kind = "silu_mul" if self.activation == "silu" else "gelu_mul"
@@ -486,6 +566,8 @@ class ModelSpec:
             if count != 1:
                 ops[-1] = _with_count(ops[-1], count)
 
+        # A parallel block (Phi, GPT-NeoX, Falcon) runs attention and MLP on the same layer input: the MLP's
+        # norm (where it has its own) normalises that input, and both outputs join the residual at the end.
         rowwise("input_norm", norm_kind, tokens, h, "norm")
         kv = self.kv_len(i, context)
         # Causal attention: query t (0-based, of q_len new) sees context - q_len + t + 1 keys, capped by the
@@ -523,12 +605,12 @@ class ModelSpec:
         else:
             d = self.head_dim
             gemm("qkv_proj", tokens, (n + 2 * nkv) * d, h)
-            if self.qk_norm == "head":  # RMSNorm over each head's d values
-                rowwise("q_norm", "rmsnorm", tokens * n, d, "norm")
-                rowwise("k_norm", "rmsnorm", tokens * nkv, d, "norm")
+            if self.qk_norm == "head":  # a norm over each head's d values
+                rowwise("q_norm", norm_kind, tokens * n, d, "norm")
+                rowwise("k_norm", norm_kind, tokens * nkv, d, "norm")
             elif self.qk_norm == "full":
-                rowwise("q_norm", "rmsnorm", tokens, n * d, "norm")
-                rowwise("k_norm", "rmsnorm", tokens, nkv * d, "norm")
+                rowwise("q_norm", norm_kind, tokens, n * d, "norm")
+                rowwise("k_norm", norm_kind, tokens, nkv * d, "norm")
             flops = 4.0 * batch * keys * n * d  # QK^T and PV, 2 FLOP per MAC
             cache = 2 * batch * kv * nkv * d * _ACT_BYTES  # K and V read
             qo = 2 * tokens * n * d * _ACT_BYTES
@@ -537,8 +619,10 @@ class ModelSpec:
             gemm("o_proj", tokens, h, n * d)
         if self.norms_per_layer >= 4:
             rowwise("post_attn_norm", norm_kind, tokens, h, "norm")
-        rowwise("residual_add", "add", tokens, h, "elementwise")
-        rowwise("pre_mlp_norm", norm_kind, tokens, h, "norm")
+        if not self.parallel_block:
+            rowwise("residual_add", "add", tokens, h, "elementwise")
+        if self.norms_per_layer >= 2:  # a parallel block with one norm feeds the MLP input_norm's output
+            rowwise("pre_mlp_norm", norm_kind, tokens, h, "norm")
         if self.is_moe_layer(i):
             e, k = self.num_experts, self.experts_per_token
             mi = self.moe_intermediate_size
@@ -554,6 +638,10 @@ class ModelSpec:
                 gemm("shared_gate_up", tokens, 2 * s, h)
                 act("shared_act", tokens, s)
                 gemm("shared_down", tokens, h, s)
+        elif self.mlp == "plain":  # two GEMMs and the activation of one input between them
+            gemm("fc1", tokens, self.intermediate_size, h)
+            rowwise("mlp_act", self.activation, tokens, self.intermediate_size, "elementwise", inputs=1)
+            gemm("fc2", tokens, h, self.intermediate_size)
         else:
             gemm("gate_up_proj", tokens, 2 * self.intermediate_size, h)
             act("mlp_act", tokens, self.intermediate_size)
@@ -561,6 +649,8 @@ class ModelSpec:
         if self.norms_per_layer >= 4:
             rowwise("post_mlp_norm", norm_kind, tokens, h, "norm")
         rowwise("residual_add", "add", tokens, h, "elementwise")
+        if self.parallel_block:  # attention's output + MLP's output + the residual: two adds
+            rowwise("residual_add", "add", tokens, h, "elementwise")
         return tuple(ops)
 
     def head_ops(self, *, batch: int, q_len: int, dtype: str = "bf16") -> tuple[LayerOp, ...]:
@@ -654,18 +744,149 @@ def _flag(cfg: Mapping[str, Any], key: str, default: bool) -> bool:
 
 
 def _head_dim(cfg: Mapping[str, Any]) -> int:
-    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     if cfg.get("head_dim") is not None:
         return int(cfg["head_dim"])
+    return _split_heads(cfg)
+
+
+def _split_heads(cfg: Mapping[str, Any]) -> int:
+    """hidden_size / num_attention_heads, refused where the heads do not divide it."""
+    hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     if hidden % heads:
         raise ModelError(f"{heads} heads do not divide hidden_size {hidden} and no head_dim is given",
                          field="num_attention_heads")
     return int(hidden // heads)
 
 
-def _activation(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
-    act = str(cfg.get("hidden_activation") or cfg.get("hidden_act") or defaults.get("activation", "silu"))
-    return "gelu" if act.startswith("gelu") else "silu" if act in ("silu", "swish") else act
+def _activation(cfg: Mapping[str, Any], family: str | None, defaults: Mapping[str, Any]) -> str:
+    """The MLP's activation, from the key the family's transformers class reads (Falcon: ``activation``)."""
+    key = "activation" if family == "falcon" else "hidden_activation" if cfg.get("hidden_activation") \
+        else "hidden_act"
+    raw = cfg.get(key) or defaults.get("activation", "silu")
+    act = _ACTIVATIONS.get(str(raw))
+    if act is None:
+        raise ModelError(f"activation {raw!r} is not one autoopt models; it plans the GELU variants "
+                         f"({', '.join(k for k, v in _ACTIVATIONS.items() if v == 'gelu')}) and SiLU (silu, swish)",
+                         field=key)
+    if family is None and act == "gelu":
+        raise ModelError(f"{raw!r} in a model_type nobody described: a GELU MLP is plain in some families "
+                         "(StarCoder2, Phi, GPT-NeoX, Falcon: two matrices) and gated in others (Gemma: three), "
+                         "and the config does not say which; autoopt plans the families it describes "
+                         f"({', '.join(sorted(FAMILIES))})", field=key)
+    return act
+
+
+def _refuse_unread_keys(cfg: Mapping[str, Any], family: str | None) -> None:
+    """Refuse a key that would change the model's weights where the family's transformers class does
+    not read it (``use_parallel_residual`` on a Llama, ``mlp_type`` on a model_type nobody described)."""
+    for key, readers in _STRUCTURAL_KEYS.items():
+        value = cfg.get(key)
+        if family in readers or value is None or value is False:
+            continue
+        who = f"a {family} model" if family else "a model_type nobody described"
+        raise ModelError(f"{key} = {value!r} changes which weights a model has; autoopt reads it for "
+                         f"{', '.join(sorted(readers))} only (as transformers does), so the size of {who} with it "
+                         "cannot be told; drop the key if the checkpoint's layers have no such structure", field=key)
+
+
+def _expect(cfg: Mapping[str, Any], key: str, value: str, layout: str) -> None:
+    """A layout key transformers does not read for the family: only the one layout it builds is planned."""
+    if cfg.get(key) not in (None, value):
+        raise ModelError(f"{cfg[key]!r} is not the layout transformers builds for this family ({layout}; "
+                         f"{key} {value!r}); autoopt plans that one only", field=key)
+
+
+def _starcoder2(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """StarCoder2: use_bias puts biases on q/k/v/o_proj and c_fc/c_proj (transformers Starcoder2Attention,
+    Starcoder2MLP); Starcoder2Config has no mlp_type or norm_type, its one layout is c_fc/c_proj + LayerNorm."""
+    _expect(cfg, "mlp_type", "default", "a plain c_fc/c_proj MLP")
+    _expect(cfg, "norm_type", "layer_norm", "nn.LayerNorm")
+    bias = _flag(cfg, "use_bias", True)
+    return {"qkv_bias": bias, "o_bias": bias, "mlp_bias": bias}
+
+
+def _phi(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Phi: q/k/v and dense always with biases; qk_layernorm adds a LayerNorm over each head of q and k
+    (transformers PhiAttention); PhiConfig ignores attention_bias."""
+    return {"qkv_bias": True, "o_bias": True, "qk_norm": "head" if cfg.get("qk_layernorm") else None}
+
+
+def _gpt_neox(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """GPT-NeoX: one fused query_key_value of 3 x hidden (every head its own K and V, head size hidden / heads)
+    and dense, both with attention_bias (default true); use_parallel_residual (default true): the MLP reads
+    post_attention_layernorm(x) of the layer input, not the attention's output (transformers GPTNeoXLayer)."""
+    bias = _flag(cfg, "attention_bias", True)
+    return {"qkv_bias": bias, "o_bias": bias, "parallel_block": _flag(cfg, "use_parallel_residual", True),
+            "num_kv_heads": cfg["num_attention_heads"], "head_dim": _split_heads(cfg)}
+
+
+def _falcon(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Falcon (transformers FalconAttention, FalconDecoderLayer): new_decoder_architecture has num_kv_heads
+    K/V heads and, with num_ln_in_parallel_attn 2 (its default), ln_attn and ln_mlp; otherwise multi_query
+    (default true) has one K/V head, and parallel_attn (default true) one input_layernorm for both halves,
+    two norms when false. ``bias`` covers every projection; head size is hidden / heads."""
+    heads = cfg["num_attention_heads"]
+    new = _flag(cfg, "new_decoder_architecture", False)
+    parallel = _flag(cfg, "parallel_attn", True)
+    n_ln = cfg.get("num_ln_in_parallel_attn")
+    if new and not parallel:
+        raise ModelError("new_decoder_architecture without parallel_attn: FalconDecoderLayer builds "
+                         "input/post-attention norms but runs ln_attn/ln_mlp, so no checkpoint has this layout; "
+                         "Falcon-40B/180B set parallel_attn true", field="parallel_attn")
+    if n_ln not in (None, 1, 2) or (n_ln == 2 and parallel and not new):
+        raise ModelError(f"{n_ln!r} builds norms FalconDecoderLayer does not run: it runs one (input_layernorm), "
+                         "or two (ln_attn, ln_mlp) with new_decoder_architecture only", field="num_ln_in_parallel_attn")
+    kv = (cfg.get("num_kv_heads") or heads) if new else 1 if _flag(cfg, "multi_query", True) else heads
+    bias = _flag(cfg, "bias", False)
+    norms = 2 if not parallel or (new and n_ln != 1) else 1
+    return {"num_kv_heads": kv, "head_dim": _split_heads(cfg), "parallel_block": parallel,
+            "norms_per_layer": norms, "qkv_bias": bias, "o_bias": bias, "mlp_bias": bias}
+
+
+def _read_flag(cfg: Mapping[str, Any], key: str, family: str | None, defaults: Mapping[str, Any]) -> bool:
+    """The ModelSpec field of the same name: the config's key where the family's transformers class reads
+    it (_STRUCTURAL_KEYS), else the family's default (a false value elsewhere changes nothing)."""
+    default = bool(defaults.get(key, False))
+    return _flag(cfg, key, default) if family in _STRUCTURAL_KEYS[key] else default
+
+
+#: family -> the ModelSpec fields its config keys decide, as its transformers classes read them
+_FAMILY_READERS = {"starcoder2": _starcoder2, "phi": _phi, "gpt_neox": _gpt_neox, "falcon": _falcon}
+
+
+def _normalised(cfg: dict[str, Any], family: str | None) -> dict[str, Any]:
+    """The config with the family's transformers defaults and spellings of the standard fields."""
+    cfg = {**_CONFIG_DEFAULTS.get(family or "", {}), **cfg}
+    if family == "falcon" and cfg.get("hidden_size") is not None:
+        # FalconMLP is ffn_hidden_size wide, 4 x hidden_size by default; FalconConfig reads no intermediate_size
+        cfg["intermediate_size"] = cfg.get("ffn_hidden_size") or 4 * cfg["hidden_size"]
+    return cfg
+
+
+def _structure(cfg: Mapping[str, Any], family: str | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """ModelSpec's layer-structure fields (MLP kind, activation, biases, norms, block layout, K/V heads):
+    the family's defaults, overridden by the config keys its transformers classes read; a key that would
+    change the weights where the family does not read it is refused."""
+    _refuse_unread_keys(cfg, family)
+    attention_bias = cfg.get("attention_bias")
+    if attention_bias and cfg.get("kv_lora_rank"):
+        raise ModelError("biases on multi-head latent attention's projections are not modelled (DeepSeek-V2/V3 "
+                         "checkpoints have none)", field="attention_bias")
+    fields: dict[str, Any] = {
+        "num_kv_heads": cfg.get("num_key_value_heads") or cfg["num_attention_heads"], "head_dim": _head_dim(cfg),
+        "mlp": defaults.get("mlp", "gated"), "activation": _activation(cfg, family, defaults),
+        "norm": _norm(cfg, defaults), "norm_unit_offset": bool(defaults.get("norm_unit_offset", False)),
+        "norms_per_layer": int(defaults.get("norms_per_layer", 2)),
+        "parallel_block": bool(defaults.get("parallel_block", False)),
+        "qkv_bias": _flag(cfg, "qkv_bias", bool(attention_bias) if attention_bias is not None
+                          else defaults.get("qkv_bias", False)),
+        "o_bias": bool(defaults.get("o_bias", attention_bias or False)),
+        "qk_norm": defaults.get("qk_norm"),
+        "mlp_bias": _read_flag(cfg, "mlp_bias", family, defaults),
+        "lm_head_bias": _read_flag(cfg, "lm_head_bias", family, defaults),
+    }
+    reader = _FAMILY_READERS.get(family or "")
+    return {**fields, **reader(cfg)} if reader else fields
 
 
 def _norm(cfg: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
@@ -875,23 +1096,26 @@ def _checkpoint(raw: Mapping[str, Any], source: str) -> str:
 def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a Hugging Face ``config.json`` (a mapping, a file, or a folder holding one).
 
-    A family in :data:`FAMILIES` brings what its config leaves implicit; any other ``model_type`` is
-    planned from the standard decoder fields, with a warning naming what was assumed. A multimodal
+    A family in :data:`FAMILIES` brings what its config leaves implicit and reads the keys its
+    transformers classes read; any other ``model_type`` is planned from the standard decoder fields,
+    with a warning naming what was assumed. What cannot be sized exactly -- a key that changes the
+    weights where the family does not read it, an activation or layout outside those modelled, a GELU
+    MLP of a model_type nobody described -- raises :class:`ModelError` naming the key. A multimodal
     config is read for its text decoder (``text_config``); a vision tower is not planned.
     """
     raw, source, name = _load_config(config, name)
     cfg = _text_config(raw)
     family = _family(cfg)
     defaults = FAMILIES.get(family or "", {})
-    cfg = {**_CONFIG_DEFAULTS.get(family or "", {}), **cfg}
+    cfg = _normalised(cfg, family)
     _check_required(cfg)
     for key in ("hidden_size", "num_attention_heads", "num_hidden_layers"):
         _positive(cfg[key], key)
     layers = cfg["num_hidden_layers"]
+    structure = _structure(cfg, family, defaults)
     window, pattern = _local_attention(cfg, family, layers, defaults)
     moe = _moe_fields(cfg, family, layers, defaults)
     dtype, expert_dtype = _dtypes(cfg)
-    attention_bias = cfg.get("attention_bias")
     # Llama 4's dense layers are intermediate_size_mlp wide (its experts intermediate_size)
     dense_width = cfg.get("intermediate_size_mlp") if family == "llama4" else None
     architecture = family or str(cfg.get("model_type") or "unknown")
@@ -903,17 +1127,9 @@ def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None =
             intermediate_size=dense_width or cfg["intermediate_size"],
             num_layers=layers,
             num_attention_heads=cfg["num_attention_heads"],
-            num_kv_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
-            head_dim=_head_dim(cfg),
             vocab_size=cfg["vocab_size"],
             tied_embeddings=_flag(cfg, "tie_word_embeddings", defaults.get("tied_embeddings", False)),
-            norm=_norm(cfg, defaults),
-            norms_per_layer=int(defaults.get("norms_per_layer", 2)),
-            activation=_activation(cfg, defaults),
-            qkv_bias=_flag(cfg, "qkv_bias", bool(attention_bias) if attention_bias is not None
-                           else defaults.get("qkv_bias", False)),
-            o_bias=bool(defaults.get("o_bias", attention_bias or False)),
-            qk_norm=defaults.get("qk_norm"),
+            **structure,
             attention_sinks=bool(defaults.get("attention_sinks", False)),
             max_position_embeddings=cfg.get("max_position_embeddings") or 8192,
             sliding_window=window,
@@ -975,7 +1191,8 @@ def from_module(module: Any, *, name: str | None = None, **overrides: Any) -> Mo
     A Hugging Face model carries its config, which is used directly. Otherwise the
     walk reads the embedding (vocab, hidden), the first layer's projections
     (``q_proj``/``k_proj``/``v_proj``/``o_proj``, ``gate_proj``/``up_proj``/
-    ``down_proj``), counts the numbered layers and looks for ``num_heads``/
+    ``down_proj``: an ``up_proj`` without a ``gate_proj`` is a plain MLP) and their
+    biases, counts the numbered layers and looks for ``num_heads``/
     ``head_dim`` attributes; what shapes cannot tell (the head count) must be
     there or passed in ``overrides`` (ModelSpec field names).
     """
@@ -1040,6 +1257,9 @@ def from_module(module: Any, *, name: str | None = None, **overrides: Any) -> Mo
     head_dim = head_dim or q.out_features // heads
     lm_head = linears.get("lm_head")
     layer_norms = sum(1 for n_ in norms if f".{first}." in f".{n_}.")
+    modules = dict(module.named_modules())
+    layer_norm = next((modules[n_] for n_ in norms if isinstance(modules[n_], nn.LayerNorm)), None)
+    o = find("o_proj")
     spec = ModelSpec(
         name=name or type(module).__name__, architecture=str(overrides.pop("architecture", "llama")),
         hidden_size=int(hidden), intermediate_size=int((up or gate).out_features),
@@ -1047,10 +1267,13 @@ def from_module(module: Any, *, name: str | None = None, **overrides: Any) -> Mo
         num_kv_heads=int(overrides.pop("num_kv_heads", k.out_features // head_dim)),
         head_dim=int(head_dim), vocab_size=int(vocab),
         tied_embeddings=lm_head is None or lm_head.weight is embed.weight,
-        norm="layernorm" if any(isinstance(dict(module.named_modules())[n_], nn.LayerNorm) for n_ in norms)
-        else "rmsnorm",
+        norm="rmsnorm" if layer_norm is None else "layernorm",
+        norm_bias=layer_norm is not None and layer_norm.bias is not None,
         norms_per_layer=max(1, layer_norms) if layer_norms else 2,
-        qkv_bias=q.bias is not None,
+        mlp="plain" if gate is None else "gated",  # an up_proj alone: up, activation, down
+        mlp_bias=(up or gate).bias is not None,
+        qkv_bias=q.bias is not None, o_bias=o is not None and o.bias is not None,
+        lm_head_bias=lm_head is not None and lm_head.bias is not None,
         dtype=_HF_DTYPES.get(str(q.weight.dtype).removeprefix("torch."), "bf16"),
         source=f"torch module {type(module).__name__}")
     return _replace(spec, overrides)

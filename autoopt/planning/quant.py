@@ -203,8 +203,8 @@ def weight_bytes(model: ModelSpec, fmt: QuantFormat, layers: range | None = None
         total += model.embedding_params * rest_bits / 8 / tp
     if head:
         # A tied head on a device without the embedding (last pipeline stage) needs its own copy.
-        head_params = model.lm_head_params or (0 if embed else model.embedding_params)
-        total += head_params * rest_bits / 8 / tp + model.hidden_size * rest_bits / 8
+        head_params = model.lm_head_params + (model.embedding_params if model.tied_embeddings and not embed else 0)
+        total += head_params * rest_bits / 8 / tp + model.final_norm_params * rest_bits / 8
     return total
 
 

@@ -56,10 +56,12 @@ __all__ = ["OpChoice", "Recommendation", "recommend"]
 log = get_logger(__name__)
 
 #: GEMMs whose output dimension (N) is split over tensor-parallel ranks (Megatron column-parallel).
-_COLUMN_PARALLEL = {"qkv_proj", "gate_up_proj", "q_b_proj", "kv_b_proj", "shared_gate_up", "expert_gate_up",
+_COLUMN_PARALLEL = {"qkv_proj", "gate_up_proj", "fc1", "q_b_proj", "kv_b_proj", "shared_gate_up", "expert_gate_up",
                     "lm_head"}
 #: GEMMs whose reduction dimension (K) is split (row-parallel, followed by an all-reduce).
-_ROW_PARALLEL = {"o_proj", "down_proj", "shared_down", "expert_down"}
+_ROW_PARALLEL = {"o_proj", "down_proj", "fc2", "shared_down", "expert_down"}
+#: activation op kinds costed by the roofline (gated GELU; a plain MLP's GELU or SiLU): (rows, intermediate)
+_ROOFLINE_ACTIVATIONS = {"gelu_mul", "gelu", "silu"}
 #: rank() per (GPU content, op, top): its best candidate, or the error it raised (asked again, it raises again).
 _RANK_CACHE: dict[tuple[Any, ...], Candidate | AutooptError] = {}
 #: while not None, every (GPU, op) :func:`_rank` is asked about is appended here: how
@@ -913,7 +915,9 @@ def _shard(op: LayerOp, tp: int) -> LayerOp:
     """The op as one tensor-parallel rank sees it."""
     if tp == 1 or op.op is None:
         if tp > 1:
-            return LayerOp(name=op.name, kind=op.kind, shape=op.shape, count=op.count, flops=op.flops / tp,
+            # an activation without a template kind runs on its rank's columns of the MLP's intermediate
+            cols = (op.shape[0], max(1, op.shape[1] // tp)) if op.kind in _ROOFLINE_ACTIVATIONS else op.shape
+            return LayerOp(name=op.name, kind=op.kind, shape=cols, count=op.count, flops=op.flops / tp,
                            bytes=op.bytes / tp, op=None, kernel_class=op.kernel_class)
         return op
     shape: tuple[int, ...]

@@ -62,7 +62,8 @@ class CheckOptions:
 def check_buildable(spec: ModelSpec) -> None:
     """Raise :class:`ModelError` unless the plain-torch model of :mod:`autoopt.validation.llama` can build ``spec``."""
     if spec.architecture != "llama" or spec.is_moe or spec.is_mla or spec.tied_embeddings or spec.qkv_bias \
-            or spec.sliding_window is not None or spec.activation != "silu" or spec.norm != "rmsnorm":
+            or spec.sliding_window is not None or spec.activation != "silu" or spec.norm != "rmsnorm" \
+            or spec.mlp != "gated" or spec.mlp_bias or spec.o_bias or spec.parallel_block or spec.lm_head_bias:
         raise ModelError(f"{spec.name}: only dense Llama-style models (untied head, no bias, no window) "
                          "are built", field="model")
 
