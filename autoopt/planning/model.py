@@ -712,6 +712,51 @@ _REQUIRED = {"hidden_size": "the residual width", "num_hidden_layers": "the deco
              "vocab_size": "the embedding rows"}
 
 
+#: every config key autoopt reads, by the kind of value transformers' config classes hold there; a value
+#: of another kind is refused up front, naming the key (a fuzzed config once reached int() with a list)
+_SIZE_KEYS = (
+    "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size", "head_dim",
+    "num_key_value_heads", "num_kv_heads", "moe_intermediate_size", "intermediate_size_mlp", "ffn_hidden_size",
+    "num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "decoder_sparse_step",
+    "interleave_moe_layer_step", "moe_layer_freq", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
+    "qk_nope_head_dim", "v_head_dim", "max_position_embeddings", "sliding_window_pattern", "_sliding_window_pattern", "num_ln_in_parallel_attn", "no_rope_layer_interval")
+#: 0 allowed: no shared expert, no dense prefix, a window switched off (Qwen2-MoE ships sliding_window 0 with
+#: use_sliding_window false in some checkpoints)
+_COUNT_KEYS = ("n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace", "sliding_window",
+               "attention_chunk_size")
+_BOOL_KEYS = ("attention_bias", "tie_word_embeddings", "use_bias", "bias", "mlp_bias", "use_parallel_residual",
+              "parallel_attn", "new_decoder_architecture", "multi_query", "qk_layernorm", "use_sliding_window",
+              "is_encoder_decoder", "lm_head_bias")
+_TEXT_KEYS = ("model_type", "hidden_act", "hidden_activation", "activation", "torch_dtype", "dtype", "mlp_type",
+              "norm_type", "_name_or_path")
+_INT_LIST_KEYS = ("mlp_only_layers", "moe_layers", "no_rope_layers")
+_TEXT_LIST_KEYS = ("architectures", "layer_types")
+#: the largest size a config may give: the kernels index with int32
+_MAX_SIZE = (1 << 31) - 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_kinds(cfg: Mapping[str, Any]) -> None:
+    """Refuse a value of the wrong kind for a key autoopt reads (a list where a width goes, text where a
+    flag goes), naming the key and what it should hold."""
+    for key in _SIZE_KEYS + _COUNT_KEYS:
+        value, low = cfg.get(key), 1 if key in _SIZE_KEYS else 0
+        if value is not None and not (_is_int(value) and low <= value <= _MAX_SIZE):
+            raise ModelError(f"must be a whole number in {low}..{_MAX_SIZE}, got {value!r}", field=key)
+    for keys, ok, what in ((_BOOL_KEYS, lambda v: isinstance(v, bool), "true or false"),
+                           (_TEXT_KEYS, lambda v: isinstance(v, str), "a string"),
+                           (_INT_LIST_KEYS, lambda v: isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v),
+                            "a list of layer indices"),
+                           (_TEXT_LIST_KEYS, lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                            "a list of strings")):
+        for key in keys:
+            if cfg.get(key) is not None and not ok(cfg[key]):
+                raise ModelError(f"must be {what}, got {cfg[key]!r}", field=key)
+
+
 def _check_required(cfg: Mapping[str, Any]) -> None:
     """Refuse a config without the fields every decoder has, naming all that are missing at once."""
     missing = [k for k in _REQUIRED if cfg.get(k) is None]
@@ -1105,6 +1150,7 @@ def from_hf_config(config: Mapping[str, Any] | str | Path, *, name: str | None =
     """
     raw, source, name = _load_config(config, name)
     cfg = _text_config(raw)
+    _check_kinds(cfg)
     family = _family(cfg)
     defaults = FAMILIES.get(family or "", {})
     cfg = _normalised(cfg, family)
