@@ -719,7 +719,8 @@ _SIZE_KEYS = (
     "num_key_value_heads", "num_kv_heads", "moe_intermediate_size", "intermediate_size_mlp", "ffn_hidden_size",
     "num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok", "decoder_sparse_step",
     "interleave_moe_layer_step", "moe_layer_freq", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim",
-    "qk_nope_head_dim", "v_head_dim", "max_position_embeddings", "sliding_window_pattern", "_sliding_window_pattern", "num_ln_in_parallel_attn", "no_rope_layer_interval")
+    "qk_nope_head_dim", "v_head_dim", "max_position_embeddings", "sliding_window_pattern", "_sliding_window_pattern",
+    "num_ln_in_parallel_attn", "no_rope_layer_interval")
 #: 0 allowed: no shared expert, no dense prefix, a window switched off (Qwen2-MoE ships sliding_window 0 with
 #: use_sliding_window false in some checkpoints)
 _COUNT_KEYS = ("n_shared_experts", "shared_expert_intermediate_size", "first_k_dense_replace", "sliding_window",
