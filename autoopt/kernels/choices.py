@@ -23,7 +23,7 @@ log = get_logger(__name__)
 __all__ = ["KERNEL_CLASSES", "ImplChoice", "PathChoice", "default_impl", "default_path"]
 
 #: kernel classes :func:`choose_impl` answers for.
-KERNEL_CLASSES = ("gemm", "gemv", "attention", "rmsnorm", "softmax", "rope", "silu_mul", "swiglu",
+KERNEL_CLASSES = ("gemm", "gemv", "attention", "rmsnorm", "layernorm", "softmax", "rope", "silu_mul", "swiglu",
                   "elementwise", "quantized_gemm")
 
 
@@ -147,6 +147,8 @@ _ANY: dict[str, tuple[str, str]] = {
     "gemv": ("triton gemv split-K", "decode GEMV is memory-bound: stream W once at full bandwidth"),
     "rmsnorm": ("triton fused rmsnorm (single-pass or looped)",
                 "memory-bound: one read and one write per element when the row fits on chip"),
+    "layernorm": ("triton fused layernorm (single-pass or looped, with bias)",
+                  "memory-bound: mean and variance in one pass over the row when it fits on chip"),
     "softmax": ("triton fused softmax (single-pass or online looped)", "memory-bound row reduction"),
     "rope": ("triton fused rope (in place on q/k)", "memory-bound: fuse with the QKV epilogue where possible"),
     "silu_mul": ("triton fused silu*mul", "memory-bound: one pass over gate and up, 16-byte vectors"),

@@ -795,7 +795,8 @@ def _kernel_classes(fmt: QuantFormat, ops: Iterable[OpChoice]) -> list[str]:
     """The kernel classes the ops run as, in first-use order; a quantized format adds quantized_gemm."""
     classes: list[str] = []
     for o in ops:
-        kc = {"gemm": "gemv" if o.kind == "gemv" else "gemm", "norm": "rmsnorm", "moe": "softmax",
+        kc = {"gemm": "gemv" if o.kind == "gemv" else "gemm",
+              "norm": "layernorm" if o.kind == "layernorm" else "rmsnorm", "moe": "softmax",
               "elementwise": "silu_mul" if o.kind == "silu_mul" else "elementwise"}.get(o.kernel_class,
                                                                                        o.kernel_class)
         if kc not in classes:
