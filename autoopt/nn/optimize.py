@@ -377,6 +377,20 @@ class _Walk:
             self._row(path, "linear", "kept", lin,
                       "linear not in ops=" if "linear" not in self.ops else "check failed for this shape", shape=shape)
 
+    def mlp(self, parent: nn.Module, name: str, m: nn.Module, path: str, kind: str) -> bool:
+        """``m``, which has a gated or a plain MLP's structure (``kind``): replaced (True: its subtree is done)
+        or kept with the reason (False: the walk goes on into its linears)."""
+        if kind not in self.ops:
+            self._row(path, kind, "kept", m, f"{kind} not in ops=")
+            return False
+        match = match_gated_mlp(m) if kind == "gated_mlp" else match_plain_mlp(m)
+        if isinstance(match, str):
+            self._row(path, kind, "kept", m, match + "; its linears are tried one by one")
+            return False
+        if isinstance(match, GatedMLPMatch):
+            return self.gated_mlp(parent, name, m, path, match)
+        return self.plain_mlp(parent, name, m, path, match)
+
     def gated_mlp(self, parent: nn.Module, name: str, m: nn.Module, path: str, match: GatedMLPMatch) -> bool:
         gate, up, down, _ = gated_mlp_parts(m) or (None, None, None, None)
         assert isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)
@@ -513,25 +527,11 @@ class _Walk:
             self._row(path, _kind_of(m), "kept", m, "its forward is patched on the instance (an accelerate "
                       "offload hook?): replacing it would drop that")
             return True
-        if gated_mlp_parts(m) is not None:
-            if "gated_mlp" not in self.ops:
-                self._row(path, "gated_mlp", "kept", m, "gated_mlp not in ops=")
-                return False
-            match = match_gated_mlp(m)
-            if isinstance(match, str):
-                self._row(path, "gated_mlp", "kept", m, match + "; its linears are tried one by one")
-                return False
-            return self.gated_mlp(parent, name, m, path, match)
         attention = any(all(hasattr(m, c) for c in names) for names in _ATTENTION_CHILDREN)
+        if gated_mlp_parts(m) is not None:
+            return self.mlp(parent, name, m, path, "gated_mlp")
         if not attention and plain_mlp_parts(m) is not None:
-            if "plain_mlp" not in self.ops:
-                self._row(path, "plain_mlp", "kept", m, "plain_mlp not in ops=")
-                return False
-            plain = match_plain_mlp(m)
-            if isinstance(plain, str):
-                self._row(path, "plain_mlp", "kept", m, plain + "; its linears are tried one by one")
-                return False
-            return self.plain_mlp(parent, name, m, path, plain)
+            return self.mlp(parent, name, m, path, "plain_mlp")
         if isinstance(m, nn.Linear):
             self.linear(parent, name, m, path)
             return True

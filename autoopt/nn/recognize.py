@@ -128,6 +128,20 @@ def _plain_param(p: Any) -> str | None:
     return None
 
 
+def _probe(m: nn.Module, x: torch.Tensor, reference: Callable[[], torch.Tensor]) -> float | str:
+    """``m``'s output on ``x`` against ``reference()`` (both under no_grad): the relative error, or why they
+    could not be compared (the forward raised, or gave no tensor of x's dtype)."""
+    try:
+        with torch.no_grad():
+            out = m.forward(x)
+            ref = reference()
+    except Exception as exc:  # a module of another contract: not what it looked like
+        return f"probe on a {tuple(x.shape)} {x.dtype} input raised {type(exc).__name__}: {exc}"
+    if not isinstance(out, torch.Tensor) or out.dtype != x.dtype:
+        return "probe output is not a tensor of the input's dtype"
+    return rel_error(out, ref)
+
+
 def linear_problem(m: nn.Module) -> str | None:
     """Why ``m`` is not a linear autoopt can serve; None when it is one."""
     if not isinstance(m, nn.Linear):
@@ -155,17 +169,13 @@ def _own_forward_problem(m: nn.Linear) -> str | None:
                 "or quantisation state: it computes something else)")
     w = m.weight
     x = sample(m.in_features, w.dtype, w.device, seed=4)
-    try:
-        with torch.no_grad():
-            out = m.forward(x)
-            ref = F.linear(x, w, m.bias)
-    except Exception as exc:
-        return f"{name} has its own forward, which raised {type(exc).__name__} on a probe: {exc}"
-    err = rel_error(out, ref)
+    err = _probe(m, x, lambda: F.linear(x, w, m.bias))
+    if isinstance(err, str):
+        return f"{name} has its own forward: {err}"
     tol = tolerance(w.dtype, matmul=True)
-    if not isinstance(out, torch.Tensor) or out.dtype != x.dtype or err > tol:
+    if err > tol:
         return (f"{name} has its own forward, which does not compute x @ W^T + b on a probe (relative error "
-                f"{err:.2g}, tolerance {tol:g})")
+                f"{err:.2g} > {tol:g})")
     return None
 
 
@@ -334,16 +344,10 @@ def match_gated_mlp(m: nn.Module) -> GatedMLPMatch | str:
                 "activations have no fused kernel)")
     x = sample(hidden, w.dtype, w.device, seed=2)
     fn = _ACTS[activation]
-    try:
-        with torch.no_grad():
-            out = m.forward(x)
-            ref = F.linear(fn(F.linear(x, gate.weight, gate.bias)) * F.linear(x, up.weight, up.bias),
-                           down.weight, down.bias)
-    except Exception as exc:
-        return f"probe on a {tuple(x.shape)} {x.dtype} input raised {type(exc).__name__}: {exc}"
-    if not isinstance(out, torch.Tensor) or out.dtype != x.dtype:
-        return "probe output is not a tensor of the input's dtype"
-    err = rel_error(out, ref)
+    err = _probe(m, x, lambda: F.linear(fn(F.linear(x, gate.weight, gate.bias)) * F.linear(x, up.weight, up.bias),
+                                        down.weight, down.bias))
+    if isinstance(err, str):
+        return err
     tol = tolerance(w.dtype, matmul=True)
     if err > tol:
         return (f"has gate/up/down projections but its output is not down(act(gate(x)) * up(x)) "
@@ -432,15 +436,10 @@ def match_plain_mlp(m: nn.Module) -> PlainMLPMatch | str:
         return (f"activation {_act_name(parts.act)} computes none of exact GELU, tanh-GELU and ReLU (the GEMM "
                 "epilogue has no other)")
     x = sample(fc1.in_features, w.dtype, w.device, seed=5)
-    try:
-        with torch.no_grad():
-            out = m.forward(x)
-            ref = F.linear(_ACTS[activation](F.linear(x, w, fc1.bias)), fc2.weight, fc2.bias)
-    except Exception as exc:
-        return f"probe on a {tuple(x.shape)} {x.dtype} input raised {type(exc).__name__}: {exc}"
-    if not isinstance(out, torch.Tensor) or out.dtype != x.dtype:
-        return "probe output is not a tensor of the input's dtype"
-    err = rel_error(out, ref)
+    fn = _ACTS[activation]
+    err = _probe(m, x, lambda: F.linear(fn(F.linear(x, w, fc1.bias)), fc2.weight, fc2.bias))
+    if isinstance(err, str):
+        return err
     tol = tolerance(w.dtype, matmul=True)
     if err > tol:
         return (f"has two chained linears and a {activation} activation but its output is not "

@@ -11,7 +11,8 @@ shape: the epilogue adds one bias load per output tile and elementwise math on t
 little next to the K loop, so the ranking (and a measured winner) carries over. By path:
 
 - ``gemm`` / ``gemv`` with ``SPLIT_K == 1``: :func:`_gemm_ep_kernel` / :func:`_gemv_ep_kernel`, the
-  main loop of ``gemm.py`` / ``gemv.py`` with the epilogue before the store;
+  main loop of ``gemm.py`` / ``gemv.py`` with the epilogue before the store (the GEMM's group-M tile
+  order is ``gemm_tma.py``'s ``_tile_of``: the same bands of rows, the last band's tiles rotated);
 - ``gemm`` / ``gemv`` with ``SPLIT_K > 1``: the plain kernel writes its fp32 partials and the epilogue
   runs in the reduce that sums them (:func:`_reduce_ep_kernel`, which reads every output element
   once anyway): no extra pass;
@@ -43,7 +44,7 @@ import triton.language as tl
 
 from autoopt.backend.kernels.gated import _SQRT_2_OVER_PI
 from autoopt.backend.kernels.gemm import _gemm_kernel, _needs_fp16_dot, k_split, split_k_launcher, weight_dims
-from autoopt.backend.kernels.gemm_tma import gemm_tma_prepare, tma_support
+from autoopt.backend.kernels.gemm_tma import _tile_of, gemm_tma_prepare, tma_support
 from autoopt.backend.kernels.gemv import _gemv_kernel
 from autoopt.errors import BackendError
 
@@ -89,16 +90,7 @@ def _gemm_ep_kernel(a_ptr, b_ptr, c_ptr, M, N, K,  # type: ignore[no-untyped-def
                     GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, DOT_FP16: tl.constexpr,
                     HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
     """``gemm.py``'s tiled GEMM over the whole K (one slice), the epilogue on the accumulator."""
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
-
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_am = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
@@ -192,18 +184,11 @@ def _gemm_tma_ep_kernel(a_desc, b_desc, c_desc, bias_ptr, M, N, K,  # type: igno
                         GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr, KN: tl.constexpr,
                         HAS_BIAS: tl.constexpr, ACT: tl.constexpr):
     """``gemm_tma.py``'s persistent data-parallel TMA GEMM, the epilogue on each tile before its store."""
-    start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
-    num_pid_in_group = GROUP_M * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
-        group_id = tile_id // num_pid_in_group
-        first_pid_m = group_id * GROUP_M
-        group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-        pid_m = first_pid_m + (tile_id % group_size_m)
-        pid_n = (tile_id % num_pid_in_group) // group_size_m
+    for tile_id in tl.range(tl.program_id(0), num_pid_m * num_pid_n, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_of(tile_id, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
