@@ -670,6 +670,20 @@ def test_a_plain_mlp_check_failure_keeps_it_and_tries_its_linears(monkeypatch):
     assert report.count("linear") == 2 and type(block.mlp) is _PlainMLP
 
 
+def test_a_plain_mlp_whose_fc1_has_a_forward_hook_is_kept_and_the_hook_keeps_firing():
+    block = _plain_block(nn.GELU())
+    calls = []
+    block.mlp.fc_in.register_forward_hook(lambda mod, args, out: calls.append(out.shape))
+    report = optimize(block)
+    row = report.row("mlp")
+    assert row.status == "kept" and "mlp.fc_in has forward hooks" in row.reason
+    assert isinstance(block.mlp.fc_in, AutooptLinear)  # replaced one by one: it shares the hook
+    calls.clear()
+    with torch.no_grad():
+        block(torch.randn(2, 3, 64))
+    assert calls == [(2, 3, 96)]
+
+
 def test_a_sequential_of_linear_act_linear_is_not_replaced_as_a_whole():
     model = _randomize(nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 64)))
     root = nn.Module()

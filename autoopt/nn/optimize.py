@@ -384,6 +384,11 @@ class _Walk:
             self._row(path, kind, "kept", m, f"{kind} not in ops=")
             return False
         match = match_gated_mlp(m) if kind == "gated_mlp" else match_plain_mlp(m)
+        if not isinstance(match, str):
+            fused = ("gate_proj", "up_proj") if isinstance(match, GatedMLPMatch) else (match.fc1_name,)
+            hooked = next((c for c in fused if _has_hooks(m._modules[c])), None)
+            if hooked is not None:  # the fused GEMM reads its weight and never calls it
+                match = f"{path}.{hooked} has forward hooks (the fused GEMM would not call them)"
         if isinstance(match, str):
             self._row(path, kind, "kept", m, match + "; its linears are tried one by one")
             return False
@@ -492,7 +497,7 @@ class _Walk:
                 return f"{path}.{name} matches skip= pattern {hit!r}"
             if id(lin) in self.done:
                 return f"{path}.{name} is shared with another module"
-            if any(getattr(lin, d, None) for d in ("_forward_hooks", "_forward_pre_hooks")):
+            if _has_hooks(lin):
                 return f"{path}.{name} has forward hooks (they would see a slice computed elsewhere)"
         return None
 
@@ -572,6 +577,10 @@ class _Stacked(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([m.forward(x) for m in self.__dict__["mods"]], dim=-1)
+
+
+def _has_hooks(m: Any) -> bool:
+    return any(getattr(m, d, None) for d in ("_forward_hooks", "_forward_pre_hooks"))
 
 
 def _kind_of(m: nn.Module) -> str:
