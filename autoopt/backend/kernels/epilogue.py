@@ -7,8 +7,9 @@ instead of after the GEMM, the bias and the activation. A biased linear alone (G
 ``query_key_value``) takes the same path with no activation.
 
 The config is the one ranked for the plain ``gemm`` / ``gemv`` / ``gemm_tma`` kernel of the same
-shape: the epilogue adds one bias load per output tile and elementwise math on the accumulator,
-little next to the K loop, so the ranking (and a measured winner) carries over. By path:
+shape: the epilogue adds one bias load per output tile and elementwise math on the accumulator, little
+next to the K loop, so the ranking (and a measured winner) is taken to carry over. That is an
+assumption: these variants have not been timed on a GPU yet. By path:
 
 - ``gemm`` / ``gemv`` with ``SPLIT_K == 1``: :func:`_gemm_ep_kernel` / :func:`_gemv_ep_kernel`, the
   main loop of ``gemm.py`` / ``gemv.py`` with the epilogue before the store (the GEMM's group-M tile
@@ -25,12 +26,12 @@ little next to the K loop, so the ranking (and a measured winner) carries over. 
 Why these are copies and not flags on the kernels in ``gemm.py``, ``gemv.py`` and ``gemm_tma.py``: a
 stored measurement is tied to its kernel file's hash (:class:`autoopt.backend.registry.KernelEntry`),
 and editing those files would turn every shipped H100/H200 matmul measurement stale. With
-``HAS_BIAS=False`` and ``ACT=0`` the kernels here compute exactly what those do, so when the plain
-kernels are next re-measured they can be folded into these.
+``HAS_BIAS=False`` and ``ACT=0`` the kernels here give what those give, so when the plain kernels are
+next re-measured they can be folded into these (split-K and stream-K included).
 
 The activations in fp32: GELU ``0.5 x (1 + erf(x / sqrt 2))``; tanh-GELU as ``x / (1 + exp(-2z))``
 with ``z = sqrt(2/pi) (x + 0.044715 x^3)`` (the same identity as ``gated.py``: no ``tanh``, which the
-interpreter lacks, and no overflow); ReLU ``max(x, 0)``.
+interpreter lacks; ``exp`` -> inf gives -0, not NaN); ReLU ``max(x, 0)``.
 """
 
 from __future__ import annotations
