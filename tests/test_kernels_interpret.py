@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 
 import pytest
 
@@ -256,3 +257,92 @@ def test_rmsnorm_coop_counters_are_zero_after_every_launch() -> None:
         run()
         assert torch.allclose(out.double(), want, rtol=1e-4, atol=1e-4)
         assert int(counters(out.device, 6).abs().sum()) == 0
+
+
+# -- the fused bias + activation epilogue (kernels/epilogue.py) --------------------------------------------
+
+_EPILOGUE_TORCH = {"none": lambda y: y, "gelu": torch.nn.functional.gelu,
+                   "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"),
+                   "relu": torch.nn.functional.relu}
+GEMV_CFG = dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=1, num_warps=4, num_stages=2)
+
+
+def epilogue_error(config: KernelConfig, shape: tuple[int, int, int], activation: str, *, bias: bool = True,
+                   dtype: str = "fp16", layout: str = "nk", scale: float = 1.0) -> float:
+    """Relative error of ``act(a @ W^T + bias)`` run through the registry against torch in float64."""
+    kind = "gemv" if config.kernel == "gemv" else "gemm"
+    op = OpSpec(kind=kind, shape=shape, dtype=dtype, layout=layout)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    inputs = registry.make_inputs(op, device, seed=7)
+    inputs["a"] = inputs["a"] * scale
+    if bias:
+        gen = torch.Generator().manual_seed(8)
+        inputs["bias"] = torch.randn(shape[1], generator=gen).to(device=device, dtype=inputs["a"].dtype)
+    out = registry.alloc_out(op, device)
+    out.fill_(float("nan"))  # an unwritten element shows
+    registry.prepare(inputs, config, out, op, activation=activation)()
+    pre = registry.reference(inputs, op) + (inputs["bias"].double() if bias else 0.0)
+    want = _EPILOGUE_TORCH[activation](pre)
+    return float((out.double() - want).norm() / want.norm())
+
+
+def _needs_tma() -> None:
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("gemm_tma needs TMA (sm_90+)")
+
+
+@pytest.mark.parametrize("activation", ["none", "gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_gemm_epilogue_adds_the_bias_and_activates_ragged_tiles(activation: str, dtype: str) -> None:
+    # (70, 120, 48): 5 x 4 tiles of 16 x 32, ragged in M and N; K=48 in 16-wide tiles
+    err = epilogue_error(gemm_cfg(), (70, 120, 48), activation, dtype=dtype)
+    assert err <= registry.tolerance(OpSpec(kind="gemm", shape=(70, 120, 48), dtype=dtype))
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_gemm_epilogue_without_a_bias_activates_only(activation: str) -> None:
+    assert epilogue_error(gemm_cfg(), (3, 50, 40), activation, bias=False) <= 5e-3
+
+
+@pytest.mark.parametrize("kernel,split_k", [("gemm", 3), ("gemv", 2), ("gemv", 3)])
+def test_split_k_epilogue_runs_in_the_reduce_after_every_slice(kernel: str, split_k: int) -> None:
+    # K=72 in 32-wide tiles over 2 or 3 slices, K=40 in 16-wide tiles over 3: the bias is added once, after
+    # the slices are summed (a per-slice bias would count it split_k times)
+    if kernel == "gemm":
+        cfg, shape = gemm_cfg(SPLIT_K=split_k), (3, 50, 40)
+    else:
+        cfg, shape = KernelConfig(kernel="gemv", params={**GEMV_CFG, "BLOCK_M": 8, "SPLIT_K": split_k}), (5, 50, 72)
+    assert epilogue_error(cfg, shape, "gelu_tanh") <= 5e-3
+
+
+@pytest.mark.parametrize("m,block_m,layout", [(1, 1, "nk"), (5, 8, "kn"), (16, 16, "nk")])
+def test_gemv_epilogue_on_the_fma_and_dot_paths(m: int, block_m: int, layout: str) -> None:
+    cfg = KernelConfig(kernel="gemv", params={**GEMV_CFG, "BLOCK_M": block_m})
+    assert epilogue_error(cfg, (m, 50, 72), "gelu", layout=layout) <= 5e-3
+
+
+@pytest.mark.parametrize("extra", [{}, {"SPLIT_K": 2}, {"STREAM_K": 1}], ids=["persistent", "split_k", "stream_k"])
+@pytest.mark.parametrize("layout", ["nk", "kn"])
+def test_gemm_tma_epilogue_in_the_tile_loop_or_as_a_pass_after_split_and_stream_k(extra: dict, layout: str) -> None:
+    _needs_tma()
+    # (33, 48, 64): 3 x 2 tiles over 4 persistent programs under the interpreter, ragged in M
+    assert epilogue_error(gemm_cfg("gemm_tma", **extra), (33, 48, 64), "relu", layout=layout) <= 5e-3
+
+
+def test_epilogue_saturates_without_nan_on_large_inputs() -> None:
+    # |a @ W^T| in the hundreds: exp(-2z) overflows to inf for tanh-GELU (giving -0), erf saturates at +-1
+    for activation in ("gelu", "gelu_tanh"):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)  # the interpreter's numpy
+            assert epilogue_error(gemm_cfg(), (3, 50, 40), activation, dtype="fp32", scale=300.0) <= 1e-4
+
+
+def test_epilogue_refuses_an_unknown_activation_and_a_misshapen_bias() -> None:
+    op = OpSpec(kind="gemm", shape=(3, 50, 40), dtype="fp16")
+    inputs = registry.make_inputs(op, "cpu")
+    out = registry.alloc_out(op, "cpu")
+    with pytest.raises(ValueError, match="unknown epilogue activation 'silu'"):
+        registry.prepare(inputs, gemm_cfg(), out, op, activation="silu")
+    inputs["bias"] = torch.zeros(49, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"unit-stride \[N=50\] vector; got shape \(49,\)"):
+        registry.prepare(inputs, gemm_cfg(), out, op)

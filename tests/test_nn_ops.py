@@ -79,6 +79,28 @@ def test_linear_matches_torch(dtype, lead, bias):
     assert kernels_ran(), dispatch.choices()
 
 
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("lead", [(1,), (2, 20)], ids=["gemv", "gemm"])
+def test_linear_with_activation_fuses_bias_and_activation_like_torch(activation, dtype, lead):
+    x, w, b = rnd(*lead, 256, dtype=dtype), rnd(96, 256, dtype=dtype, scale=1 / 16), rnd(96, dtype=dtype)
+    out = ann.linear(x, w, b, activation=activation)
+    close(out, ops.ACTIVATIONS[activation](F.linear(x.double(), w.double(), b.double())).to(dtype), MM_TOL[dtype])
+    assert dispatch.fallback_counts() == {}
+    assert {c.kernel for c in dispatch.choices()} <= {"gemv", "gemm", "gemm_tma"}
+
+
+def test_linear_with_activation_falls_back_to_torch_with_the_activation(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # CPU tensors, no interpreter: the torch op, activation included
+    x, w = rnd(3, 32, dtype=torch.float32), rnd(16, 32, dtype=torch.float32)
+    assert torch.equal(ann.linear(x, w, activation="relu"), F.relu(F.linear(x, w)))
+    x.requires_grad_()
+    out = ann.linear(x, w, activation="gelu")  # autograd: the torch op, differentiable
+    assert torch.equal(out, F.gelu(F.linear(x, w)))
+    out.sum().backward()
+    assert x.grad is not None
+
+
 def test_linear_m_le_16_ranks_gemv_and_larger_m_the_gemm():
     w = rnd(256, 256, scale=1 / 16)
     x1, x40 = rnd(1, 256), rnd(2, 20, 256)  # M = 1 and M = 40
@@ -417,6 +439,8 @@ BAD = [
     ("linear device", lambda: ann.linear(rnd(4, 16), torch.empty(8, 16, device="meta", dtype=torch.float16)),
      RuntimeError, "weight is on meta"),
     ("linear not a tensor", lambda: ann.linear(rnd(4, 16), [[1.0] * 16]), (TypeError, RuntimeError), "'weight'"),
+    ("linear activation", lambda: ann.linear(rnd(4, 16), rnd(8, 16), activation="silu"), ValueError,
+     "activation must be None or one of 'gelu', 'gelu_tanh', 'relu', got 'silu'"),
     ("rms_norm not a tensor", lambda: ops._rms_norm_fake(rnd(4, 16), 1.0, 1e-6), TypeError,
      "weight must be a torch.Tensor"),
     ("rms_norm weight", lambda: ann.rms_norm(rnd(4, 16), rnd(15)), ValueError, "weight must have shape (16,)"),
@@ -470,18 +494,20 @@ def test_fake_implementations_give_torch_shapes_and_dtypes():
     assert dispatch.choices() == []  # nothing ranked: the fake implementations ran, not the kernels
 
 
-@pytest.mark.parametrize("name", ["linear", "rms_norm", "layer_norm", "silu_mul", "swiglu", "add"])
+@pytest.mark.parametrize("name", ["linear", "linear_gelu", "rms_norm", "layer_norm", "silu_mul", "swiglu", "add"])
 def test_opcheck(name):
     x = rnd(2, 3, 32)
-    args = {"linear": (x, rnd(16, 32, scale=0.2), rnd(16)), "rms_norm": (x, rnd(32), 1e-6),
+    args = {"linear": (x, rnd(16, 32, scale=0.2), rnd(16)), "linear_gelu": (x, rnd(16, 32, scale=0.2), None, "gelu"),
+            "rms_norm": (x, rnd(32), 1e-6),
             "layer_norm": (x, rnd(32), None, 1e-5), "silu_mul": (x, rnd(2, 3, 32)), "swiglu": (x,),
             "add": (x, rnd(2, 3, 32))}[name]
-    result = torch.library.opcheck(getattr(torch.ops.autoopt, name).default, args)
+    result = torch.library.opcheck(getattr(torch.ops.autoopt, name.removesuffix("_gelu")).default, args)
     assert set(result.values()) == {"SUCCESS"}, result
 
 
 class Block(torch.nn.Module):
-    """Every op once: norm -> fused gate/up linear -> swiglu -> gated products -> down linear -> LN -> residual."""
+    """Every op once: norm -> fused gate/up linear -> swiglu -> gated products -> down linear + GELU -> LN ->
+    residual."""
 
     def __init__(self, h=32, i=48, dtype=torch.float16):
         super().__init__()
@@ -495,7 +521,7 @@ class Block(torch.nn.Module):
         a = ann.swiglu(gu)
         i = a.shape[-1]
         a = ann.silu_mul(a, gu[..., :i].contiguous()) + ann.gelu_tanh_mul(a, a)
-        o = ann.layer_norm(ann.linear(a, self.down.weight), None, None, 1e-5)
+        o = ann.layer_norm(ann.linear(a, self.down.weight, activation="gelu"), None, None, 1e-5)
         return ann.add(x, o)
 
 
@@ -544,7 +570,7 @@ def test_torch_compile_puts_the_torch_op_in_the_graph_where_the_dispatch_chose_t
     out, seen = aot_targets(block, x)
     close(out, ref, 1e-3)
     assert seen and not [t for t in seen if t.startswith("autoopt.")], seen  # no custom op left to pay for
-    assert "aten.addmm" in seen and "aten.rsqrt" in seen, seen
+    assert "aten.addmm" in seen and "aten.rsqrt" in seen and "aten.gelu" in seen, seen  # the activation too
     _, dyn = aot_targets(block, x, dynamic=True)  # symbolic dims have no key: the custom ops decide per call
     assert {"autoopt.linear", "autoopt.rms_norm"} <= set(dyn), dyn
 

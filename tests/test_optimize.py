@@ -22,7 +22,9 @@ from autoopt.nn import dispatch  # noqa: E402
 from autoopt.nn import ops as aops  # noqa: E402
 from autoopt.nn.modules import (  # noqa: E402
     AutooptGatedMLP,
+    AutooptLayerNorm,
     AutooptLinear,
+    AutooptPlainMLP,
     AutooptQKV,
     AutooptQKVPart,
     AutooptRMSNorm,
@@ -38,6 +40,20 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),         # q/k/v with bias
     "mistral": ("MistralConfig", "MistralForCausalLM", {}),
     "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}),  # (1 + w) RMSNorm, tanh-GELU MLP
+}
+_NEOX = {k: v for k, v in COMMON.items() if k != "num_key_value_heads"}
+#: plain-MLP families (fc1 -> act -> fc2, LayerNorm): config, model, config keys, the MLP's activation
+PLAIN_FAMILIES = {
+    # q/k/v/o, c_fc/c_proj with biases; gelu_pytorch_tanh; sequential block
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", COMMON, "gelu_tanh"),
+    # fused query_key_value with bias; exact GELU; parallel attention + MLP (use_parallel_residual)
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {**_NEOX, "bos_token_id": 0, "eos_token_id": 0}, "gelu"),
+    # one LayerNorm feeding attention and MLP in parallel; gelu_new (tanh-GELU in Python); biased lm_head
+    "phi": ("PhiConfig", "PhiForCausalLM", COMMON, "gelu_tanh"),
+    # FalconLinear (a Linear subclass with its own forward), no biases, exact GELU, parallel_attn
+    "falcon": ("FalconConfig", "FalconForCausalLM",
+               {k: COMMON[k] for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")},
+               "gelu"),
 }
 
 
@@ -55,8 +71,12 @@ def torch_fallback(monkeypatch):
 
 
 def build(family: str = "llama", dtype=torch.float32, **overrides):
-    config_cls, model_cls, extra = FAMILIES[family]
-    config = getattr(transformers, config_cls)(**{**COMMON, **extra, **overrides})
+    if family in PLAIN_FAMILIES:
+        config_cls, model_cls, keys, _ = PLAIN_FAMILIES[family]
+    else:
+        config_cls, model_cls, extra = FAMILIES[family]
+        keys = {**COMMON, **extra}
+    config = getattr(transformers, config_cls)(**{**keys, **overrides})
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():
@@ -149,14 +169,90 @@ def test_generate_gives_the_same_greedy_tokens(family, torch_fallback):
     _generates_the_same_tokens(family)
 
 
-def test_fp16_model_matches():
-    model = build("llama", torch.float16)
+@pytest.mark.parametrize("family, mlp, norm", [("llama", "gated_mlp", "rms_norm"),
+                                              ("starcoder2", "plain_mlp", "layer_norm")])
+def test_fp16_model_matches(family, mlp, norm):
+    model = build(family, torch.float16)
     x = ids()
     ref = logits(model, x)
     report = optimize(model)
-    assert report.count("gated_mlp") == LAYERS and report.count("rms_norm") == 2 * LAYERS + 1
+    assert report.count(mlp) == LAYERS and report.count(norm) == 2 * LAYERS + 1
     assert all(r.tolerance == 5e-3 for r in report.rows if r.error is not None)
     assert rel(logits(model, x), ref) < 5e-3
+
+
+# -- plain-MLP families: StarCoder2, GPT-NeoX (Pythia), Phi, Falcon ---------------------------------------------
+# fp32 throughout: under Triton's interpreter an fp32 tl.dot is numpy's fp32 matmul (no TF32), so the logits
+# agree to ~1e-7 and a wrong epilogue (a bias added twice, tanh-GELU for exact GELU: ~1e-3) cannot hide in
+# the tolerance. bf16 is out (the interpreter's bf16 tl.dot is wrong with triton 3.9 and torch 2.13: the
+# dispatch runs torch there); test_fp16_model_matches runs StarCoder2 in fp16.
+
+@pytest.fixture(scope="module")
+def plain_optimized():
+    """``family -> (model, report, logits after optimize(), logits before)``: one optimize() per family under
+    the interpreter, shared by the tests that only read the result."""
+    done = {}
+
+    def get(family):
+        if family not in done:
+            model = build(family)
+            x = ids()
+            ref = logits(model, x)
+            report = optimize(model)
+            done[family] = (model, report, logits(model, x), ref)
+        return done[family]
+    return get
+
+
+@pytest.mark.parametrize("family", sorted(PLAIN_FAMILIES))
+def test_plain_mlp_family_logits_match_the_original(family, plain_optimized):
+    _, _, got, ref = plain_optimized(family)
+    assert rel(got, ref) < 1e-5
+    assert float((got - ref).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("family", sorted(PLAIN_FAMILIES))
+def test_plain_mlp_family_report_lists_plain_mlps_and_layer_norms_as_replaced(family, plain_optimized):
+    model, report, _, _ = plain_optimized(family)
+    activation = PLAIN_FAMILIES[family][3]
+    mlps = [m for m in model.modules() if isinstance(m, AutooptPlainMLP)]
+    assert len(mlps) == LAYERS and {m.fused_activation for m in mlps} == {activation}
+    norms = [m for m in model.modules() if isinstance(m, AutooptLayerNorm)]
+    assert len(norms) >= LAYERS + 1 and not [m for m in model.modules() if type(m) is nn.LayerNorm]
+    counts = report.counts()
+    assert counts["plain_mlp"] == {"replaced": LAYERS} and counts["layer_norm"] == {"replaced": len(norms)}
+    assert not [r for r in report.rows if r.status == "kept" and r.kind not in ("attention", "other")]
+    rows = [r for r in report.rows if r.kind == "plain_mlp"]
+    bias = "bias + " if family != "falcon" else ""  # Falcon's linears have no bias
+    assert all(r.kernels["fc1"].endswith(f"epilogue {bias}{activation}") for r in rows)
+    fc1 = [r for r in report.rows if r.path.startswith(rows[0].path + ".") and r.status == "fused"]
+    assert len(fc1) == 1 and f"the {activation} in the epilogue" in fc1[0].reason
+
+
+@pytest.mark.parametrize("family", sorted(PLAIN_FAMILIES))
+def test_plain_mlp_family_restore_brings_back_the_modules_and_logits(family):
+    model = build(family)
+    x = ids()
+    ref = logits(model, x)
+    snap = snapshot(model)
+    optimize(model)
+    placed = sum(isinstance(c, Replacement) for m in model.modules() if not isinstance(m, Replacement)
+                 for c in m.children())  # what restore() puts back: replacements not inside another one
+    assert placed >= 3 * LAYERS and restore(model) == placed
+    assert_restored(model, snap)
+    assert torch.equal(logits(model, x), ref)
+
+
+def test_gpt_neox_with_a_sequential_residual_matches_too():
+    model = build("gpt_neox", use_parallel_residual=False)  # the default is parallel: both block shapes work
+    x = ids()
+    ref = logits(model, x)
+    report = optimize(model)
+    assert report.count("plain_mlp") == LAYERS and rel(logits(model, x), ref) < 1e-5
+
+
+def test_plain_mlp_generate_gives_the_same_greedy_tokens_through_the_kernels():
+    _generates_the_same_tokens("gpt_neox")  # decode (M = 1) runs the epilogue GEMM/GEMV kernels too
 
 
 def _aot_targets(model, x):
@@ -453,6 +549,7 @@ def _randomize(module):
     (nn.RMSNorm(64, eps=None), "rms_norm"),
     (nn.RMSNorm(64, eps=1e-5), "rms_norm"),
     (nn.LayerNorm(64), "layer_norm"),
+    (nn.LayerNorm(64, bias=False), "layer_norm"),
 ])
 def test_torch_norm_modules_are_recognised(norm, kind):
     block = _randomize(_Block(norm)).eval()
@@ -474,6 +571,158 @@ def test_lookalikes_are_kept_with_the_reason():
     assert norm.status == "kept" and "matches no norm formula" in norm.reason
     assert mlp.status == "kept" and "neither SiLU nor tanh-GELU" in mlp.reason
     assert report.count("linear") == 3  # its projections are still plain linears
+
+
+class _PlainMLP(nn.Module):
+    """fc_in -> act -> fc_out, the activation a module or a function (``act_fn``)."""
+
+    def __init__(self, act, bias: bool = True) -> None:
+        super().__init__()
+        self.fc_in = nn.Linear(64, 96, bias=bias)
+        self.fc_out = nn.Linear(96, 64, bias=bias)
+        self.act_fn = act
+
+    def forward(self, x):
+        return self.fc_out(self.act_fn(self.fc_in(x)))
+
+
+class _PlainBlock(nn.Module):
+    def __init__(self, act, bias: bool = True) -> None:
+        super().__init__()
+        self.mlp = _PlainMLP(act, bias)
+
+    def forward(self, x):
+        return self.mlp(x)
+
+
+def _plain_block(act, bias: bool = True):
+    return _randomize(_PlainBlock(act, bias)).eval()
+
+
+def _hf_act(name: str):
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
+
+
+@pytest.mark.parametrize("act, expected", [
+    ("gelu", "gelu"), ("gelu_new", "gelu_tanh"), ("gelu_pytorch_tanh", "gelu_tanh"), ("gelu_fast", "gelu_tanh"),
+    ("relu", "relu"), (nn.GELU(approximate="tanh"), "gelu_tanh"), (torch.nn.functional.gelu, "gelu"),
+], ids=lambda a: a if isinstance(a, str) else getattr(a, "__name__", type(a).__name__))
+def test_plain_mlp_activation_is_identified_by_what_it_computes(act, expected):
+    from autoopt.nn.recognize import match_plain_mlp
+
+    match = match_plain_mlp(_plain_block(_hf_act(act) if isinstance(act, str) else act).mlp)
+    assert not isinstance(match, str), match
+    assert (match.activation, match.fc1_name, match.fc2_name) == (expected, "fc_in", "fc_out")
+    assert (match.hidden, match.intermediate, match.out_features) == (64, 96, 64)
+
+
+def test_plain_mlp_without_biases_and_a_function_activation_is_replaced_and_matches():
+    block = _plain_block(torch.nn.functional.relu, bias=False)  # act_fn: a function, not a child module
+    x = torch.randn(3, 5, 64)
+    with torch.no_grad():
+        ref = block(x)
+    report = optimize(block)
+    assert report.row("mlp").status == "replaced" and block.mlp.fused_activation == "relu"
+    assert report.row("mlp.fc_in").status == "fused" and report.row("mlp.fc_out").status == "replaced"
+    with torch.no_grad():
+        assert rel(block(x), ref) < 1e-5
+
+
+@pytest.mark.parametrize("act, name", [(nn.SiLU(), "SiLU"), ("gelu_10", "ClippedGELUActivation"),
+                                       ("quick_gelu", "QuickGELUActivation")], ids=["silu", "clipped", "quick"])
+def test_plain_mlp_with_another_activation_is_kept_with_the_reason(act, name):
+    # SiLU and QuickGELU differ everywhere; GELU clipped to [-10, 10] differs only past 10 (the -60..60 probe)
+    block = _plain_block(_hf_act(act) if isinstance(act, str) else act)
+    x = torch.randn(3, 5, 64)
+    with torch.no_grad():
+        ref = block(x)
+    report = optimize(block)
+    row = report.row("mlp")
+    assert row.status == "kept"
+    assert f"activation {name} computes none of exact GELU, tanh-GELU and ReLU" in row.reason
+    assert report.count("linear") == 2 and type(block.mlp) is _PlainMLP  # its linears, one by one
+    with torch.no_grad():
+        assert rel(block(x), ref) < 1e-5
+
+
+def test_plain_mlp_not_in_ops_keeps_it_and_replaces_its_linears_one_by_one():
+    block = _plain_block(nn.GELU())
+    report = optimize(block, ops=["linear"])
+    assert report.row("mlp").status == "kept" and report.row("mlp").reason == "plain_mlp not in ops="
+    assert report.count("linear") == 2 and isinstance(block.mlp.fc_in, AutooptLinear)
+
+
+def test_plain_mlp_without_linear_in_ops_keeps_fc2_as_the_torch_linear():
+    block = _plain_block(nn.GELU())
+    report = optimize(block, ops="plain_mlp")
+    assert isinstance(block.mlp, AutooptPlainMLP) and type(block.mlp.fc_out) is nn.Linear
+    assert report.row("mlp.fc_out").status == "kept" and report.row("mlp.fc_out").reason == "linear not in ops="
+
+
+def test_a_plain_mlp_check_failure_keeps_it_and_tries_its_linears(monkeypatch):
+    block = _plain_block(nn.GELU())
+    monkeypatch.setattr(AutooptPlainMLP, "forward", lambda self, x: torch.zeros_like(x))
+    report = optimize(block)
+    row = report.row("mlp")
+    assert row.status == "kept" and "check failed" in row.reason and "tried one by one" in row.reason
+    assert report.count("linear") == 2 and type(block.mlp) is _PlainMLP
+
+
+def test_a_plain_mlp_whose_fc1_has_a_forward_hook_is_kept_and_the_hook_keeps_firing():
+    block = _plain_block(nn.GELU())
+    calls = []
+    block.mlp.fc_in.register_forward_hook(lambda mod, args, out: calls.append(out.shape))
+    report = optimize(block)
+    row = report.row("mlp")
+    assert row.status == "kept" and "mlp.fc_in has forward hooks" in row.reason
+    assert isinstance(block.mlp.fc_in, AutooptLinear)  # replaced one by one: it shares the hook
+    calls.clear()
+    with torch.no_grad():
+        block(torch.randn(2, 3, 64))
+    assert calls == [(2, 3, 96)]
+
+
+def test_a_sequential_of_linear_act_linear_is_not_replaced_as_a_whole():
+    model = _randomize(nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 64)))
+    root = nn.Module()
+    root.seq = model  # code may index a Sequential (seq[0]): replacing it as one module would break that
+    report = optimize(root)
+    assert report.count("plain_mlp") == 0 and report.count("linear") == 2 and type(root.seq) is nn.Sequential
+
+
+class _MatmulLinear(nn.Linear):
+    """Falcon's FalconLinear: its own forward, the same arithmetic."""
+
+    def forward(self, x):
+        return x @ self.weight.T + self.bias
+
+
+class _ScaledLinear(nn.Linear):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+class _AdapterLinear(nn.Linear):
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.lora_A = nn.Parameter(torch.zeros(4, self.in_features))  # zero: the probe alone would pass it
+
+    def forward(self, x):
+        return super().forward(x) + (x @ self.lora_A.T).sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("cls, reason", [
+    (_MatmulLinear, None),
+    (_ScaledLinear, "_ScaledLinear has its own forward, which does not compute x @ W^T + b on a probe"),
+    (_AdapterLinear, "_AdapterLinear has its own forward and holds lora_A besides weight and bias"),
+])
+def test_a_linear_subclass_with_its_own_forward_is_served_only_when_it_is_a_plain_linear(cls, reason):
+    from autoopt.nn.recognize import linear_problem
+
+    problem = linear_problem(_randomize(cls(64, 32)))
+    assert problem == reason if reason is None else reason in problem
 
 
 # -- report and errors ------------------------------------------------------------------------------------------------

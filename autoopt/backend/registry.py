@@ -2,11 +2,12 @@
 
 Kernel names (``KernelConfig.kernel``) and the op kinds they serve:
 ``gemm``, ``gemm_tma`` (gemm, gemv), ``gemv`` (gemv), ``silu_mul``, ``add``, ``gelu_tanh_mul``,
-``{rmsnorm,layernorm,softmax}_{single,looped}``, ``rmsnorm_split``, ``rmsnorm_coop``. Inputs are fresh random
-tensors (never zeros: zeros hide unwritten outputs and can run faster). The
-reference is float64 on the same inputs. For a ``kn`` GEMM the weight is
-stored under ``"w_kn"`` (``[K, N]``) instead of ``"w"`` (``[N, K]``), so the
-input dict alone says the layout.
+``{rmsnorm,layernorm,softmax}_{single,looped}``, ``rmsnorm_split``, ``rmsnorm_coop``. The matmul
+kernels also run with a fused bias + activation epilogue (a ``"bias"`` input, ``prepare(...,
+activation=)``): the same config on the variant kernels of ``kernels/epilogue.py``, not ranked or
+measured apart. Inputs are fresh random tensors (never zeros: zeros hide unwritten outputs and can
+run faster). The reference is float64 on the same inputs. For a ``kn`` GEMM the weight is stored
+under ``"w_kn"`` (``[K, N]``) instead of ``"w"`` (``[N, K]``), so the input dict alone says the layout.
 """
 
 from __future__ import annotations
@@ -156,12 +157,15 @@ def _weight(inputs: dict[str, Any]) -> tuple[Any, str]:
 
 
 def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
-            op: OpSpec | None = None, *, eps: float | None = None) -> Callable[[], None]:
+            op: OpSpec | None = None, *, eps: float | None = None, activation: str | None = None
+            ) -> Callable[[], None]:
     """Bind ``config`` to the tensors; returns a no-argument launcher (compiles on first call).
 
     Allocations (split-K workspace, descriptors) happen here, outside any timed region.
     ``op``, when given, is checked against the kernel's kinds. ``eps`` (norms only) overrides
-    :data:`EPS` (a model's own ``rms_norm_eps``, say).
+    :data:`EPS` (a model's own ``rms_norm_eps``, say). A matmul given a ``"bias"`` input or an
+    ``activation`` (``gelu``, ``gelu_tanh``, ``relu``) runs the same config with the epilogue
+    ``act(a @ W^T + bias)`` fused (:mod:`autoopt.backend.kernels.epilogue`).
     """
     if op is not None:
         check_kernel(op, config)
@@ -171,6 +175,10 @@ def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
     name = config.kernel
     if name in ("gemm", "gemm_tma", "gemv"):
         w, layout = _weight(inputs)
+        if inputs.get("bias") is not None or activation not in (None, "none"):
+            from autoopt.backend.kernels.epilogue import epilogue_prepare
+            return epilogue_prepare(name, inputs["a"], w, out, params, bias=inputs.get("bias"),
+                                    activation=activation or "none", layout=layout)
         if name == "gemm":
             from autoopt.backend.kernels.gemm import gemm_prepare
             return gemm_prepare(inputs["a"], w, out, params, layout=layout)

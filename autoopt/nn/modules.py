@@ -22,8 +22,8 @@ from torch.nn import functional as F
 
 from autoopt.nn import ops as _ops
 
-__all__ = ["AutooptGatedMLP", "AutooptLayerNorm", "AutooptLinear", "AutooptQKV", "AutooptQKVPart", "AutooptRMSNorm",
-           "Replacement"]
+__all__ = ["AutooptGatedMLP", "AutooptLayerNorm", "AutooptLinear", "AutooptPlainMLP", "AutooptQKV", "AutooptQKVPart",
+           "AutooptRMSNorm", "Replacement"]
 
 # the original's forward (pre-)hook tables: the replacement shares them, so hooks keep firing.
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
@@ -350,6 +350,54 @@ class AutooptGatedMLP(_FusedRows, Replacement, nn.Module):
     def extra_repr(self) -> str:
         return (f"gate_up {self.gate_proj.in_features}->2x{self.intermediate}, {self.activation}, "
                 f"{'tied' if self.tied else 'copied'}")
+
+
+class AutooptPlainMLP(Replacement, nn.Module):
+    """A plain MLP ``fc2(act(fc1(x)))`` (StarCoder2, GPT-NeoX/Pythia, Phi, Falcon) as one GEMM with fc1's
+    bias and the activation in its epilogue (:func:`autoopt.nn.ops.linear` with ``activation=``), then fc2.
+
+    The children are the original's, under their own names (``c_fc``/``c_proj``, ``dense_h_to_4h``/
+    ``dense_4h_to_h``, ``fc1``/``fc2``, the activation module), with fc2 an :class:`AutooptLinear` where
+    its own check passed: nothing is copied and the state_dict is unchanged. ``fused_activation`` names
+    what the epilogue computes (``gelu``, ``gelu_tanh`` or ``relu``; not ``activation``, which may be the
+    original's child). An inference replacement, like the others: dropout that the original applies in
+    training mode (StarCoder2's ``residual_dropout``) is not applied.
+    """
+
+    kind = "plain_mlp"
+
+    def __init__(self, original: nn.Module, *, fc1: str, fc2: str, activation: str, fc2_module: nn.Module) -> None:
+        super().__init__()
+        for name, child in original.named_children():
+            self.add_module(name, fc2_module if name == fc2 else child)
+        self.fc1_name, self.fc2_name, self.fused_activation = fc1, fc2, activation
+        self._adopt(original)
+
+    @property
+    def fc1(self) -> nn.Linear:
+        lin: nn.Linear = self._modules[self.fc1_name]  # type: ignore[assignment]
+        return lin
+
+    @property
+    def fc2(self) -> nn.Module:
+        mod: nn.Module = self._modules[self.fc2_name]  # type: ignore[assignment]
+        return mod
+
+    def restore_original(self) -> nn.Module:
+        if isinstance(self.fc2, Replacement):
+            self.fc2.restore_original()  # the original MLP's own fc2, up to date
+        return super().restore_original()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fc1 = self.fc1
+        h = _ops.linear(x, fc1.weight, fc1.bias, activation=self.fused_activation)
+        out: torch.Tensor = self.fc2(h)
+        return out
+
+    def extra_repr(self) -> str:
+        fc1 = self.fc1
+        return (f"{self.fc1_name} {fc1.in_features}->{fc1.out_features} + {self.fused_activation} in its epilogue, "
+                f"then {self.fc2_name}")
 
 
 class AutooptQKV(_FusedRows, Replacement, nn.Module):

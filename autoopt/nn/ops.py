@@ -3,7 +3,7 @@
 ===============================  =====================================  ===============================
 public function                  custom op (``torch.ops.autoopt.*``)     Triton kernel (op kind ranked)
 ===============================  =====================================  ===============================
-``linear(x, weight, bias)``      ``linear``                              ``gemv`` M <= 16, ``gemm`` above
+``linear(x, w, b, activation)``  ``linear``                              ``gemv`` M <= 16, ``gemm`` above
 ``rms_norm(x, weight, eps)``     ``rms_norm``                            ``rmsnorm_{single,looped}``
 ``layer_norm(x, w, b, eps)``     ``layer_norm``                          ``layernorm_{single,looped}``
 ``silu_mul(gate, up)``           ``silu_mul``                            ``silu_mul``
@@ -76,7 +76,7 @@ from autoopt.nn.dispatch import (
     tf32_problem,
 )
 
-__all__ = ["add", "gelu_tanh_mul", "layer_norm", "linear", "rms_norm", "silu_mul", "swiglu"]
+__all__ = ["ACTIVATIONS", "add", "gelu_tanh_mul", "layer_norm", "linear", "rms_norm", "silu_mul", "swiglu"]
 
 _LIB = "autoopt"
 #: the GEMM/GEMV kernels index A, W and C with 32-bit offsets (row index x row stride): larger operands
@@ -303,44 +303,69 @@ def _unit(t: Tensor) -> Tensor:
 
 # -- linear -------------------------------------------------------------------------------------------------
 
-def _linear_impl(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+#: the activations ``linear(..., activation=)`` fuses into the GEMM epilogue, as torch computes them.
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+def _check_activation(activation: Any) -> None:
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"autoopt.nn.linear: activation must be None or one of {', '.join(map(repr, ACTIVATIONS))}, "
+                         f"got {activation!r}")
+
+
+def _torch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None) -> Tensor:
+    y = F.linear(x, weight, bias)
+    return y if activation is None else ACTIVATIONS[activation](y)
+
+
+def _linear_impl(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None = None) -> Tensor:
     _check_linear(x, weight, bias)
+    _check_activation(activation)
     n, k = weight.shape
     flat = x.dim() == 2
     m = x.shape[0] if flat else math.prod(x.shape[:-1])
+
+    def torch_op() -> Tensor:
+        return _torch_linear(x, weight, bias, activation)
+
     if m == 0 or n == 0 or k == 0:
-        return _fallback("linear", f"{EMPTY} (x {tuple(x.shape)}, weight {tuple(weight.shape)})",
-                         lambda: F.linear(x, weight, bias))
+        return _fallback("linear", f"{EMPTY} (x {tuple(x.shape)}, weight {tuple(weight.shape)})", torch_op)
     if max(m * k, n * k, m * n) >= _INDEX_LIMIT:
-        return _fallback("linear", f"{INDEX} (M={m}, N={n}, K={k}: an operand of 2^31 or more elements)",
-                         lambda: F.linear(x, weight, bias))
+        return _fallback("linear", f"{INDEX} (M={m}, N={n}, K={k}: an operand of 2^31 or more elements)", torch_op)
     choice = choose("linear", matmul_kind(m), (m, n, k), x.dtype, x.device)
     if choice.fallback is not None:
-        return _fallback("linear", choice.fallback, lambda: F.linear(x, weight, bias))
+        return _fallback("linear", choice.fallback, torch_op)
     if x.dtype is torch.float32:
         why = tf32_problem(x.dtype, x.device, torch.get_float32_matmul_precision())
         if why is not None:
-            return _fallback("linear", why, lambda: F.linear(x, weight, bias))
+            return _fallback("linear", why, torch_op)
     a = x if flat else x.reshape(m, k)  # a view when the leading dims collapse, else a copy
     assert choice.config is not None
     if choice.config.kernel == "gemm_tma":
         why = _tma_problem(a, weight)
         if why is not None:
-            return _fallback("linear", why, lambda: F.linear(x, weight, bias))
+            return _fallback("linear", why, torch_op)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    _run(choice, {"a": a, "w": weight}, out)
+    inputs = {"a": a, "w": weight}
     if bias is not None:
-        out.add_(bias)  # the GEMM kernels have no bias epilogue: one more pass over the [M, N] output
+        inputs["bias"] = _unit(bias)  # added to the fp32 accumulator in the GEMM's epilogue
+    _run(choice, inputs, out, activation=activation)
     return out if flat else out.view(*x.shape[:-1], n)
 
 
 _linear_op = torch.library.custom_op(
-    f"{_LIB}::linear", mutates_args=(), schema="(Tensor x, Tensor weight, Tensor? bias) -> Tensor")(_linear_impl)
+    f"{_LIB}::linear", mutates_args=(),
+    schema="(Tensor x, Tensor weight, Tensor? bias, str? activation=None) -> Tensor")(_linear_impl)
 
 
 @_linear_op.register_fake
-def _linear_fake(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+def _linear_fake(x: Tensor, weight: Tensor, bias: Tensor | None, activation: str | None = None) -> Tensor:
     _check_linear(x, weight, bias)
+    _check_activation(activation)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -355,37 +380,43 @@ def _tma_problem(a: Tensor, w: Tensor) -> str | None:
     return None
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias`` like ``torch.nn.functional.linear`` (``weight`` is ``nn.Linear``'s
-    ``[out_features, in_features]``), over any leading batch dims of ``x``.
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str | None = None) -> Tensor:
+    """``act(x @ weight.T + bias)``: ``torch.nn.functional.linear`` (``weight`` is ``nn.Linear``'s
+    ``[out_features, in_features]``) over any leading batch dims of ``x``, then ``activation`` if given:
+    ``"gelu"`` (exact, erf), ``"gelu_tanh"`` or ``"relu"``, as ``F.gelu`` / ``F.gelu(approximate="tanh")``
+    / ``F.relu`` compute them.
 
     M (the product of the leading dims) <= 16 ranks the decode GEMV kinds, larger M the tiled GEMMs
     (see :mod:`autoopt.nn.dispatch` for the bucketing). ``x`` and ``weight`` may be strided (the
     kernels take both strides; the TMA GEMM, where chosen, needs unit stride along K and falls back to
-    torch otherwise). ``bias`` is added by torch after the kernel (``out.add_(bias)``): the GEMM
-    kernels have no bias epilogue. x, weight and bias must share dtype and device, as in torch.
+    torch otherwise). ``bias`` and the activation are applied to the fp32 accumulator in the GEMM's
+    epilogue before its one store (:mod:`autoopt.backend.kernels.epilogue`: the plain MLP's fc1 in one
+    kernel). x, weight and bias must share dtype and device, as in torch.
     """
     if _grad_needed(x, weight, bias):
         _check_linear(x, weight, bias)
+        _check_activation(activation)
         _autograd_fallback("linear")
-        return F.linear(x, weight, bias)
+        return _torch_linear(x, weight, bias, activation)
     if _direct(x, weight, bias):
-        return _linear_impl(x, weight, bias)
+        return _linear_impl(x, weight, bias, activation)
     if _compiling():
         mask, given = _present(bias)
-        return _linear_traced(x, weight, mask, *given)
-    out: Tensor = torch.ops.autoopt.linear(x, weight, bias)
+        return _linear_traced(x, weight, activation or "", mask, *given)  # a traced function takes no None
+    out: Tensor = torch.ops.autoopt.linear(x, weight, bias, activation)
     return out
 
 
 @_traced
-def _linear_traced(x: Tensor, weight: Tensor, mask: tuple[bool, ...], *given: Tensor) -> Tensor:
+def _linear_traced(x: Tensor, weight: Tensor, act: str, mask: tuple[bool, ...], *given: Tensor) -> Tensor:
     (bias,) = _given(mask, given)
+    activation = act or None
     _check_linear(x, weight, bias)
+    _check_activation(activation)
     m = math.prod(x.shape[:-1])
     if _torch_chosen("linear", matmul_kind(m), (m, *weight.shape), x.dtype, x.device):
-        return F.linear(x, weight, bias)
-    out: Tensor = torch.ops.autoopt.linear(x, weight, bias)
+        return _torch_linear(x, weight, bias, activation)
+    out: Tensor = torch.ops.autoopt.linear(x, weight, bias, activation)
     return out
 
 

@@ -1,4 +1,4 @@
-"""``autoopt.optimize(model)``: swap a model's linears, norms and gated MLPs for autoopt's kernels.
+"""``autoopt.optimize(model)``: swap a model's linears, norms and MLPs (gated and plain) for autoopt's kernels.
 
 ::
 
@@ -12,17 +12,23 @@ The walk goes down the module tree from the root. At each child it tries, in ord
    to compute ``down(act(gate(x)) * up(x))``): replaced by :class:`~autoopt.nn.modules.AutooptGatedMLP`,
    one ``gate_up`` GEMM + fused ``swiglu``/``gelu_tanh_mul`` + the down GEMM; its children are not
    visited further (gate/up are *fused*, down is a replaced linear);
-2. a **norm** (a 1-D weight + an epsilon attribute, checked against the RMSNorm, Gemma ``1 + weight``
-   RMSNorm and LayerNorm formulas): :class:`~autoopt.nn.modules.AutooptRMSNorm` /
+2. a **plain MLP** (exactly two chained linears + an exact-GELU, tanh-GELU or ReLU activation, checked to
+   compute ``fc2(act(fc1(x)))``: StarCoder2, GPT-NeoX/Pythia, Phi, Falcon), not inside an attention:
+   :class:`~autoopt.nn.modules.AutooptPlainMLP`, fc1 with its bias and the activation in the GEMM's
+   epilogue, then fc2 (fc1 is *fused*, fc2 a replaced linear);
+3. a **norm** (a 1-D weight + an epsilon attribute, checked against the RMSNorm, Gemma ``1 + weight``
+   RMSNorm and LayerNorm formulas, with or without a bias): :class:`~autoopt.nn.modules.AutooptRMSNorm` /
    :class:`~autoopt.nn.modules.AutooptLayerNorm`;
-3. a plain **linear**: :class:`~autoopt.nn.modules.AutooptLinear`;
+4. a plain **linear** (its bias added in the GEMM's epilogue): :class:`~autoopt.nn.modules.AutooptLinear`;
 
 and otherwise descends into the child. Attention modules are left as the model's own (SDPA,
 FlashAttention): only their projections are replaced. Where an attention has ``q_proj``, ``k_proj``
 and ``v_proj`` linears reading one input, they become one **qkv** GEMM
 (:class:`~autoopt.nn.modules.AutooptQKV` at ``q_proj``, its slices at ``k_proj``/``v_proj``; the three
 are *fused* rows, the group a ``qkv`` row); ``o_proj`` is a replaced linear. Recognition rules:
-:mod:`autoopt.nn.recognize`.
+:mod:`autoopt.nn.recognize`. Nothing assumes a sequential block: each module is replaced where it sits,
+so parallel attention/MLP blocks (GPT-NeoX's ``use_parallel_residual``, Phi, Falcon's ``parallel_attn``)
+call the replacements as they called the originals.
 
 ``check=True`` (the default) runs, once per distinct (kind, shape, dtype, device, variant), the
 original and the replacement on two samples, ``[2, 8, features]`` and ``[2, 16, features]`` (16 rows:
@@ -55,6 +61,7 @@ from autoopt.nn.modules import (
     AutooptGatedMLP,
     AutooptLayerNorm,
     AutooptLinear,
+    AutooptPlainMLP,
     AutooptQKV,
     AutooptRMSNorm,
     Replacement,
@@ -64,11 +71,14 @@ from autoopt.nn.recognize import (
     QKV,
     GatedMLPMatch,
     NormMatch,
+    PlainMLPMatch,
     gated_mlp_parts,
     linear_problem,
     match_gated_mlp,
     match_norm,
+    match_plain_mlp,
     norm_parts,
+    plain_mlp_parts,
     qkv_parts,
     rel_error,
     sample,
@@ -81,7 +91,7 @@ log = get_logger(__name__)
 __all__ = ["OPS", "optimize", "restore"]
 
 #: what ``ops=`` can name: the kinds of module optimize() replaces.
-OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "qkv")
+OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv")
 _ATTENTION_CHILDREN = (("q_proj", "k_proj", "v_proj"), ("qkv_proj",), ("query_key_value",), ("c_attn",))
 
 
@@ -167,11 +177,24 @@ def _kernels_at(rep: Replacement, m: int) -> dict[str, str]:
                else "torch (linear not in ops=)"}
         op, kind = ("swiglu", "silu_mul") if rep.activation == "silu" else ("gelu_tanh_mul", "gelu_tanh_mul")
         out[op] = _describe(dispatch.choose(op, kind, (m, i), w.dtype, w.device))
-        down = rep.down_proj
-        out["down"] = (_linear_choice(m, h, i, w.dtype, w.device) if isinstance(down, AutooptLinear)
-                       else "torch (nn.Linear kept)")
+        out["down"] = _inner_linear_choice(rep.down_proj, m)
         return out
+    if isinstance(rep, AutooptPlainMLP):
+        fc1 = rep.fc1
+        w = fc1.weight
+        desc = _linear_choice(m, fc1.out_features, fc1.in_features, w.dtype, w.device)
+        epilogue = f"{'bias + ' if fc1.bias is not None else ''}{rep.fused_activation}"
+        return {"fc1": desc if desc.startswith("torch") else f"{desc}, epilogue {epilogue}",
+                "fc2": _inner_linear_choice(rep.fc2, m)}
     return {}
+
+
+def _inner_linear_choice(lin: nn.Module, m: int) -> str:
+    """What runs a fused MLP's last linear (down_proj, fc2) on ``m`` rows."""
+    if not isinstance(lin, AutooptLinear):
+        return "torch (nn.Linear kept)"
+    w = lin.weight
+    return _linear_choice(m, lin.out_features, lin.in_features, w.dtype, w.device)
 
 
 def _kernels(rep: Replacement) -> dict[str, str]:
@@ -328,22 +351,57 @@ class _Walk:
         self._row(path, match.kind, "replaced", m, shape=shape + variant, verdict=verdict, kernels=_kernels(rep))
         return True
 
+    def _inner_linear(self, lin: nn.Linear) -> nn.Module:
+        """A fused MLP's last linear (down_proj, fc2): its replacement when ``linear`` is in ops= and its own
+        check (cached per shape) passes, else ``lin`` itself. It runs inside the MLP either way."""
+        if "linear" not in self.ops:
+            return lin
+        if id(lin) in self.done:
+            return self.done[id(lin)]
+        w = lin.weight
+        key: tuple[Any, ...] = ("linear", lin.in_features, lin.out_features, lin.bias is not None, w.dtype, w.device)
+        cand = AutooptLinear(lin)
+        if self._verify(key, lin, cand, lambda t: sample(lin.in_features, w.dtype, w.device, tokens=t),
+                        tolerance(w.dtype, matmul=True)).ok:
+            return cand
+        return lin
+
+    def _inner_row(self, path: str, lin: nn.Linear, rep: nn.Module) -> None:
+        """The row of a fused MLP's last linear at ``path``, once the MLP is replaced."""
+        shape = f"{lin.in_features}->{lin.out_features}"
+        if isinstance(rep, AutooptLinear):
+            if id(lin) not in self.done:
+                self.done[id(lin)] = rep
+            self._row(path, "linear", "replaced", lin, shape=shape, kernels=_kernels(rep))
+        else:
+            self._row(path, "linear", "kept", lin,
+                      "linear not in ops=" if "linear" not in self.ops else "check failed for this shape", shape=shape)
+
+    def mlp(self, parent: nn.Module, name: str, m: nn.Module, path: str, kind: str) -> bool:
+        """``m``, which has a gated or a plain MLP's structure (``kind``): replaced (True: its subtree is done)
+        or kept with the reason (False: the walk goes on into its linears)."""
+        if kind not in self.ops:
+            self._row(path, kind, "kept", m, f"{kind} not in ops=")
+            return False
+        match = match_gated_mlp(m) if kind == "gated_mlp" else match_plain_mlp(m)
+        if not isinstance(match, str):
+            fused = ("gate_proj", "up_proj") if isinstance(match, GatedMLPMatch) else (match.fc1_name,)
+            hooked = next((c for c in fused if _has_hooks(m._modules[c])), None)
+            if hooked is not None:  # the fused GEMM reads its weight and never calls it
+                match = f"{path}.{hooked} has forward hooks (the fused GEMM would not call them)"
+        if isinstance(match, str):
+            self._row(path, kind, "kept", m, match + "; its linears are tried one by one")
+            return False
+        if isinstance(match, GatedMLPMatch):
+            return self.gated_mlp(parent, name, m, path, match)
+        return self.plain_mlp(parent, name, m, path, match)
+
     def gated_mlp(self, parent: nn.Module, name: str, m: nn.Module, path: str, match: GatedMLPMatch) -> bool:
         gate, up, down, _ = gated_mlp_parts(m) or (None, None, None, None)
         assert isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)
         shape = f"{match.hidden}->2x{match.intermediate}->{match.hidden}"
         w = gate.weight
-        down_rep: nn.Module = down
-        if "linear" in self.ops and id(down) in self.done:
-            down_rep = self.done[id(down)]
-        elif "linear" in self.ops:
-            # down's own check (cached per shape); it runs inside the MLP either way
-            key: tuple[Any, ...] = ("linear", down.in_features, down.out_features, down.bias is not None, w.dtype,
-                                    w.device)
-            cand = AutooptLinear(down)
-            if self._verify(key, down, cand, lambda t: sample(down.in_features, w.dtype, w.device, tokens=t),
-                            tolerance(w.dtype, matmul=True)).ok:
-                down_rep = cand
+        down_rep = self._inner_linear(down)
         rep = AutooptGatedMLP(m, activation=match.activation, down_proj=down_rep, use_linear_op="linear" in self.ops)
         key = ("gated_mlp", match.hidden, match.intermediate, match.activation, match.has_bias,
                isinstance(down_rep, AutooptLinear), w.dtype, w.device)
@@ -363,15 +421,32 @@ class _Walk:
             self._row(f"{path}.{child}", "linear", "fused", lin, f"runs in {path}'s gate_up GEMM "
                       f"({'halves of gate_up' if rep.tied else 'gate_up is a copy'})",
                       shape=f"{lin.in_features}->{lin.out_features}")
-        if isinstance(down_rep, AutooptLinear):
-            if id(down) not in self.done:
-                self.done[id(down)] = down_rep
-            self._row(f"{path}.down_proj", "linear", "replaced", down,
-                      shape=f"{down.in_features}->{down.out_features}", kernels=_kernels(down_rep))
-        else:
-            self._row(f"{path}.down_proj", "linear", "kept", down,
-                      "linear not in ops=" if "linear" not in self.ops else "check failed for this shape",
-                      shape=f"{down.in_features}->{down.out_features}")
+        self._inner_row(f"{path}.down_proj", down, down_rep)
+        return True
+
+    def plain_mlp(self, parent: nn.Module, name: str, m: nn.Module, path: str, match: PlainMLPMatch) -> bool:
+        fc1: nn.Linear = m._modules[match.fc1_name]  # type: ignore[assignment]
+        fc2: nn.Linear = m._modules[match.fc2_name]  # type: ignore[assignment]
+        shape = f"{match.hidden}->{match.intermediate}->{match.out_features}"
+        w = fc1.weight
+        fc2_rep = self._inner_linear(fc2)
+        rep = AutooptPlainMLP(m, fc1=match.fc1_name, fc2=match.fc2_name, activation=match.activation,
+                              fc2_module=fc2_rep)
+        key = ("plain_mlp", match.hidden, match.intermediate, match.out_features, match.activation,
+               fc1.bias is not None, fc2.bias is not None, isinstance(fc2_rep, AutooptLinear), w.dtype, w.device)
+        verdict = self._verify(key, m, rep, lambda t: sample(match.hidden, w.dtype, w.device, tokens=t, seed=5),
+                               tolerance(w.dtype, matmul=True))
+        if not verdict.ok:
+            self._row(path, "plain_mlp", "kept", m, verdict.reason + "; its linears are tried one by one",
+                      shape=shape, dtype=w.dtype, verdict=verdict)
+            return False
+        self._swap(parent, name, m, rep)
+        self._row(path, "plain_mlp", "replaced", m, shape=f"{shape} {match.activation}", dtype=w.dtype,
+                  verdict=verdict, kernels=_kernels(rep))
+        self._row(f"{path}.{match.fc1_name}", "linear", "fused", fc1,
+                  f"runs in {path}'s fc1 GEMM, {'its bias and ' if fc1.bias is not None else ''}the "
+                  f"{match.activation} in the epilogue", shape=f"{fc1.in_features}->{fc1.out_features}")
+        self._inner_row(f"{path}.{match.fc2_name}", fc2, fc2_rep)
         return True
 
     def qkv(self, attn: nn.Module, path: str, parts: tuple[nn.Linear, nn.Linear, nn.Linear] | str) -> bool:
@@ -422,7 +497,7 @@ class _Walk:
                 return f"{path}.{name} matches skip= pattern {hit!r}"
             if id(lin) in self.done:
                 return f"{path}.{name} is shared with another module"
-            if any(getattr(lin, d, None) for d in ("_forward_hooks", "_forward_pre_hooks")):
+            if _has_hooks(lin):
                 return f"{path}.{name} has forward hooks (they would see a slice computed elsewhere)"
         return None
 
@@ -457,15 +532,11 @@ class _Walk:
             self._row(path, _kind_of(m), "kept", m, "its forward is patched on the instance (an accelerate "
                       "offload hook?): replacing it would drop that")
             return True
+        attention = any(all(hasattr(m, c) for c in names) for names in _ATTENTION_CHILDREN)
         if gated_mlp_parts(m) is not None:
-            if "gated_mlp" not in self.ops:
-                self._row(path, "gated_mlp", "kept", m, "gated_mlp not in ops=")
-                return False
-            match = match_gated_mlp(m)
-            if isinstance(match, str):
-                self._row(path, "gated_mlp", "kept", m, match + "; its linears are tried one by one")
-                return False
-            return self.gated_mlp(parent, name, m, path, match)
+            return self.mlp(parent, name, m, path, "gated_mlp")
+        if not attention and plain_mlp_parts(m) is not None:
+            return self.mlp(parent, name, m, path, "plain_mlp")
         if isinstance(m, nn.Linear):
             self.linear(parent, name, m, path)
             return True
@@ -482,7 +553,7 @@ class _Walk:
                 return True
             self.norm(parent, name, m, path, norm_match, w)
             return True
-        if any(all(hasattr(m, c) for c in names) for names in _ATTENTION_CHILDREN):
+        if attention:
             impl = getattr(getattr(m, "config", None), "_attn_implementation", None)
             self._row(path, "attention", "kept", m, f"attention stays the model's own ({impl or type(m).__name__}); "
                       "its projections are rows of their own")
@@ -508,11 +579,17 @@ class _Stacked(nn.Module):
         return torch.cat([m.forward(x) for m in self.__dict__["mods"]], dim=-1)
 
 
+def _has_hooks(m: Any) -> bool:
+    return any(getattr(m, d, None) for d in ("_forward_hooks", "_forward_pre_hooks"))
+
+
 def _kind_of(m: nn.Module) -> str:
     if isinstance(m, nn.Linear):
         return "linear"
     if gated_mlp_parts(m) is not None:
         return "gated_mlp"
+    if plain_mlp_parts(m) is not None:
+        return "plain_mlp"
     if norm_parts(m) is not None:
         return "norm"
     return "module"
@@ -530,13 +607,14 @@ def _restore_patches(patches: list[tuple[Any, str, Any]]) -> int:
 
 def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] | None = None, check: bool = True,
              keep_original: bool = False, skip: str | Iterable[str] = ()) -> OptimizeReport:
-    """Swap ``model``'s linears, norms and gated MLPs for autoopt kernels, in place; returns the report.
+    """Swap ``model``'s linears, norms and MLPs (gated and plain) for autoopt kernels, in place; returns the report.
 
     ``profile``: the hardware the kernel configs are ranked for (a profile, a known profile name or
     file); None keeps :mod:`autoopt.nn.dispatch`'s (the detected GPU, or a stand-in under Triton's
     interpreter). It is process-wide: it also applies to other models' autoopt ops.
     ``ops``: the kinds to replace, a subset of :data:`OPS` (all by default); without ``linear`` the
-    gated MLP's two GEMMs run through torch. ``check``: compare each distinct replacement with its
+    gated MLP's two GEMMs and a plain MLP's fc2 run through torch (its fc1 + activation GEMM is the
+    ``plain_mlp`` op itself). ``check``: compare each distinct replacement with its
     original on a sample first, keeping the original on a mismatch. ``keep_original``: leave the
     gate/up weights untouched and hold a copy in ``gate_up`` (doubles those weights' memory).
     ``skip``: module-path patterns (``fnmatch``) to leave alone, e.g. ``"lm_head"``.

@@ -4,9 +4,10 @@ A class name proves nothing (every model family names its RMSNorm differently, a
 ``...RMSNorm`` may compute something else), so each candidate is found by what it holds and then
 *run once* on a sample input against the formula it claims to compute:
 
-- **linear**: an ``nn.Linear`` (or a subclass) whose ``forward`` is ``nn.Linear.forward`` itself and
-  whose weight is a plain float16/bfloat16/float32 Parameter. A subclass with its own ``forward``
-  (quantised, LoRA) is not one: it computes something else.
+- **linear**: an ``nn.Linear`` (or a subclass) whose weight is a plain float16/bfloat16/float32
+  Parameter. A subclass with its own ``forward`` is one only when it holds nothing but ``weight`` and
+  ``bias`` and its forward computes ``x @ W^T + b`` on a sample (Falcon's ``FalconLinear``); one with
+  more state (a LoRA adapter, quantisation scales) or another output computes something else.
 - **norm**: a leaf module with a 1-D ``weight`` Parameter of size ``hidden`` and an epsilon attribute
   (``variance_epsilon``: Hugging Face Llama, Qwen2, Mistral; ``eps``: ``torch.nn.RMSNorm``,
   ``nn.LayerNorm``, Gemma; ``epsilon``), optionally a ``bias`` of the same size. Its output on
@@ -17,6 +18,13 @@ A class name proves nothing (every model family names its RMSNorm differently, a
   matching shapes and an ``act_fn`` that computes SiLU or tanh-GELU (checked on a sample: exact
   erf-GELU differs from the tanh form by ~1e-3 and is not taken for it), whose output is
   ``down(act(gate(x)) * up(x))`` on a sample input.
+- **plain MLP**: a module with exactly two linears (above) that chain (``fc1.out_features ==
+  fc2.in_features``), one activation (its one parameter-free child module other than dropout, or a
+  function held as ``act``/``act_fn``/``activation_fn``/``activation``) and no other weights:
+  StarCoder2's ``c_fc``/``c_proj``, GPT-NeoX's and Falcon's ``dense_h_to_4h``/``dense_4h_to_h``,
+  Phi's ``fc1``/``fc2``. The activation must compute exact GELU, tanh-GELU or ReLU on a sample
+  (also at +-60, so a clipped GELU is not taken for GELU), and the module's output must be
+  ``fc2(act(fc1(x)))`` on a sample input.
 - **q/k/v projections**: an attention module's ``q_proj``, ``k_proj`` and ``v_proj``, three linears
   (above) reading the same ``in_features`` in one dtype and device, each with a bias or none with one.
   Fusing them changes no arithmetic (each output column is the same dot product), so there is no
@@ -38,17 +46,24 @@ from torch import nn
 from torch.nn import functional as F
 
 __all__ = [
+    "ACT_ATTRS",
     "EPS_ATTRS",
     "FLOAT_DTYPES",
+    "GATED_ACTIVATIONS",
+    "PLAIN_ACTIVATIONS",
     "QKV",
     "GatedMLPMatch",
     "NormMatch",
+    "PlainMLPMatch",
+    "PlainMLPParts",
     "activation_of",
     "gated_mlp_parts",
     "linear_problem",
     "match_gated_mlp",
     "match_norm",
+    "match_plain_mlp",
     "norm_parts",
+    "plain_mlp_parts",
     "qkv_parts",
     "rel_error",
     "sample",
@@ -113,19 +128,55 @@ def _plain_param(p: Any) -> str | None:
     return None
 
 
+def _probe(m: nn.Module, x: torch.Tensor, reference: Callable[[], torch.Tensor]) -> float | str:
+    """``m``'s output on ``x`` against ``reference()`` (both under no_grad): the relative error, or why they
+    could not be compared (the forward raised, or gave no tensor of x's dtype)."""
+    try:
+        with torch.no_grad():
+            out = m.forward(x)
+            ref = reference()
+    except Exception as exc:  # a module of another contract: not what it looked like
+        return f"probe on a {tuple(x.shape)} {x.dtype} input raised {type(exc).__name__}: {exc}"
+    if not isinstance(out, torch.Tensor) or out.dtype != x.dtype:
+        return "probe output is not a tensor of the input's dtype"
+    return rel_error(out, ref)
+
+
 def linear_problem(m: nn.Module) -> str | None:
     """Why ``m`` is not a linear autoopt can serve; None when it is one."""
     if not isinstance(m, nn.Linear):
         return "not an nn.Linear"
-    if type(m).forward is not nn.Linear.forward or "forward" in m.__dict__:
-        return (f"{type(m).__name__} has its own forward (a quantised, LoRA or hooked linear computes "
-                "something else)")
+    if "forward" in m.__dict__:
+        return f"{type(m).__name__} has its forward patched on the instance (a hooked linear computes something else)"
     problem = _plain_param(m.weight)
     if problem is None and m.bias is not None:
         problem = _plain_param(m.bias)
         if problem is None and m.bias.dtype != m.weight.dtype:
             problem = f"bias dtype {m.bias.dtype} differs from weight dtype {m.weight.dtype}"
+    if problem is None and type(m).forward is not nn.Linear.forward:
+        problem = _own_forward_problem(m)
     return problem
+
+
+def _own_forward_problem(m: nn.Linear) -> str | None:
+    """Why a Linear subclass with its own ``forward`` cannot be served (None: it holds only weight and bias
+    and computes ``x @ W^T + b``, as Falcon's ``FalconLinear`` does with a matmul and an add)."""
+    name = type(m).__name__
+    extra = [n for n, _ in m.named_parameters() if n not in ("weight", "bias")]
+    extra += [n for n, _ in m.named_buffers()] + [n for n, _ in m.named_children()]
+    if extra:
+        return (f"{name} has its own forward and holds {', '.join(extra[:3])} besides weight and bias (an adapter "
+                "or quantisation state: it computes something else)")
+    w = m.weight
+    x = sample(m.in_features, w.dtype, w.device, seed=4)
+    err = _probe(m, x, lambda: F.linear(x, w, m.bias))
+    if isinstance(err, str):
+        return f"{name} has its own forward: {err}"
+    tol = tolerance(w.dtype, matmul=True)
+    if err > tol:
+        return (f"{name} has its own forward, which does not compute x @ W^T + b on a probe (relative error "
+                f"{err:.2g} > {tol:g})")
+    return None
 
 
 # -- norms -----------------------------------------------------------------------------------------------
@@ -227,10 +278,17 @@ class GatedMLPMatch:
     error: float
 
 
+#: what each activation name computes (the reference the probes compare with).
 _ACTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
+    "gelu": F.gelu,
     "gelu_tanh": lambda z: F.gelu(z, approximate="tanh"),
+    "relu": F.relu,
 }
+#: the activations a gated MLP's fused ``act * mul`` kernels compute.
+GATED_ACTIVATIONS = ("silu", "gelu_tanh")
+#: the activations the GEMM epilogue computes (:mod:`autoopt.backend.kernels.epilogue`).
+PLAIN_ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 
 
 def gated_mlp_parts(m: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear, Any] | None:
@@ -244,16 +302,19 @@ def gated_mlp_parts(m: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear, Any]
     return gate, up, down, act
 
 
-def activation_of(act: Any, device: torch.device) -> str | None:
-    """``silu`` or ``gelu_tanh`` when ``act`` computes it on a sample (within fp32 tolerance), else None."""
-    z = sample(64, torch.float32, device, seed=1) * 3.0
+def activation_of(act: Any, device: torch.device, names: tuple[str, ...] = GATED_ACTIVATIONS) -> str | None:
+    """Which of ``names`` ``act`` computes (within fp32 tolerance on two samples: normal values times 3, where
+    GELU and tanh-GELU differ by ~1e-3, and -60..60, where a clipped or saturating look-alike departs), else
+    None. ``act`` gets a copy of each sample (an in-place activation does not change the reference)."""
+    probes = (sample(64, torch.float32, device, seed=1) * 3.0,
+              torch.linspace(-60.0, 60.0, 128, device=device).reshape(2, 64))
     try:
         with torch.no_grad():
-            out = act(z)
+            outs = [act(z.clone()) for z in probes]
     except Exception:
         return None
-    for name, fn in _ACTS.items():
-        if rel_error(out, fn(z)) <= 1e-5:
+    for name in names:
+        if all(rel_error(out, _ACTS[name](z)) <= 1e-5 for out, z in zip(outs, probes, strict=True)):
             return name
     return None
 
@@ -277,28 +338,115 @@ def match_gated_mlp(m: nn.Module) -> GatedMLPMatch | str:
         return "gate/up/down weights differ in dtype or device"
     if (gate.bias is None) != (up.bias is None):
         return "gate_proj and up_proj disagree on bias"
-    activation = activation_of(act, w.device)
+    activation = activation_of(act, w.device, GATED_ACTIVATIONS)
     if activation is None:
         return (f"act_fn {type(act).__name__} computes neither SiLU nor tanh-GELU (exact erf-GELU and other "
                 "activations have no fused kernel)")
     x = sample(hidden, w.dtype, w.device, seed=2)
     fn = _ACTS[activation]
-    try:
-        with torch.no_grad():
-            out = m.forward(x)
-            ref = F.linear(fn(F.linear(x, gate.weight, gate.bias)) * F.linear(x, up.weight, up.bias),
-                           down.weight, down.bias)
-    except Exception as exc:
-        return f"probe on a {tuple(x.shape)} {x.dtype} input raised {type(exc).__name__}: {exc}"
-    if not isinstance(out, torch.Tensor) or out.dtype != x.dtype:
-        return "probe output is not a tensor of the input's dtype"
-    err = rel_error(out, ref)
+    err = _probe(m, x, lambda: F.linear(fn(F.linear(x, gate.weight, gate.bias)) * F.linear(x, up.weight, up.bias),
+                                        down.weight, down.bias))
+    if isinstance(err, str):
+        return err
     tol = tolerance(w.dtype, matmul=True)
     if err > tol:
         return (f"has gate/up/down projections but its output is not down(act(gate(x)) * up(x)) "
                 f"(relative error {err:.2g} > {tol:g})")
     return GatedMLPMatch(activation=activation, hidden=hidden, intermediate=inter,
                          has_bias=gate.bias is not None or down.bias is not None, error=err)
+
+
+# -- plain MLP -------------------------------------------------------------------------------------------
+
+#: attribute names a plain MLP's activation is found under when it is a function, not a child module.
+ACT_ATTRS = ("act", "act_fn", "activation_fn", "activation")
+
+
+@dataclass(frozen=True, slots=True)
+class PlainMLPParts:
+    """A plain MLP's pieces: its two linears in the order they run, under their child names, and the
+    activation between them (a module or a function)."""
+
+    fc1_name: str
+    fc1: nn.Linear
+    fc2_name: str
+    fc2: nn.Linear
+    act: Any
+
+
+@dataclass(frozen=True, slots=True)
+class PlainMLPMatch:
+    """A recognised plain MLP: ``fc2(act(fc1(x)))`` with ``activation`` one of :data:`PLAIN_ACTIVATIONS`."""
+
+    activation: str
+    fc1_name: str
+    fc2_name: str
+    hidden: int
+    intermediate: int
+    out_features: int
+    has_bias: bool
+    error: float
+
+
+def _act_name(act: Any) -> str:
+    return str(getattr(act, "__name__", type(act).__name__))
+
+
+def plain_mlp_parts(m: nn.Module) -> PlainMLPParts | None:
+    """``m``'s :class:`PlainMLPParts` when it has a plain MLP's structure (see the module docstring), else None.
+
+    Containers (``nn.Sequential`` ...) are not taken: code may index them, which a replacement would break."""
+    if isinstance(m, (nn.Linear, nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+        return None
+    children = list(m.named_children())
+    linears = [(n, c) for n, c in children if isinstance(c, nn.Linear)]
+    if len(linears) != 2:
+        return None
+    rest = [c for _, c in children if not isinstance(c, nn.Linear)]
+    if any(True for c in rest for _ in c.parameters()):
+        return None  # other weights (a norm, a gate): more than two linears and an activation
+    acts = [c for c in rest if not isinstance(c, (nn.Dropout, nn.Identity)) and next(c.buffers(), None) is None]
+    acts += [m.__dict__[a] for a in ACT_ATTRS if callable(m.__dict__.get(a))]
+    if len(acts) != 1:
+        return None
+    (n1, l1), (n2, l2) = linears
+    assert isinstance(l1, nn.Linear) and isinstance(l2, nn.Linear)
+    if l1.out_features == l2.in_features:  # child order first: a square MLP chains both ways
+        return PlainMLPParts(n1, l1, n2, l2, acts[0])
+    if l2.out_features == l1.in_features:
+        return PlainMLPParts(n2, l2, n1, l1, acts[0])
+    return None
+
+
+def match_plain_mlp(m: nn.Module) -> PlainMLPMatch | str:
+    """What plain MLP ``m`` is (a :class:`PlainMLPMatch`), or why it is not recognised as one."""
+    parts = plain_mlp_parts(m)
+    if parts is None:
+        return "not a plain MLP: needs exactly two chained linears and one activation"
+    fc1, fc2 = parts.fc1, parts.fc2
+    for name, lin in ((parts.fc1_name, fc1), (parts.fc2_name, fc2)):
+        problem = linear_problem(lin)
+        if problem is not None:
+            return f"{name}: {problem}"
+    w = fc1.weight
+    if fc2.weight.dtype != w.dtype or fc2.weight.device != w.device:
+        return f"{parts.fc1_name}/{parts.fc2_name} weights differ in dtype or device"
+    activation = activation_of(parts.act, w.device, PLAIN_ACTIVATIONS)
+    if activation is None:
+        return (f"activation {_act_name(parts.act)} computes none of exact GELU, tanh-GELU and ReLU (the GEMM "
+                "epilogue has no other)")
+    x = sample(fc1.in_features, w.dtype, w.device, seed=5)
+    fn = _ACTS[activation]
+    err = _probe(m, x, lambda: F.linear(fn(F.linear(x, w, fc1.bias)), fc2.weight, fc2.bias))
+    if isinstance(err, str):
+        return err
+    tol = tolerance(w.dtype, matmul=True)
+    if err > tol:
+        return (f"has two chained linears and a {activation} activation but its output is not "
+                f"{parts.fc2_name}({activation}({parts.fc1_name}(x))) (relative error {err:.2g} > {tol:g})")
+    return PlainMLPMatch(activation=activation, fc1_name=parts.fc1_name, fc2_name=parts.fc2_name,
+                         hidden=fc1.in_features, intermediate=fc1.out_features, out_features=fc2.out_features,
+                         has_bias=fc1.bias is not None or fc2.bias is not None, error=err)
 
 
 # -- q/k/v projections ------------------------------------------------------------------------------------
