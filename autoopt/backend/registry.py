@@ -312,8 +312,9 @@ def reference(inputs: dict[str, Any], op: OpSpec) -> Any:
 
 
 def _scaled_mm_baseline(inputs: dict[str, Any], op: OpSpec) -> Callable[[], Any] | None:
-    """cuBLASLt's FP8 GEMM with row-wise scales (``torch._scaled_mm``, sm_90+) for a W8A8 ``fp8`` GEMM,
-    activations quantized per token in torch each call (part of what the vendor path costs)."""
+    """The vendor path of a W8A8 ``fp8`` GEMM as ``autoopt.kernels.vendor`` prices it: autoopt's activation
+    quantization (``act_quant.py``), then cuBLASLt's FP8 GEMM with row-wise scales (``torch._scaled_mm``,
+    sm_90+)."""
     import torch
 
     fmt = op.weight_format
@@ -321,13 +322,17 @@ def _scaled_mm_baseline(inputs: dict[str, Any], op: OpSpec) -> Callable[[], Any]
     if (fmt is None or fmt.name != "fp8" or not fmt.quantizes_activations or op.kind != "gemm"
             or a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) < (9, 0)):
         return None
-    from autoopt.backend.quant import quantize_activations
+    from autoopt.backend.kernels.act_quant import act_quant_prepare
 
+    m, k = a.shape
+    aq = torch.empty((m, k), device=a.device, dtype=torch.float8_e4m3fn)
+    s = torch.empty((m,), device=a.device, dtype=torch.float32)
+    quant = act_quant_prepare(a, aq, s)
     w, ws = inputs["qweight"], inputs["scales"].float()[None, :]
     out_dtype = torch_dtype(op.out_dtype or op.dtype)
 
     def run() -> Any:
-        aq, s = quantize_activations(a, fmt)
+        quant()
         return torch._scaled_mm(aq, w.t(), scale_a=s[:, None], scale_b=ws, out_dtype=out_dtype)
     return run
 

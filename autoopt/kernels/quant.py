@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from autoopt._serde import from_plain, to_plain
 from autoopt.errors import OpError
 
 __all__ = ["ACTIVATIONS", "FORMAT_NAMES", "INT4_GROUPS", "WeightFormat", "parse_weight"]
@@ -167,29 +168,16 @@ class WeightFormat:
 
     # -- data -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "group_size": self.group_size, "symmetric": self.symmetric,
-                "scale_dtype": self.scale_dtype, "activation": self.activation, "layout": self.layout}
+        return to_plain(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> WeightFormat:
-        if not isinstance(data, Mapping):
-            raise OpError(f"weight format must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"name", "group_size", "symmetric", "scale_dtype", "activation", "layout"}
-        if unknown:
-            raise OpError(f"weight format has unknown fields {sorted(map(str, unknown))}")
-        if "name" not in data:
-            raise OpError("weight format needs 'name'")
-        base = parse_weight(str(data["name"]))
-        kw: dict[str, Any] = {}
-        for key, kind in (("group_size", int), ("symmetric", bool), ("scale_dtype", str), ("activation", str),
-                          ("layout", str)):
-            if key in data:
-                value = data[key]
-                if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-                    raise OpError(f"weight format field {key!r} must be {kind.__name__}, got {value!r}")
-                kw[key] = value
-        fields = base.to_dict() | kw
-        return cls(**fields)
+        """The format of a mapping: ``name`` required, the other fields default to that name's
+        (``{"name": "int4"}`` is int4-g128)."""
+        if not isinstance(data, Mapping) or "name" not in data:
+            raise OpError(f"weight format must be a mapping with a 'name', got {data!r}")
+        base = parse_weight(str(data["name"])).to_dict()
+        return from_plain(cls, {**base, **data}, lambda msg, where: OpError(f"weight format: {where}: {msg}"))
 
 
 _EXPECTED: dict[str, dict[str, tuple[Any, ...]]] = {

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from autoopt.backend.kernels import interpreter_active
 from autoopt.backend.kernels.act_quant import act_quant_prepare
-from autoopt.backend.kernels.quant_gemv import FMT_CODES, e4m3_exact, int4_as_half, row_tiles, weight_views
+from autoopt.backend.kernels.quant_gemv import FMT_CODES, coded_tile_dot, int4_tile_dot, row_tiles, weight_views
 
 __all__ = ["quant_gemm_prepare"]
 
@@ -49,6 +49,8 @@ def _quant_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # t
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     # Group-M ordering (Triton matmul tutorial): GROUP_M row bands share the W tiles they load through L2.
+    # The same lines as gemm.py's on purpose: a kernel module's hash keys its stored timings, so gemm.py is
+    # not edited to share them.
     num_pid_in_group = GROUP_M * num_pid_n
     group_id = pid // num_pid_in_group
     first_pid_m = group_id * GROUP_M
@@ -102,35 +104,13 @@ def _quant_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # t
                 else:
                     a_lo = tl.load(a_rows + k_lo[None, :], mask=(k_lo < K)[None, :], other=0.0)
                     a_hi = tl.load(a_rows + k_hi[None, :], mask=(k_hi < K)[None, :], other=0.0)
-                if DOT_F16:
-                    a_lo = a_lo.to(tl.float16)
-                    a_hi = a_hi.to(tl.float16)
-                b16 = wb.to(tl.int16)
-                p = tl.dot(a_lo, tl.trans(int4_as_half(b16, 0, DOT_F16)))
-                p = tl.dot(a_hi, tl.trans(int4_as_half(b16, 4, DOT_F16)), p)
-                sa = tl.sum(a_lo.to(tl.float32), axis=1) + tl.sum(a_hi.to(tl.float32), axis=1)
-                s = tl.load(s_ptr + offs_wn * stride_sn + grp).to(tl.float32)
-                if HAS_Z:
-                    z = tl.load(z_ptr + offs_wn * stride_sn + grp).to(tl.float32)
-                    acc += 16.0 * s[None, :] * p + sa[:, None] * (z - 24.0 * s)[None, :]
-                else:
-                    acc += s[None, :] * (16.0 * p - 24.0 * sa[:, None])
+                acc = int4_tile_dot(acc, a_lo, a_hi, wb, s_ptr, z_ptr, offs_wn, stride_sn, grp, HAS_Z, DOT_F16)
             else:
                 if EVEN_X:
                     a = tl.load(a_rows + pb[None, :])
                 else:
                     a = tl.load(a_rows + pb[None, :], mask=(pb < K)[None, :], other=0.0)
-                w = e4m3_exact(wb, FMT == 2)
-                if DOT_F16:
-                    a = a.to(tl.float16)
-                    w = w.to(tl.float16)
-                else:
-                    w = w.to(tl.bfloat16)
-                if FMT == 1:  # one 128-block a tile (BLOCK_K divides 128)
-                    s = tl.load(s_ptr + (offs_wn // G) * stride_sn + byte0 // G).to(tl.float32)
-                    acc += tl.dot(a, tl.trans(w)) * s[None, :]
-                else:
-                    acc = tl.dot(a, tl.trans(w), acc)
+                acc = coded_tile_dot(acc, a, wb, s_ptr, offs_wn, stride_sn, byte0, FMT, G, DOT_F16)
     if FMT == 0 or FMT == 2:  # per-channel weight scale, and per-token activation scale (W8A8)
         acc = acc * tl.load(s_ptr + offs_wn).to(tl.float32)[None, :]
         if ACT == 1:

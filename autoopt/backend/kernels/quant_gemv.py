@@ -36,8 +36,8 @@ import triton.language as tl
 from autoopt.backend.kernels import interpreter_active
 from autoopt.backend.kernels.gemm import splitk_reduce_prepare
 
-__all__ = ["FMT_CODES", "e4m3_bits_scaled", "e4m3_exact", "int4_as_float", "int4_as_half", "quant_gemv_prepare",
-           "row_tiles", "weight_views"]
+__all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "int4_as_float", "int4_as_half",
+           "int4_tile_dot", "quant_gemv_prepare", "row_tiles", "weight_views"]
 
 #: the kernels' FMT constexpr per format name
 FMT_CODES = {"fp8": 0, "fp8_block": 1, "int8": 2, "int4": 3}
@@ -77,6 +77,47 @@ def e4m3_exact(b, INT8: tl.constexpr):  # type: ignore[no-untyped-def]
     if INT8:
         return b.to(tl.float32)
     return e4m3_bits_scaled(b.to(tl.int32)) * 1.329227995784916e36
+
+
+@triton.jit
+def int4_tile_dot(acc, x_lo, x_hi, wb, s_ptr, z_ptr, offs_wn, stride_sn, grp,  # type: ignore[no-untyped-def]
+                  HAS_Z: tl.constexpr, DOT_F16: tl.constexpr):
+    """``acc`` plus one K-tile of int4 codes ``wb`` (bytes ``[BLOCK_N, BLOCK_K/2]``, one group ``grp``) against
+    the activations of its low and high halves: dots on ``1 + q/16``, then ``16 s P + (z - 24 s) S``."""
+    if DOT_F16:
+        x_lo = x_lo.to(tl.float16)
+        x_hi = x_hi.to(tl.float16)
+    b16 = wb.to(tl.int16)
+    p = tl.dot(x_lo, tl.trans(int4_as_half(b16, 0, DOT_F16)))
+    p = tl.dot(x_hi, tl.trans(int4_as_half(b16, 4, DOT_F16)), p)
+    sx = tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
+    s = tl.load(s_ptr + offs_wn * stride_sn + grp).to(tl.float32)
+    if HAS_Z:
+        z = tl.load(z_ptr + offs_wn * stride_sn + grp).to(tl.float32)
+        out = acc + 16.0 * s[None, :] * p + sx[:, None] * (z - 24.0 * s)[None, :]
+    else:
+        out = acc + s[None, :] * (16.0 * p - 24.0 * sx[:, None])
+    return out
+
+
+@triton.jit
+def coded_tile_dot(acc, x, wb, s_ptr, offs_wn, stride_sn, byte0,  # type: ignore[no-untyped-def]
+                   FMT: tl.constexpr, G: tl.constexpr, DOT_F16: tl.constexpr):
+    """``acc`` plus one K-tile of int8 / e4m3 codes ``wb`` (int8 view ``[BLOCK_N, BLOCK_K]``) against ``x``, the
+    codes exact in the dot's 16-bit type; block-FP8 scales the tile's product by its 128-block's scale
+    (``BLOCK_K`` divides 128), per-channel scales wait for the epilogue."""
+    w = e4m3_exact(wb, FMT == 2)
+    if DOT_F16:
+        x = x.to(tl.float16)
+        w = w.to(tl.float16)
+    else:
+        w = w.to(tl.bfloat16)
+    if FMT == 1:
+        s = tl.load(s_ptr + (offs_wn // G) * stride_sn + byte0 // G).to(tl.float32)
+        out = acc + tl.dot(x, tl.trans(w)) * s[None, :]
+    else:
+        out = tl.dot(x, tl.trans(w), acc)
+    return out
 
 
 # The @triton.jit kernels carry no annotations on purpose: Triton reads a parameter's annotation as its
@@ -200,36 +241,14 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                 else:
                     x_lo = tl.load(x_lo_ptrs, mask=m_ok[:, None] & (k_lo < K)[None, :], other=0.0)
                     x_hi = tl.load(x_hi_ptrs, mask=m_ok[:, None] & (k_hi < K)[None, :], other=0.0)
-                if DOT_F16:
-                    x_lo = x_lo.to(tl.float16)
-                    x_hi = x_hi.to(tl.float16)
-                b16 = b.to(tl.int16)
-                p = tl.dot(x_lo, tl.trans(int4_as_half(b16, 0, DOT_F16)))
-                p = tl.dot(x_hi, tl.trans(int4_as_half(b16, 4, DOT_F16)), p)
-                sxg = tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
-                s = tl.load(s_ptr + offs_wn * stride_sn + grp).to(tl.float32)
-                if HAS_Z:
-                    z = tl.load(z_ptr + offs_wn * stride_sn + grp).to(tl.float32)
-                    acc += 16.0 * s[None, :] * p + (z - 24.0 * s)[None, :] * sxg[:, None]
-                else:
-                    acc += s[None, :] * (16.0 * p - 24.0 * sxg[:, None])
-            else:
+                acc = int4_tile_dot(acc, x_lo, x_hi, b, s_ptr, z_ptr, offs_wn, stride_sn, grp, HAS_Z, DOT_F16)
+            else:  # int8 / e4m3 codes (fp8_block: one 128-block a tile, BLOCK_K <= 128)
                 x_ptrs = x_ptr + offs_m[:, None] * stride_xm + pb[None, :]
                 if EVEN_X:
                     x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
                 else:
                     x = tl.load(x_ptrs, mask=m_ok[:, None] & (pb < K)[None, :], other=0.0)
-                w = e4m3_exact(b, FMT == 2)
-                if DOT_F16:
-                    x = x.to(tl.float16)
-                    w = w.to(tl.float16)
-                else:
-                    w = w.to(tl.bfloat16)
-                if FMT == 1:  # one 128-block a tile (BLOCK_K <= 128): scale each tile's products
-                    s = tl.load(s_ptr + (offs_wn // G) * stride_sn + byte0 // G).to(tl.float32)
-                    acc += tl.dot(x, tl.trans(w)) * s[None, :]
-                else:
-                    acc = tl.dot(x, tl.trans(w), acc)
+                acc = coded_tile_dot(acc, x, b, s_ptr, offs_wn, stride_sn, byte0, FMT, G, DOT_F16)
         if FMT == 0 or FMT == 2:
             acc = acc * tl.load(s_ptr + offs_wn).to(tl.float32)[None, :]
         if HAS_BIAS:
