@@ -148,3 +148,22 @@ def test_quantized_ops_key_apart_from_plain_ones_everywhere():
     assert op_key(plain) != op_key(quant) and op_key(plain) == "gemv 1x4096x4096 bf16 nk bf16"
     assert op_columns(plain)[2] == "bf16" and op_columns(quant)[2] == "bf16+int4-g128"
     assert op_from_columns(*op_columns(quant)) == quant and op_from_columns(*op_columns(plain)) == plain
+
+
+@budget(200)
+@given(st.fixed_dictionaries({"kind": st.sampled_from(["gemm", "gemv", "rmsnorm"]),
+                              "shape": st.lists(st.integers(-3, 70000), min_size=2, max_size=3),
+                              "dtype": st.sampled_from(["bf16", "fp16", "fp32", "fp8"]),
+                              "weight": st.one_of(st.none(), st.integers(), st.text(max_size=8),
+                                                  st.sampled_from([*SPECS, "int3", "int4-g7"]))}))
+def test_any_op_dict_with_a_weight_is_a_valid_op_or_an_op_error(data):
+    try:
+        op = OpSpec.from_dict(data)
+    except OpError as exc:
+        assert str(exc)
+        return
+    assert op.flops > 0 and op.min_bytes > 0 and OpSpec.from_dict(op.to_dict()) == op
+    if op.weight is not None:
+        fmt = parse_weight(op.weight)
+        m, n, k = op.shape
+        assert op.min_bytes == m * k * 2 + fmt.weight_bytes(n, k) + m * n * 2

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from _fuzz import budget
+from hypothesis import given
+from hypothesis import strategies as st
 
-from autoopt.errors import ConfigError
+from autoopt.errors import AutooptError, ConfigError
 from autoopt.hardware.library import load_profile
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.cost import floor_us
@@ -151,3 +154,20 @@ def test_the_vendor_prices_only_the_w8a8_fp8_gemm_it_can_run():
                   OpSpec(kind="gemv", shape=(1, 4096, 4096), weight="fp8")):
         assert predict_vendor_matmul(H100, other) is None
     assert predict_vendor_matmul(A100, OpSpec(kind="gemm", shape=(2048, 4096, 4096), weight="fp8")) is None
+
+
+@budget(40)
+@given(kind=st.sampled_from(["gemv", "gemm"]), m=st.integers(1, 4096), n=st.integers(1, 70000),
+       k=st.integers(1, 70000), spec=st.sampled_from([*FORMATS, "int4-g32-asym", "fp8_block-wo"]),
+       gpu=st.sampled_from(["h100-sxm", "a100-sxm-80gb", "rtx-3060", "mi300x"]))
+def test_rank_of_any_quantized_op_is_valid_sorted_configs_or_a_typed_error(kind, m, n, k, spec, gpu):
+    g = load_profile(gpu).gpu
+    try:
+        op = OpSpec(kind=kind, shape=(min(m, 16) if kind == "gemv" else m, n, k), weight=spec)
+        r = rank(g, op, top=3)
+    except AutooptError as exc:
+        assert str(exc)
+        return
+    times = [c.predicted_us for c in r.candidates]
+    assert times == sorted(times) and times[0] >= floor_us(g, op)
+    assert all(validate_config(g, op, c.config) == [] for c in r.candidates)
