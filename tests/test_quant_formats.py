@@ -100,6 +100,7 @@ def test_a_padded_int4_group_is_stored_whole():
 @pytest.mark.parametrize("spec,weight_bytes", [("int4", 4096 * 2048 + 2 * 4096 * 32),
                                                ("int4-asym", 4096 * 2048 + 4 * 4096 * 32),
                                                ("fp8", 4096 * 4096 + 4 * 4096),
+                                               ("int8", 4096 * 4096 + 4 * 4096),
                                                ("fp8_block", 4096 * 4096 + 4 * 32 * 32)])
 def test_gemv_bytes_count_the_packed_weight_exactly(spec, weight_bytes):
     op = OpSpec(kind="gemv", shape=(1, 4096, 4096), dtype="bf16", weight=spec)
