@@ -35,7 +35,7 @@ from autoopt.templates.gemm import (
     warp_facts,
 )
 
-__all__ = ["GemvTemplate"]
+__all__ = ["GemvTemplate", "block_rules"]
 
 KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 MIN_BN, MIN_BK = 16, 32
@@ -46,6 +46,16 @@ SPLITS, WARPS, STAGES = (1, 2, 4, 8, 16, 32), (1, 2, 4, 8), (1, 2, 3, 4)
 def dot_m(bm: int) -> int:
     """Rows the tensor-core path computes: mma.sync needs M >= 16 (the kernel's DOT_M)."""
     return max(16, bm)
+
+
+def block_rules(gpu: GPUProfile, dtype: str, shape: tuple[int, int, int], bm: int, bn: int, bk: int) -> list[str]:
+    """A GEMV config's first rules (shared with the quant-gemv template): the dtype's MMA, ``BLOCK_M =
+    next_pow2(M)``, power-of-two ``BLOCK_N``/``BLOCK_K`` within the problem's N and K."""
+    m, n, k = shape
+    out = C.check_dtype(gpu, dtype)
+    if not C.is_pow2(bm) or bm < m or bm > C.next_pow2(m):
+        out.append(f"BLOCK_M={bm} must be next_pow2(M)={C.next_pow2(m)} (one program covers all M={m} rows)")
+    return out + block_problems((("BLOCK_N", bn, n, MIN_BN), ("BLOCK_K", bk, k, MIN_BK)))
 
 
 class GemvTemplate(Template):
@@ -119,10 +129,7 @@ class GemvTemplate(Template):
         p = config.params
         lim = C.limits(gpu)
         bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
-        out += C.check_dtype(gpu, op.dtype)
-        if not C.is_pow2(bm) or bm < m or bm > C.next_pow2(m):
-            out.append(f"BLOCK_M={bm} must be next_pow2(M)={C.next_pow2(m)} (one program covers all M={m} rows)")
-        out += block_problems((("BLOCK_N", bn, n, MIN_BN), ("BLOCK_K", bk, k, MIN_BK)))
+        out += block_rules(gpu, op.dtype, (m, n, k), bm, bn, bk)
         if out:
             return out
         out += C.check_threads(lim, config.num_warps)

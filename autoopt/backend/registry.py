@@ -2,12 +2,18 @@
 
 Kernel names (``KernelConfig.kernel``) and the op kinds they serve:
 ``gemm``, ``gemm_tma`` (gemm, gemv), ``gemv`` (gemv), ``silu_mul``, ``add``, ``gelu_tanh_mul``,
-``{rmsnorm,layernorm,softmax}_{single,looped}``, ``rmsnorm_split``, ``rmsnorm_coop``. The matmul
-kernels also run with a fused bias + activation epilogue (a ``"bias"`` input, ``prepare(...,
-activation=)``): the same config on the variant kernels of ``kernels/epilogue.py``, not ranked or
-measured apart. Inputs are fresh random tensors (never zeros: zeros hide unwritten outputs and can
-run faster). The reference is float64 on the same inputs. For a ``kn`` GEMM the weight is stored
-under ``"w_kn"`` (``[K, N]``) instead of ``"w"`` (``[N, K]``), so the input dict alone says the layout.
+``{rmsnorm,layernorm,softmax}_{single,looped}``, ``rmsnorm_split``, ``rmsnorm_coop``; over a quantized
+weight (``OpSpec.weight``): ``quant_gemv`` (gemv), ``quant_gemm`` (gemm). The plain matmul kernels also
+run with a fused bias + activation epilogue (a ``"bias"`` input, ``prepare(..., activation=)``): the same
+config on the variant kernels of ``kernels/epilogue.py``, not ranked or measured apart. Inputs are fresh
+random tensors (never zeros: zeros hide unwritten outputs and can run faster). The reference is float64 on
+the same inputs. For a ``kn`` GEMM the weight is stored under ``"w_kn"`` (``[K, N]``) instead of ``"w"``
+(``[N, K]``), so the input dict alone says the layout. A quantized weight is drawn like a plain one,
+quantized (:func:`autoopt.backend.quant.quantize`) and given as its packed tensors (``qweight``,
+``scales``, ``offsets``); its reference is the float64 matmul with the *dequantized* weight (and, for a
+W8A8 GEMM, the activations quantized as the kernel does), so the check measures the kernel's error, not
+the format's: quantization error against the original layer is ``autoopt.backend.quant.relative_error``'s
+job. An optional ``bias`` ``[N]`` in the inputs is added by the quantized kernels and the reference.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ __all__ = [
     "launch",
     "make_inputs",
     "prepare",
+    "quantized_weight",
     "reference",
     "tolerance",
     "torch_baseline",
@@ -45,6 +52,17 @@ EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 #: relative error at K=4096), hence their own looser bound.
 _TOL = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 1.5e-2, "fp8": 6e-2}
 _TOL_TF32 = 5e-3
+#: quantized weights, against the dequantized-weight reference, by output dtype. The kernels' products
+#: are exact (codes and activations fit the dot's 16-bit type or fp32) and sums are fp32, so what is
+#: left is the output's rounding: bf16 keeps 8 significant bits, 1.7e-3 relative Frobenius error on
+#: normal data when rounded, 3.5e-3 truncated (Triton 3.9's interpreter truncates fp32 -> bf16:
+#: measured on these kernels); fp16 2e-4; fp32 ~1e-6. Twice the worst as the bound.
+_TOL_QUANT = {"bf16": 8e-3, "fp16": 1e-3, "fp32": 1e-4}
+#: W8A8 with one scale per row and column (``fp8``): the e4m3 products are exact but Hopper's fp8
+#: MMA keeps ~14 bits of its accumulator over the whole K (DeepSeek-V3 technical report, 2024, §3.3.2:
+#: up to ~2% relative error at K = 4096); the block format promotes to fp32 every K-tile and keeps
+#: the bound above.
+_TOL_W8A8_ROW = 2e-2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +76,8 @@ class KernelEntry:
     name: str
     kinds: tuple[str, ...]
     module: str
+    #: whether it reads a packed quantized weight (ops with ``weight`` set, and only those)
+    quantized: bool = False
 
 
 _KERNELS = "autoopt.backend.kernels"
@@ -72,6 +92,8 @@ KERNELS: dict[str, KernelEntry] = {
        for k in ("rmsnorm", "layernorm", "softmax") for v in ("single", "looped")},
     "rmsnorm_split": KernelEntry(name="rmsnorm_split", kinds=("rmsnorm",), module=f"{_KERNELS}.norm"),
     "rmsnorm_coop": KernelEntry(name="rmsnorm_coop", kinds=("rmsnorm",), module=f"{_KERNELS}.norm_coop"),
+    "quant_gemv": KernelEntry(name="quant_gemv", kinds=("gemv",), module=f"{_KERNELS}.quant_gemv", quantized=True),
+    "quant_gemm": KernelEntry(name="quant_gemm", kinds=("gemm",), module=f"{_KERNELS}.quant_gemm", quantized=True),
 }
 
 
@@ -91,6 +113,11 @@ def check_kernel(op: OpSpec, config: KernelConfig) -> None:
     if op.kind not in entry.kinds:
         raise ConfigError(f"kernel {config.kernel!r} serves {', '.join(entry.kinds)}, not {op.kind!r}",
                           reasons=(f"kernel {config.kernel!r} cannot run op kind {op.kind!r}",))
+    if entry.quantized != (op.weight is not None):
+        want = "a quantized weight (OpSpec.weight)" if entry.quantized else f"a plain {op.dtype} weight"
+        raise ConfigError(f"kernel {config.kernel!r} reads {want}; {op.label()} has "
+                          f"{'weight ' + op.weight if op.weight else 'none'}",
+                          reasons=(f"kernel {config.kernel!r} cannot run {op.label()}",))
 
 
 def _randn(shape: tuple[int, ...], dtype: str, device: Any, gen: Any, scale: float = 1.0) -> Any:
@@ -116,6 +143,8 @@ def make_inputs(op: OpSpec, device: Any, seed: int = 0, *, empty: bool = False) 
                 for k, v in make_inputs(op, "meta", seed).items()}
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
+    if op.weight is not None:
+        return _quant_inputs(op, device, gen)
     if op.is_matmul:
         m, n, k = op.shape
         # W ~ N(0, 1/K) keeps outputs O(1) like a trained layer; fp8 keeps |x| far under e4m3's 448.
@@ -137,6 +166,39 @@ def make_inputs(op: OpSpec, device: Any, seed: int = 0, *, empty: bool = False) 
     return {"x": x, "weight": w, "bias": b}
 
 
+def _quant_inputs(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
+    """A, and W ~ N(0, 1/K) quantized on ``device`` into ``op``'s format (shapes only on ``meta``)."""
+    import torch
+
+    from autoopt.backend.quant import quantize
+
+    fmt = op.weight_format
+    assert fmt is not None
+    m, n, k = op.shape
+    a = _randn((m, k), op.dtype, device, gen)
+    if str(device) == "meta":
+        qdt = {"fp8": torch.float8_e4m3fn, "fp8_block": torch.float8_e4m3fn, "int8": torch.int8}.get(fmt.name,
+                                                                                                   torch.uint8)
+        sdt = torch.bfloat16 if fmt.scale_dtype == "bf16" else torch.float32
+        out = {"a": a, "qweight": torch.empty(fmt.packed_shape(n, k), dtype=qdt, device="meta"),
+               "scales": torch.empty(fmt.scale_shape(n, k), dtype=sdt, device="meta")}
+        if not fmt.symmetric:
+            out["offsets"] = torch.empty(fmt.scale_shape(n, k), dtype=sdt, device="meta")
+        return out
+    w = _randn((n, k), op.dtype, device, gen, k ** -0.5)
+    return {"a": a, **quantize(w, fmt).tensors()}
+
+
+def quantized_weight(inputs: dict[str, Any], op: OpSpec) -> Any:
+    """The :class:`~autoopt.backend.quant.QuantizedWeight` held by ``inputs`` for ``op``."""
+    from autoopt.backend.quant import QuantizedWeight
+
+    if op.weight is None:
+        raise BackendError(f"{op.label()} has no quantized weight")
+    _, n, k = op.shape
+    return QuantizedWeight.of(op.weight, n, k, inputs)
+
+
 def alloc_out(op: OpSpec, device: Any) -> Any:
     """An uninitialised output of the op's shape and output dtype."""
     import torch
@@ -147,6 +209,12 @@ def alloc_out(op: OpSpec, device: Any) -> Any:
 
 def tolerance(op: OpSpec) -> float:
     """Largest relative Frobenius error accepted for ``op`` (TF32 bound for fp32 matmuls)."""
+    if op.weight is not None:
+        fmt = op.weight_format
+        assert fmt is not None
+        if op.kind == "gemm" and fmt.activation == "per_token":
+            return _TOL_W8A8_ROW
+        return _TOL_QUANT[op.out_dtype or op.dtype]
     if op.is_matmul and op.dtype == "fp32":
         return _TOL_TF32
     return _TOL[op.dtype]
@@ -173,6 +241,15 @@ def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
         raise ConfigError(f"unknown backend kernel {config.kernel!r}; expected one of {', '.join(KERNELS)}")
     params = dict(config.params)
     name = config.kernel
+    if name in ("quant_gemv", "quant_gemm"):
+        if op is None:
+            raise ConfigError(f"kernel {name!r} needs the op (its weight format) to bind its inputs")
+        qw = quantized_weight(inputs, op)
+        if name == "quant_gemv":
+            from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
+            return quant_gemv_prepare(inputs["a"], qw, out, params, bias=inputs.get("bias"))
+        from autoopt.backend.kernels.quant_gemm import quant_gemm_prepare
+        return quant_gemm_prepare(inputs["a"], qw, out, params, bias=inputs.get("bias"))
     if name in ("gemm", "gemm_tma", "gemv"):
         w, layout = _weight(inputs)
         if inputs.get("bias") is not None or activation not in (None, "none"):
@@ -217,6 +294,11 @@ def reference(inputs: dict[str, Any], op: OpSpec) -> Any:
     def d(t: Any) -> Any:
         return t.to(torch.float64)
 
+    if op.weight is not None:
+        from autoopt.backend.quant import reference_matmul
+
+        return reference_matmul(inputs["a"], quantized_weight(inputs, op), gemm=op.kind == "gemm",
+                                bias=inputs.get("bias"))
     if op.is_matmul:
         w, layout = _weight(inputs)
         return d(inputs["a"]) @ (d(w) if layout == "kn" else d(w).t())
@@ -237,14 +319,43 @@ def reference(inputs: dict[str, Any], op: OpSpec) -> Any:
     raise BackendError(f"no reference for op kind {op.kind!r}")
 
 
+def _scaled_mm_baseline(inputs: dict[str, Any], op: OpSpec) -> Callable[[], Any] | None:
+    """The vendor path of a W8A8 ``fp8`` GEMM as ``autoopt.kernels.vendor`` prices it: autoopt's activation
+    quantization (``act_quant.py``), then cuBLASLt's FP8 GEMM with row-wise scales (``torch._scaled_mm``,
+    sm_90+)."""
+    import torch
+
+    fmt = op.weight_format
+    a = inputs["a"]
+    if (fmt is None or fmt.name != "fp8" or not fmt.quantizes_activations or op.kind != "gemm"
+            or a.device.type != "cuda" or torch.cuda.get_device_capability(a.device) < (9, 0)):
+        return None
+    from autoopt.backend.kernels.act_quant import act_quant_prepare
+
+    m, k = a.shape
+    aq = torch.empty((m, k), device=a.device, dtype=torch.float8_e4m3fn)
+    s = torch.empty((m,), device=a.device, dtype=torch.float32)
+    quant = act_quant_prepare(a, aq, s)
+    w, ws = inputs["qweight"], inputs["scales"].float()[None, :]
+    out_dtype = torch_dtype(op.out_dtype or op.dtype)
+
+    def run() -> Any:
+        quant()
+        return torch._scaled_mm(aq, w.t(), scale_a=s[:, None], scale_b=ws, out_dtype=out_dtype)
+    return run
+
+
 def torch_baseline(inputs: dict[str, Any], op: OpSpec) -> Callable[[], Any] | None:
     """The plain-PyTorch way to compute ``op`` (cuBLAS, ATen kernels), for the ratio column.
 
-    None where torch has no direct equivalent on this device (fp8 GEMM off sm_89+).
+    None where torch has no direct equivalent on this device (fp8 GEMM off sm_89+; a quantized weight
+    other than a W8A8 ``fp8`` GEMM, which is ``torch._scaled_mm`` with row-wise scales on sm_90+).
     """
     import torch
     import torch.nn.functional as F
 
+    if op.weight is not None:
+        return _scaled_mm_baseline(inputs, op)
     if op.is_matmul:
         a = inputs["a"]
         w, layout = _weight(inputs)

@@ -91,7 +91,7 @@ def floor_us(gpu: GPUProfile, op: OpSpec) -> float:
     hit = _FLOOR_CACHE.get((id(gpu), op))
     if hit is not None and hit[0] is gpu:
         return hit[1]
-    peak = peak_flops(gpu, op.dtype, tensor=op.is_matmul)
+    peak = peak_flops(gpu, op.compute_dtype, tensor=op.is_matmul)
     t_c = op.flops / peak if peak else 0.0
     floor = max(t_c, op.min_bytes / _bw(gpu)) * 1e6
     if len(_FLOOR_CACHE) > 1024:
@@ -188,17 +188,23 @@ def _reuse(tm: int, tn: int, group_m: int, conc: int, a_blk: float, w_blk: float
 
 def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: str = "mma_sync",
                    smem_bytes: int, regs_per_thread: float, persistent: bool = False,
-                   multicast: tuple[int, int] = (1, 1), consts: CostConstants | None = None) -> Prediction:
+                   multicast: tuple[int, int] = (1, 1), alu_iter_us: float = 0.0,
+                   consts: CostConstants | None = None) -> Prediction:
     """Predicted time of a tiled matmul config (see module docstring).
 
     ``mma``: one of :data:`MMA_KINDS`; ``multicast``: (CTAs sharing each W tile,
     CTAs sharing each A tile) through cluster TMA multicast, dividing L2 reads.
+    A quantized weight (``op.weight``) streams at its packed bytes per element, A at the MMA's
+    dtype (e4m3 for a W8A8 GEMM, else the activations'); ``alu_iter_us`` is the CUDA-core time
+    of one K-iteration of a tile beyond the MMA (dequantizing the W tile), which overlaps it:
+    an iteration takes the longer of the two.
     """
     c = consts or constants()
     lim: Limits = limits(gpu)
     p = config.params
     m, n, k = op.shape
-    e = DTYPE_BYTES[op.dtype]
+    e = DTYPE_BYTES[op.compute_dtype]
+    w_e = op.weight_elem_bytes if op.weight else e
     out_e = DTYPE_BYTES[op.out_dtype or op.dtype]
     bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
     split = 0 if p.get("STREAM_K", 0) else p.get("SPLIT_K", 1)  # 0: stream-K (see matmul_work)
@@ -215,7 +221,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     conc = min(occ, tiles_per_sm)
 
     # Compute per K-iteration on one SM (padded tile: the MMA computes masked rows too).
-    peak = peak_flops(gpu, op.dtype, tensor=mma != "fma")
+    peak = peak_flops(gpu, op.compute_dtype, tensor=mma != "fma")
     it_flops = 2.0 * (max(bm, 16) if mma != "fma" else min(bm, m)) * bn * bk
     t_comp = 0.0
     smem_pen = 1.0
@@ -243,10 +249,13 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
         t_comp = it_flops / rate * max(smem_pen, idle) * 1e6
     # L2 -> SM: rows of A/W actually present (masked rows are not fetched), divided by multicast.
     bw = _bw(gpu)
-    it_bytes = (min(bm, m) / multicast[1] + min(bn, n) / multicast[0]) * bk * e
+    if op.weight:
+        it_bytes = (min(bm, m) * e / multicast[1] + min(bn, n) * w_e / multicast[0]) * bk
+    else:  # the expression MatmulBound.l2_us repeats, rounding alike
+        it_bytes = (min(bm, m) / multicast[1] + min(bn, n) / multicast[0]) * bk * e
     t_l2 = it_bytes / (bw * c.l2_bw_ratio / sms) * 1e6
     t_issue = it_bytes / (threads * 16) * c.load_issue_us if mma != "fma" else 0.0
-    t_it = max(t_comp, t_l2, t_issue) + c.iter_overhead_us
+    t_it = max(t_comp, t_l2, t_issue, alu_iter_us) + c.iter_overhead_us
     # a stage lands latency + its transfer time after issue; depth stages cover that many iterations
     depth = max(stages - 1, 0.5)
     t_it_eff = max(t_it, (c.dram_latency_us + t_l2) / (depth * conc))
@@ -262,15 +271,16 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     # DRAM: operands after L2 reuse, output (or fp32 partials) once.
     l2_eff = (gpu.l2_bytes or 0) * c.l2_usable_fraction
     conc_grid = min(tiles, sms * occ)
-    ra, rw = _reuse(tm, tn, p.get("GROUP_M", 1), conc_grid, min(bm, m) * k * e, min(bn, n) * k * e, l2_eff)
-    a_bytes, w_bytes = m * k * e, n * k * e
+    ra, rw = _reuse(tm, tn, p.get("GROUP_M", 1), conc_grid, min(bm, m) * k * e, min(bn, n) * k * w_e, l2_eff)
+    a_bytes, w_bytes = m * k * e, n * k * w_e
     out_bytes = m * n * (4 * split if split > 1 else out_e)  # stream-K partials stay in L2
     dram_bytes = a_bytes * ra + w_bytes * rw + out_bytes
     # register-fed loads (the FMA path) need enough warps in flight; cp.async/TMA stages do not
     in_flight = min(1.0, conc * warps / c.warps_for_full_bandwidth) if mma == "fma" else 1.0
     dram_us = dram_bytes / (bw * c.dram_efficiency * in_flight) * 1e6
-    dram_us = max(dram_us, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, bw * c.dram_efficiency, c, bk))
-    dram_us /= run_efficiency(bn, bk, e, op.layout, c)
+    dram_us = max(dram_us, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, bw * c.dram_efficiency, c, bk,
+                                              w_e=w_e if op.weight else None))
+    dram_us /= run_efficiency(bn, bk, w_e, op.layout, c)
     launch = c.launch_us
     reduce_us = 0.0
     if split > 1:  # fp32 partials read back by a second kernel, output written once
@@ -343,14 +353,16 @@ def run_efficiency(bn: int, bk: int, e: float, layout: str, c: CostConstants) ->
 
 
 def busiest_sm_dram_us(m: int, n: int, k: int, bm: int, bn: int, split: int, e: float, sms: int,
-                       dram_rate: float, c: CostConstants, bk: int = 1) -> float:
+                       dram_rate: float, c: CostConstants, bk: int = 1, *, w_e: float | None = None) -> float:
     """DRAM time of the SM with the most tiles, at :attr:`CostConstants.sm_dram_share` of its even
     share of ``dram_rate``. Each tile's W block is fetched from DRAM once per row of M-tiles sharing
     it (the rest come from L2), and its A block once per column of N-tiles; so the term binds only
     where M or N is one tile wide and the tiles spread unevenly over the SMs (decode, skinny prefill).
-    Stream-K (``split == 0``, ``bk`` given) spreads K-iterations evenly instead of whole tiles."""
+    Stream-K (``split == 0``, ``bk`` given) spreads K-iterations evenly instead of whole tiles.
+    ``w_e``: bytes per element of W when they differ from A's ``e`` (a quantized weight)."""
     tm, tn = -(-m // bm), -(-n // bn)
-    per_k = (min(bn, n) / tm + min(bm, m) / tn) * e  # bytes per element of K one tile brings in
+    # bytes per element of K one tile brings in
+    per_k = (min(bn, n) / tm + min(bm, m) / tn) * e if w_e is None else min(bn, n) / tm * w_e + min(bm, m) / tn * e
     if split == 0:
         # each SM streams its K-iterations at the rate stream-K keeps (segment restarts and
         # hand-overs stall the stream as they stall the MMAs): H200 decode-batch GEMMs at M = 16
@@ -393,6 +405,8 @@ class MatmulBound:
     __slots__ = ("_split1", "c", "dram_base", "dram_rate", "e", "k", "l2_rate", "layout", "m", "n", "out_e", "sms")
 
     def __init__(self, gpu: GPUProfile, op: OpSpec, consts: CostConstants | None = None) -> None:
+        if op.weight:
+            raise AutooptError(f"MatmulBound bounds plain matmuls; {op.label()} has a quantized weight")
         c = self.c = consts or constants()
         self.sms = limits(gpu).sm_count
         m, n, k = self.m, self.n, self.k = op.shape

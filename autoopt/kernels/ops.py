@@ -7,6 +7,9 @@ output written once), which give the physical floor any kernel is held to.
 Shapes by kind:
 - ``gemm``/``gemv``: ``(M, N, K)``: ``C[M,N] = A[M,K] @ W[N,K]^T`` (``nn.Linear``
   weights, layout ``nk``) or ``A @ B[K,N]`` (layout ``kn``). ``gemv`` is M <= 16.
+  ``weight`` (e.g. ``"int4"``, ``"fp8"``; :mod:`autoopt.kernels.quant`) names a quantized ``W``:
+  ``dtype`` is then the activations' (and the output's), the FLOPs are unchanged and the bytes
+  count the packed weight with its scales exactly.
 - ``silu_mul``: ``(rows, N)``: ``out[rows,N] = silu(x[rows,N]) * y[rows,N]``.
 - ``gelu_tanh_mul``: ``(rows, N)``: ``out = gelu_tanh(x) * y`` (GeGLU, Gemma's activation).
 - ``add``: ``(rows, N)`` (or ``(numel,)``): ``out = x + y``.
@@ -21,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoopt.errors import OpError
+from autoopt.kernels.quant import WeightFormat, parse_weight
 
-__all__ = ["DTYPE_BYTES", "OP_KINDS", "OpSpec", "parse_shape"]
+__all__ = ["DTYPE_BYTES", "OP_KINDS", "QUANT_ACT_DTYPES", "OpSpec", "parse_shape"]
 
 #: bytes per element; fp4 packs two per byte.
 DTYPE_BYTES: dict[str, float] = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2,
@@ -42,6 +46,8 @@ OP_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "layernorm": (("rows", "N"), ("bf16", "fp16", "fp32")),
     "softmax": (("rows", "N"), ("bf16", "fp16", "fp32")),
 }
+#: activation (and output) dtypes of a matmul with a quantized weight
+QUANT_ACT_DTYPES = ("bf16", "fp16")
 _MAX_DIM = 1 << 31  # int32 indexing in the kernels; larger is refused up front
 GEMV_MAX_M = 16
 
@@ -77,6 +83,9 @@ class OpSpec:
     layout: str = "nk"
     #: dtype of the output; defaults to the input dtype (fp8 GEMMs write bf16).
     out_dtype: str | None = None
+    #: quantized weight format of a matmul (a :func:`~autoopt.kernels.quant.parse_weight` spec, kept
+    #: canonical); None: W is stored in ``dtype`` like A.
+    weight: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
@@ -102,6 +111,19 @@ class OpSpec:
         if self.layout not in ("nk", "kn"):
             raise OpError(f"layout {self.layout!r} is not supported; expected 'nk' (nn.Linear weight) or 'kn'")
         out = normalize_dtype(self.out_dtype) if self.out_dtype else ("bf16" if dtype == "fp8" else dtype)
+        if self.weight is not None:
+            if self.kind not in ("gemm", "gemv"):
+                raise OpError(f"{self.kind} has no weight to quantize; 'weight' applies to gemm/gemv")
+            fmt = parse_weight(self.weight) if isinstance(self.weight, str) else None
+            if fmt is None:
+                raise OpError(f"weight must be a format name like 'int4' or 'fp8', got {self.weight!r}")
+            if dtype not in QUANT_ACT_DTYPES or out not in (*QUANT_ACT_DTYPES, "fp32"):
+                raise OpError(f"a {fmt.spec} weight takes {' or '.join(QUANT_ACT_DTYPES)} activations and "
+                              f"outputs; got dtype {dtype}, out_dtype {out}")
+            if self.layout != "nk":
+                raise OpError(f"a {fmt.spec} weight is packed from an nn.Linear [N, K] weight: layout must be "
+                              f"'nk', got {self.layout!r}")
+            object.__setattr__(self, "weight", fmt.spec)
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype)
         object.__setattr__(self, "out_dtype", out)
@@ -114,6 +136,30 @@ class OpSpec:
     @property
     def is_matmul(self) -> bool:
         return self.kind in ("gemm", "gemv")
+
+    @property
+    def weight_format(self) -> WeightFormat | None:
+        """The quantized weight's format, or None for a plain matmul (or a non-matmul op)."""
+        return None if self.weight is None else parse_weight(self.weight)
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype the matmul's MMAs run in: fp8 for a W8A8 GEMM (activations quantized to e4m3),
+        else ``dtype`` (weight-only formats dequantize W to the activations' dtype; decode GEMVs
+        never quantize activations)."""
+        fmt = self.weight_format
+        if fmt is not None and self.kind == "gemm" and fmt.quantizes_activations:
+            return "fp8"
+        return self.dtype
+
+    @property
+    def weight_elem_bytes(self) -> float:
+        """Stored bytes per element of W: the dtype's, or the packed format's with its scales."""
+        fmt = self.weight_format
+        if fmt is None:
+            return DTYPE_BYTES[self.dtype]
+        _, n, k = self.shape
+        return fmt.elem_bytes(n, k)
 
     @property
     def numel(self) -> int:
@@ -136,6 +182,9 @@ class OpSpec:
         o = DTYPE_BYTES[self.out_dtype or self.dtype]
         if self.is_matmul:
             m, n, k = self.shape
+            fmt = self.weight_format
+            if fmt is not None:  # A once in its dtype, the packed W and its scales once, C once
+                return m * k * e + fmt.weight_bytes(n, k) + m * n * o
             return (m * k + n * k) * e + m * n * o
         rows, n = self.shape
         if self.kind in ("silu_mul", "add", "gelu_tanh_mul"):
@@ -152,17 +201,22 @@ class OpSpec:
         return self.flops / self.min_bytes
 
     def label(self) -> str:
-        return f"{self.kind}[{'x'.join(map(str, self.shape))}] {self.dtype}"
+        w = f" w={self.weight}" if self.weight else ""
+        return f"{self.kind}[{'x'.join(map(str, self.shape))}] {self.dtype}{w}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "shape": list(self.shape), "dtype": self.dtype,
-                "layout": self.layout, "out_dtype": self.out_dtype}
+        """Plain data; ``weight`` appears only when set (a plain op's dict is what it always was)."""
+        out: dict[str, Any] = {"kind": self.kind, "shape": list(self.shape), "dtype": self.dtype,
+                               "layout": self.layout, "out_dtype": self.out_dtype}
+        if self.weight is not None:
+            out["weight"] = self.weight
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> OpSpec:
         if not isinstance(data, Mapping):
             raise OpError(f"op description must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"kind", "shape", "dtype", "layout", "out_dtype"}
+        unknown = set(data) - {"kind", "shape", "dtype", "layout", "out_dtype", "weight"}
         if unknown:
             raise OpError(f"op description has unknown fields {sorted(map(str, unknown))}")
         if "kind" not in data or "shape" not in data:
@@ -175,6 +229,9 @@ class OpSpec:
         kind = data["kind"]
         if not isinstance(kind, str):
             raise OpError(f"kind must be a string, got {type(kind).__name__}")
+        weight = data.get("weight")
+        if weight is not None and not isinstance(weight, str):
+            raise OpError(f"weight must be a format name like 'int4', got {type(weight).__name__}")
         return cls(kind=kind.lower(), shape=tuple(shape), dtype=str(data.get("dtype", "bf16")),
                    layout=str(data.get("layout", "nk")),
-                   out_dtype=data.get("out_dtype"))
+                   out_dtype=data.get("out_dtype"), weight=weight)

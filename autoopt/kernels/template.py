@@ -39,6 +39,9 @@ class Template:
     ops: ClassVar[tuple[str, ...]] = ()
     #: higher wins ties between templates whose predictions are equal.
     priority: ClassVar[int] = 0
+    #: whether its kernels read packed quantized weights (``OpSpec.weight``): an op with one is
+    #: offered only to templates that say so (see autoopt.kernels.quant).
+    quantized_weights: ClassVar[bool] = False
 
     def applies(self, gpu: GPUProfile, op: OpSpec) -> bool:
         """Whether this template can serve ``op`` on ``gpu`` at all."""

@@ -13,8 +13,14 @@ timings of ``benchmarks/results/{h100,h200}/hw_limit*.json`` by ``benchmarks/fit
     t = max(FLOPs / (e_compute * peak), bytes / (e_memory * bandwidth)) + fixed_us
 
 peak and bandwidth are the profile's datasheet values (as the cost model uses them); bytes are
-A, W and C once each. It prices only what it was fitted on: 16-bit float matmuls on a GPU with
-a fit. Anywhere else it answers None, and the caller keeps autoopt's kernel.
+A, W and C once each. It prices what it was fitted on, 16-bit float matmuls on a GPU with a fit,
+and one quantized case: a W8A8 ``fp8`` GEMM (per-channel weight scales, per-token activation
+scales) as ``torch._scaled_mm`` with row-wise scales (cuBLASLt, sm_90+) after autoopt's own
+activation quantization (``act_quant.py``, priced as the quant-gemm template prices it). That
+price reuses the bf16 fit's efficiencies at the FP8 peak and FP8 bytes: a lead, not fitted on FP8
+timings (``benchmarks/quant_kernels.py`` times ``_scaled_mm`` to fit it). Anything else, the other
+quantized formats included (cuBLAS has no int4/int8-weight GEMM), answers None, and the caller
+keeps autoopt's kernel.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from typing import Any
 
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels.cost import peak_flops
-from autoopt.kernels.ops import OpSpec
+from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
+from autoopt.kernels.quant_cost import act_quant_us
 
 __all__ = ["FITS", "VendorFit", "predict_vendor_matmul", "vendor_fit", "vendor_roofline_us"]
 
@@ -84,12 +91,31 @@ def predict_vendor_matmul(gpu: GPUProfile, op: OpSpec) -> float | None:
     fit = vendor_fit(gpu)
     if fit is None or not op.is_matmul or op.dtype not in _DTYPES or op.layout != "nk":
         return None
+    if op.weight is not None:
+        return _scaled_mm_us(gpu, op, fit)
     bw = gpu.mem_bandwidth_gbs or gpu.measured_bandwidth_gbs
     peak = peak_flops(gpu, op.dtype)
     if not bw or not peak:
         return None
     return vendor_roofline_us(op.flops / peak, op.min_bytes / (bw * 1e9), fit.e_compute, fit.e_memory,
                               fit.fixed_us)
+
+
+def _scaled_mm_us(gpu: GPUProfile, op: OpSpec, fit: VendorFit) -> float | None:
+    """A W8A8 ``fp8`` GEMM as activation quantization + ``torch._scaled_mm`` (row-wise scales need
+    sm_90+ in torch's cuBLASLt/CUTLASS path), or None for any other quantized op."""
+    fmt = op.weight_format
+    if (fmt is None or op.kind != "gemm" or fmt.name != "fp8" or not fmt.quantizes_activations
+            or gpu.cc is None or gpu.cc < (9, 0)):
+        return None
+    bw = gpu.mem_bandwidth_gbs or gpu.measured_bandwidth_gbs
+    peak = peak_flops(gpu, "fp8")
+    if not bw or not peak:
+        return None
+    m, n, k = op.shape
+    moved = m * k + fmt.weight_bytes(n, k) + 4 * m + m * n * DTYPE_BYTES[op.out_dtype or op.dtype]
+    gemm = vendor_roofline_us(op.flops / peak, moved / (bw * 1e9), fit.e_compute, fit.e_memory, fit.fixed_us)
+    return gemm + act_quant_us(gpu, op)
 
 
 def vendor_roofline_us(compute_s: float, memory_s: float, e_compute: float, e_memory: float,

@@ -25,7 +25,7 @@ from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
 
 __all__ = ["FAILED_LABELS", "LABELS", "MAX_REASON", "WINNER_LABEL", "EnvKey", "ResultKey", "StoredResult",
-           "config_key", "op_columns"]
+           "config_key", "op_columns", "op_from_columns"]
 
 #: labels a stored row may carry. ``measured``: correct and timed (a possible winner);
 #: ``rejected``: refused or failed to compile/launch; ``wrong``: ran but did not match the reference;
@@ -116,9 +116,23 @@ class ResultKey:
         return cls(env=EnvKey.from_dict(_mapping(data["env"], "env")), op=_op(data["op"]))
 
 
+#: joins the activation dtype and the weight format in the store's dtype column
+WEIGHT_SEP = "+"
+
+
 def op_columns(op: OpSpec) -> tuple[str, str, str, str, str]:
-    """The op as the store's columns: kind, shape ``"M,N,K"``, dtype, layout, out_dtype."""
-    return (op.kind, ",".join(map(str, op.shape)), op.dtype, op.layout, op.out_dtype or op.dtype)
+    """The op as the store's columns: kind, shape ``"M,N,K"``, dtype, layout, out_dtype. A quantized
+    weight rides in the dtype column as ``bf16+int4-g128`` (:func:`op_from_columns` splits it), so a
+    quantized op's rows never compete with the plain op's and the schema stays as it was."""
+    dtype = f"{op.dtype}{WEIGHT_SEP}{op.weight}" if op.weight else op.dtype
+    return (op.kind, ",".join(map(str, op.shape)), dtype, op.layout, op.out_dtype or op.dtype)
+
+
+def op_from_columns(kind: str, shape: str, dtype: str, layout: str, out_dtype: str) -> OpSpec:
+    """The :class:`OpSpec` of a store row's op columns (the inverse of :func:`op_columns`)."""
+    dtype, _, weight = dtype.partition(WEIGHT_SEP)
+    return OpSpec(kind=kind, shape=tuple(int(d) for d in shape.split(",")), dtype=dtype, layout=layout,
+                  out_dtype=out_dtype, weight=weight or None)
 
 
 def config_key(config: KernelConfig) -> str:

@@ -60,6 +60,7 @@ from autoopt.results.records import (
     StoredResult,
     config_key,
     op_columns,
+    op_from_columns,
 )
 
 log = get_logger(__name__)
@@ -405,8 +406,7 @@ class ResultStore:
             return StoredResult(
                 env=EnvKey(device=v["device"], gpu=v["gpu"], driver=v["driver"], torch=v["torch"],
                            triton=v["triton"]),
-                op=OpSpec(kind=v["kind"], shape=tuple(int(d) for d in v["shape"].split(",")), dtype=v["dtype"],
-                          layout=v["layout"], out_dtype=v["out_dtype"]),
+                op=op_from_columns(v["kind"], v["shape"], v["dtype"], v["layout"], v["out_dtype"]),
                 config=KernelConfig(kernel=v["kernel"], params=params, path=v["path"], template=v["template"]),
                 label=v["label"], us=v["us"], max_error=v["max_error"], reason=v["reason"],
                 kernel_file=v["kernel_file"], kernel_hash=v["kernel_hash"], measured_at=v["measured_at"],

@@ -161,12 +161,12 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
     return cov / (vx * vy) if vx and vy else 0.0
 
 
-_GroupKey = tuple[str, str, tuple[int, ...], str, str, str]
+_GroupKey = tuple[str, str, tuple[int, ...], str, str, str, str]
 
 
 def _group_key(s: Sample) -> _GroupKey:
     gpu, op = s[0], s[1]
-    return (gpu.name, op.kind, tuple(op.shape), op.dtype, op.layout, op.out_dtype or "")
+    return (gpu.name, op.kind, tuple(op.shape), op.dtype, op.layout, op.out_dtype or "", op.weight or "")
 
 
 def _groups(samples: Iterable[Sample]) -> dict[_GroupKey, list[Sample]]:

@@ -35,7 +35,7 @@ File format (zlib-compressed UTF-8 text, one JSON document per line): a header
 ``{"format": "autoopt-rank-cache", "version": 1, "gpu": "<repr of gpu_key>", "gpu_name": ...,
 "autoopt_version": ..., "sources": {"templates/gemm.py": "<crc32>", ...}, "constants": {...},
 "templates": [...], "entries": N}``, then one line per op: ``<op key>`` TAB ``<entry JSON>``
-(``op key``: kind, shape, dtype, layout, out_dtype; entry: the candidate's config, prediction,
+(``op key``: kind, shape, dtype, layout, out_dtype, weight format if any; entry: the candidate's config, prediction,
 bound, roofline share, reason and breakdown with exact floats, or ``{"error": ...}``). Lines are
 decoded only when their op is asked for.
 """
@@ -84,8 +84,10 @@ _PACKAGE_SOURCES = ("kernels/*.py", "search/ranking.py", "hardware/features.py",
 # -- keys ----------------------------------------------------------------------------------
 
 def op_key(op: OpSpec) -> str:
-    """``gemm 256x6144x4096 bf16 nk bf16``: everything of the op a ranking reads."""
-    return f"{op.kind} {'x'.join(map(str, op.shape))} {op.dtype} {op.layout} {op.out_dtype}"
+    """``gemm 256x6144x4096 bf16 nk bf16``: everything of the op a ranking reads (`` w=int4-g128``
+    appended for a quantized weight)."""
+    w = f" w={op.weight}" if op.weight else ""
+    return f"{op.kind} {'x'.join(map(str, op.shape))} {op.dtype} {op.layout} {op.out_dtype}{w}"
 
 
 #: the repr of each profile object's gpu_key: every lookup names its file by it, and repr() of the

@@ -154,6 +154,15 @@ def _call(pm: PluginManager, t: Template, what: str, strict: bool, fn: Any, *arg
         return False, None
 
 
+def _applies(pm: PluginManager, t: Template, gpu: GPUProfile, op: OpSpec, strict: bool) -> tuple[bool, Any]:
+    """``t.applies`` (a plugin's exception reported), and never for an op with a quantized weight
+    unless the template reads packed weights (``Template.quantized_weights``): a template written
+    before weights could be quantized would otherwise run its kernel on the wrong tensors."""
+    if op.weight is not None and not t.quantized_weights:
+        return True, False
+    return _call(pm, t, "applies", strict, t.applies, gpu, op)
+
+
 @dataclass(slots=True)
 class _Acc:
     """What a build collects across templates: counts, rejection rules and examples, templates used."""
@@ -229,7 +238,7 @@ def _build(pm: PluginManager, gpu: GPUProfile, op: OpSpec, templates: Sequence[T
     acc = _Acc()
     cands: list[tuple[float, int, tuple[Any, ...], Candidate]] = []
     for t in templates:
-        ok, applies = _call(pm, t, "applies", strict, t.applies, gpu, op)
+        ok, applies = _applies(pm, t, gpu, op, strict)
         if not ok or not applies:
             continue
         acc.used.append(t.name)
@@ -269,7 +278,7 @@ def _build_pruned(pm: PluginManager, gpu: GPUProfile, op: OpSpec, templates: Seq
 
     limit = math.inf
     for ti, t in enumerate(templates):
-        ok, applies = _call(pm, t, "applies", strict, t.applies, gpu, op)
+        ok, applies = _applies(pm, t, gpu, op, strict)
         if not ok or not applies:
             continue
         acc.used.append(t.name)
@@ -360,7 +369,7 @@ def rank(gpu: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, t
         bad = [t for t in tpls if not isinstance(t, Template)]
         if bad:
             raise AutooptError(f"templates must be Template instances, got {type(bad[0]).__name__}")
-    key = (gpu_key(g), o.kind, o.shape, o.dtype, o.layout, o.out_dtype, tuple(id(t) for t in tpls),
+    key = (gpu_key(g), o.kind, o.shape, o.dtype, o.layout, o.out_dtype, o.weight, tuple(id(t) for t in tpls),
            constants())
     entry = None if strict else _CACHE.get(key)  # an exhaustive entry serves every top and force
     if entry is None and not exhaustive:
@@ -465,7 +474,7 @@ def validate_config(gpu: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str,
     t = _template_for(config)
     if t is None:
         return [f"unknown template {config.template!r} for kernel {config.kernel!r} (see `autoopt plugins`)"]
-    if not t.applies(g, o):
+    if not (t.applies(g, o) and (o.weight is None or t.quantized_weights)):
         return [f"template {t.name!r} does not apply to {o.label()} on {g.name}"]
     return generic_problems(g, config, t) or list(t.validate(g, o, config))
 

@@ -1,0 +1,330 @@
+"""Decode GEMV ``C[M, N] = X[M, K] @ dequant(W)^T (+ bias)`` over a packed quantized weight, M = 1..16.
+
+The kernel exists to stream the packed weight once (fp8/int8: 1 byte, int4: half a byte per
+weight, plus scales) and dequantize it in registers. Each program owns ``BLOCK_N`` rows of W and
+one K-slice (``SPLIT_K`` slices through the same fp32 workspace + reduce as ``gemm.py``), loads
+``[BLOCK_N, BLOCK_K]`` weights a step as contiguous row runs, and reuses them for all M rows.
+
+Dequantization costs ALU, and at M = 1 it would bind before DRAM on an H100 if every weight paid an
+int->float conversion (16 a clock per SM: CUDA C++ Programming Guide, arithmetic instruction
+throughput), so codes become floats by bit tricks, two or three integer ops and no conversion:
+
+- int4: the code's 4 bits go to the top of an fp32 mantissa with exponent 0: ``f = 1 + q/16``. A
+  K-group's products ``P = sum f*x`` and ``S = sum x`` then give ``sum w*x = 16 s P + (z - 24 s) S``
+  for ``w = (q - 8) s + z``: the scale and offset are applied once per group, not per weight.
+- int8: ``f = 1 + (q + 128)/256`` the same way; ``sum w*x = s (256 P - 384 S)`` per row.
+- e4m3: sign and the 7 exponent+mantissa bits placed at fp32's bits 31 and 26..20 make exactly
+  ``w * 2^-120`` (e4m3 subnormals land on fp32 subnormals); the scale is multiplied by 2^120 at the end.
+
+``BLOCK_M == 1``: FMAs into fp32, per group (int4, fp8_block: a ``[BLOCK_N, groups, group]`` tile,
+summed per group then scaled) or per row (fp8, int8). ``BLOCK_M > 1``: ``tl.dot`` with M padded to
+16 (the MMA minimum; padded rows are masked loads); int4 codes become ``1 + q/16`` in the dot's
+16-bit type by the same trick, fp8/int8 codes convert exactly (e4m3 by the bit trick, no Triton
+e4m3 type, so any GPU; e4m3 and |q| <= 127 fit bf16 and fp16), and a tile spans at most one
+group. The interpreter's bf16 ``tl.dot`` is wrong (triton 3.9), so there (and for fp16
+activations) the dot runs in fp16.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import triton
+import triton.language as tl
+
+from autoopt.backend.kernels import interpreter_active
+from autoopt.backend.kernels.gemm import splitk_reduce_prepare
+
+__all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "int4_as_float", "int4_as_half",
+           "int4_tile_dot", "quant_gemv_prepare", "row_tiles", "weight_views"]
+
+#: the kernels' FMT constexpr per format name
+FMT_CODES = {"fp8": 0, "fp8_block": 1, "int8": 2, "int4": 3}
+#: 2^120: e4m3 bits at fp32 bits 26..20 read as w * 2^-120
+_E4M3_UNBIAS = 2.0 ** 120
+
+
+@triton.jit
+def e4m3_bits_scaled(v):  # type: ignore[no-untyped-def]
+    """fp32 ``w * 2^-120`` of e4m3 codes ``v`` (sign-extended int32 of the byte): sign to bit 31,
+    exponent and mantissa to bits 26..20 (``(v << 20) & 0x87F00000``)."""
+    return ((v << 20) & -2014314496).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def int4_as_float(b, SHIFT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """fp32 ``1 + q/16`` of the nibble of ``b`` (int32 of the byte) at bit ``SHIFT`` (0: low, 4: high)."""
+    return (((b << (19 - SHIFT)) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def int4_as_half(b, SHIFT: tl.constexpr, F16: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``1 + q/16`` of the nibble at bit ``SHIFT`` in fp16 (``F16``) or bf16, from int16 ``b``:
+    the code goes to the top mantissa bits under exponent 0 (fp16 0x3C00, 10 fraction bits;
+    bf16 0x3F80, 7 fraction bits)."""
+    q = (b >> SHIFT) & 0xF
+    if F16:
+        return ((q << 6) | 0x3C00).to(tl.float16, bitcast=True)
+    return ((q << 3) | 0x3F80).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def e4m3_exact(b, INT8: tl.constexpr):  # type: ignore[no-untyped-def]
+    """The codes ``b`` (int8 view) as exact fp32 values: int8 as they are, e4m3 by the bit trick times
+    2^120 (no Triton e4m3 type: it needs sm_89+, and this path serves fp8 weights on any GPU); the
+    caller narrows to the dot's 16-bit type, exactly (e4m3 has 4 significant bits, |q| <= 127)."""
+    if INT8:
+        return b.to(tl.float32)
+    return e4m3_bits_scaled(b.to(tl.int32)) * 1.329227995784916e36
+
+
+@triton.jit
+def int4_tile_dot(acc, x_lo, x_hi, wb, s_ptr, z_ptr, offs_wn, stride_sn, grp,  # type: ignore[no-untyped-def]
+                  HAS_Z: tl.constexpr, DOT_F16: tl.constexpr):
+    """``acc`` plus one K-tile of int4 codes ``wb`` (bytes ``[BLOCK_N, BLOCK_K/2]``, one group ``grp``) against
+    the activations of its low and high halves: dots on ``1 + q/16``, then ``16 s P + (z - 24 s) S``."""
+    if DOT_F16:
+        x_lo = x_lo.to(tl.float16)
+        x_hi = x_hi.to(tl.float16)
+    b16 = wb.to(tl.int16)
+    p = tl.dot(x_lo, tl.trans(int4_as_half(b16, 0, DOT_F16)))
+    p = tl.dot(x_hi, tl.trans(int4_as_half(b16, 4, DOT_F16)), p)
+    sx = tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
+    s = tl.load(s_ptr + offs_wn * stride_sn + grp).to(tl.float32)
+    if HAS_Z:
+        z = tl.load(z_ptr + offs_wn * stride_sn + grp).to(tl.float32)
+        out = acc + 16.0 * s[None, :] * p + sx[:, None] * (z - 24.0 * s)[None, :]
+    else:
+        out = acc + s[None, :] * (16.0 * p - 24.0 * sx[:, None])
+    return out
+
+
+@triton.jit
+def coded_tile_dot(acc, x, wb, s_ptr, offs_wn, stride_sn, byte0,  # type: ignore[no-untyped-def]
+                   FMT: tl.constexpr, G: tl.constexpr, DOT_F16: tl.constexpr):
+    """``acc`` plus one K-tile of int8 / e4m3 codes ``wb`` (int8 view ``[BLOCK_N, BLOCK_K]``) against ``x``, the
+    codes exact in the dot's 16-bit type; block-FP8 scales the tile's product by its 128-block's scale
+    (``BLOCK_K`` divides 128), per-channel scales wait for the epilogue."""
+    w = e4m3_exact(wb, FMT == 2)
+    if DOT_F16:
+        x = x.to(tl.float16)
+        w = w.to(tl.float16)
+    else:
+        w = w.to(tl.bfloat16)
+    if FMT == 1:
+        s = tl.load(s_ptr + (offs_wn // G) * stride_sn + byte0 // G).to(tl.float32)
+        out = acc + tl.dot(x, tl.trans(w)) * s[None, :]
+    else:
+        out = tl.dot(x, tl.trans(w), acc)
+    return out
+
+
+# The @triton.jit kernels carry no annotations on purpose: Triton reads a parameter's annotation as its
+# type or specialisation; each is exempt from mypy's no-untyped-def by a `type: ignore` on its def line.
+@triton.jit
+def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ignore[no-untyped-def]
+                       M, N, K, NG, stride_xm, stride_wn, stride_sn, stride_cs, stride_cm, tiles_per_split,
+                       FMT: tl.constexpr, G: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       DOT_M: tl.constexpr, EVEN_W: tl.constexpr, EVEN_X: tl.constexpr, DOT_F16: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Wrapped rows of W keep the loads unmasked; the store mask drops them.
+    offs_wn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    # bytes of W one K-tile covers, and of a whole (padded) row
+    TILE_B: tl.constexpr = BLOCK_K // 2 if FMT == 3 else BLOCK_K
+    ROW_B = (NG * G) // 2 if FMT == 3 else K
+    tile0 = pid_k * tiles_per_split
+    w_rows = w_ptr + offs_wn * stride_wn
+
+    if BLOCK_M == 1:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        if FMT == 0 or FMT == 2:  # one scale per row: sum over the whole K-slice, scale at the end
+            acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+            sx = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for kt in range(0, tiles_per_split):
+                offs_k = (tile0 + kt) * BLOCK_K + tl.arange(0, BLOCK_K)
+                if EVEN_W:
+                    b = tl.load(w_rows[:, None] + offs_k[None, :], eviction_policy="evict_first")
+                    x = tl.load(x_ptr + offs_k).to(tl.float32)
+                else:
+                    b = tl.load(w_rows[:, None] + offs_k[None, :], mask=offs_k[None, :] < K, other=0,
+                                eviction_policy="evict_first")
+                    x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+                v = b.to(tl.int32)
+                if FMT == 2:  # uint8 view: 1 + (q + 128) / 256
+                    f = ((v << 15) ^ 0x3FC00000).to(tl.float32, bitcast=True)
+                    sx += x
+                else:  # int8 view (sign-extended): e4m3 * 2^-120
+                    f = e4m3_bits_scaled(v)
+                acc2 += f * x[None, :]
+            row = tl.sum(acc2, axis=1)
+            scale = tl.load(s_ptr + offs_wn).to(tl.float32)
+            if FMT == 2:
+                acc = scale * (256.0 * row - 384.0 * tl.sum(sx, axis=0))
+            else:
+                acc = scale * 1.329227995784916e36 * row  # 2^120
+        else:  # int4 / fp8_block: [BLOCK_N, GT, GB] tiles, GT groups of GB bytes
+            GB: tl.constexpr = (BLOCK_K if BLOCK_K < G else G) // (2 if FMT == 3 else 1)
+            GT: tl.constexpr = TILE_B // GB
+            HB: tl.constexpr = G // 2 if FMT == 3 else G  # bytes of one group in a row
+            pt = tl.arange(0, GT)[:, None] * GB + tl.arange(0, GB)[None, :]  # [GT, GB] byte offsets in a tile
+            for kt in range(0, tiles_per_split):
+                byte0 = (tile0 + kt) * TILE_B
+                pb = byte0 + pt
+                grp = (byte0 + tl.arange(0, GT) * GB) // HB  # [GT] the group of each slice
+                w_ptrs = w_rows[:, None, None] + pb[None, :, :]
+                if EVEN_W:
+                    b = tl.load(w_ptrs, eviction_policy="evict_first")
+                else:
+                    b = tl.load(w_ptrs, mask=(pb < ROW_B)[None, :, :], other=0, eviction_policy="evict_first")
+                v = b.to(tl.int32)
+                g_ok = grp < NG
+                if FMT == 3:
+                    k_lo = (pb // HB) * G + pb % HB
+                    k_hi = k_lo + HB
+                    if EVEN_X:
+                        x_lo = tl.load(x_ptr + k_lo).to(tl.float32)
+                        x_hi = tl.load(x_ptr + k_hi).to(tl.float32)
+                    else:
+                        x_lo = tl.load(x_ptr + k_lo, mask=k_lo < K, other=0.0).to(tl.float32)
+                        x_hi = tl.load(x_ptr + k_hi, mask=k_hi < K, other=0.0).to(tl.float32)
+                    p = tl.sum(int4_as_float(v, 0) * x_lo[None, :, :] + int4_as_float(v, 4) * x_hi[None, :, :],
+                               axis=2)
+                    sxg = tl.sum(x_lo + x_hi, axis=1)
+                    s_ptrs = s_ptr + offs_wn[:, None] * stride_sn + grp[None, :]
+                    s = tl.load(s_ptrs, mask=g_ok[None, :], other=0.0).to(tl.float32)
+                    if HAS_Z:
+                        z = tl.load(z_ptr + offs_wn[:, None] * stride_sn + grp[None, :], mask=g_ok[None, :],
+                                    other=0.0).to(tl.float32)
+                        acc += tl.sum(16.0 * s * p + (z - 24.0 * s) * sxg[None, :], axis=1)
+                    else:
+                        acc += tl.sum(s * (16.0 * p - 24.0 * sxg[None, :]), axis=1)
+                else:
+                    if EVEN_X:
+                        x = tl.load(x_ptr + pb).to(tl.float32)
+                    else:
+                        x = tl.load(x_ptr + pb, mask=pb < K, other=0.0).to(tl.float32)
+                    p = tl.sum(e4m3_bits_scaled(v) * x[None, :, :], axis=2)
+                    s_ptrs = s_ptr + (offs_wn // G)[:, None] * stride_sn + grp[None, :]
+                    s = tl.load(s_ptrs, mask=g_ok[None, :], other=0.0).to(tl.float32)
+                    acc += tl.sum(s * p, axis=1)
+            if FMT == 1:
+                acc = acc * 1.329227995784916e36  # 2^120
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_wn).to(tl.float32) * (pid_k == 0).to(tl.float32)
+        tl.store(c_ptr + pid_k * stride_cs + offs_n, acc.to(c_ptr.dtype.element_ty), mask=offs_n < N)
+    else:
+        offs_m = tl.arange(0, DOT_M)
+        m_ok = offs_m < M
+        acc = tl.zeros((DOT_M, BLOCK_N), dtype=tl.float32)
+        for kt in range(0, tiles_per_split):
+            byte0 = (tile0 + kt) * TILE_B
+            pb = byte0 + tl.arange(0, TILE_B)
+            if EVEN_W:
+                b = tl.load(w_rows[:, None] + pb[None, :], eviction_policy="evict_first")
+            else:
+                b = tl.load(w_rows[:, None] + pb[None, :], mask=(pb < ROW_B)[None, :], other=0,
+                            eviction_policy="evict_first")
+            if FMT == 3:  # one group a tile (BLOCK_K <= G): 1 + q/16 in the dot's type
+                HB3: tl.constexpr = G // 2
+                grp = byte0 // HB3
+                k_lo = grp * G + pb % HB3
+                k_hi = k_lo + HB3
+                x_lo_ptrs = x_ptr + offs_m[:, None] * stride_xm + k_lo[None, :]
+                x_hi_ptrs = x_ptr + offs_m[:, None] * stride_xm + k_hi[None, :]
+                if EVEN_X:
+                    x_lo = tl.load(x_lo_ptrs, mask=m_ok[:, None], other=0.0)
+                    x_hi = tl.load(x_hi_ptrs, mask=m_ok[:, None], other=0.0)
+                else:
+                    x_lo = tl.load(x_lo_ptrs, mask=m_ok[:, None] & (k_lo < K)[None, :], other=0.0)
+                    x_hi = tl.load(x_hi_ptrs, mask=m_ok[:, None] & (k_hi < K)[None, :], other=0.0)
+                acc = int4_tile_dot(acc, x_lo, x_hi, b, s_ptr, z_ptr, offs_wn, stride_sn, grp, HAS_Z, DOT_F16)
+            else:  # int8 / e4m3 codes (fp8_block: one 128-block a tile, BLOCK_K <= 128)
+                x_ptrs = x_ptr + offs_m[:, None] * stride_xm + pb[None, :]
+                if EVEN_X:
+                    x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0)
+                else:
+                    x = tl.load(x_ptrs, mask=m_ok[:, None] & (pb < K)[None, :], other=0.0)
+                acc = coded_tile_dot(acc, x, b, s_ptr, offs_wn, stride_sn, byte0, FMT, G, DOT_F16)
+        if FMT == 0 or FMT == 2:
+            acc = acc * tl.load(s_ptr + offs_wn).to(tl.float32)[None, :]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_wn).to(tl.float32)[None, :] * (pid_k == 0).to(tl.float32)
+        c_ptrs = c_ptr + pid_k * stride_cs + offs_m[:, None] * stride_cm + offs_n[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_n[None, :] < N))
+
+
+def row_tiles(fmt_name: str, k: int, kp: int, bk: int, split_k: int) -> tuple[int, bool, bool]:
+    """(K-tiles per split, EVEN_W, EVEN_X): W loads need no mask when a split's tiles lie inside the
+    stored row; activation loads none when, besides, the row is not padded past K (int4)."""
+    row = kp // 2 if fmt_name == "int4" else k
+    tile = bk // 2 if fmt_name == "int4" else bk
+    tiles = triton.cdiv(row, tile)
+    even_w = row % tile == 0 and tiles % split_k == 0
+    return triton.cdiv(tiles, split_k), even_w, even_w and kp == k
+
+
+def weight_views(qw: Any, *, fma: bool) -> tuple[Any, Any, Any]:
+    """(W as the kernels read it, scales, offsets or the scales again as a placeholder): fp8 as int8
+    (sign-extended codes), int8 as uint8 on the FMA path (zero-extended: the 1 + (q+128)/256 trick)
+    and as int8 on the dot path, int4 as stored."""
+    import torch
+
+    w = qw.qweight
+    if qw.fmt.name in ("fp8", "fp8_block"):
+        w = w.view(torch.int8)
+    elif qw.fmt.name == "int8" and fma:
+        w = w.view(torch.uint8)
+    return w, qw.scales, qw.offsets if qw.offsets is not None else qw.scales
+
+
+def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bias: Any = None) -> Callable[[], None]:
+    """Bind a config to tensors; returns a no-argument launcher (split-K workspace allocated here).
+
+    ``x`` ``[M, K]`` (bf16/fp16, unit stride along K), ``qw`` a :class:`~autoopt.backend.quant.QuantizedWeight`
+    of ``[N, K]``, ``out`` ``[M, N]`` (unit stride along N), ``bias`` ``[N]`` or None."""
+    import torch
+
+    m, k = x.shape
+    n = qw.n
+    f = qw.fmt
+    if k != qw.k:
+        raise ValueError(f"x has K={k}, the weight K={qw.k}")
+    bm, bn, bk = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"]
+    if bm < m:
+        raise ValueError(f"quant gemv BLOCK_M={bm} must be >= M={m} (one program covers every row of X)")
+    if x.stride(1) != 1 or out.stride(1) != 1:
+        raise ValueError("quant gemv reads X and writes C with unit stride along K and N")
+    g = f.group_size or 0
+    if bm > 1 and g and bk > g:
+        raise ValueError(f"quant gemv on the dot path (BLOCK_M > 1) takes BLOCK_K <= the group {g}, got {bk}")
+    split_k = params.get("SPLIT_K", 1)
+    kp = f.padded_k(k)
+    tiles_per_split, even_w, even_x = row_tiles(f.name, k, kp, bk, split_k)
+    w, s, z = weight_views(qw, fma=bm == 1)
+    ng = s.shape[1] if s.dim() == 2 else 1
+    dot_f16 = x.dtype == torch.float16 or interpreter_active()
+    meta = dict(FMT=FMT_CODES[f.name], G=g, HAS_Z=qw.offsets is not None, HAS_BIAS=bias is not None,
+                BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_M=max(16, bm), EVEN_W=even_w, EVEN_X=even_x,
+                DOT_F16=dot_f16, num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 2))
+    grid = (triton.cdiv(n, bn), split_k)
+    b = bias if bias is not None else s
+    stride_sn = s.stride(0)
+    if split_k == 1:
+        def run() -> None:
+            _quant_gemv_kernel[grid](x, w, s, z, b, out, m, n, k, ng, x.stride(0), w.stride(0), stride_sn, 0,
+                                     out.stride(0), tiles_per_split, **meta)
+        return run
+    if not out.is_contiguous():  # the reduce writes out as contiguous [M, N]
+        raise ValueError("split-K quant gemv writes a contiguous output; got a strided one")
+    ws = torch.empty((split_k, m, n), device=x.device, dtype=torch.float32)
+    reduce = splitk_reduce_prepare(ws, out, split_k)
+
+    def run_split() -> None:
+        _quant_gemv_kernel[grid](x, w, s, z, b, ws, m, n, k, ng, x.stride(0), w.stride(0), stride_sn, ws.stride(0),
+                                 ws.stride(1), tiles_per_split, **meta)
+        reduce()
+    return run_split

@@ -1,0 +1,128 @@
+"""What dequantizing a packed weight costs the SM: instructions per weight and the rates that run them.
+
+A kernel over a quantized weight streams fewer bytes than a bf16 one but spends CUDA-core
+instructions turning codes into numbers. At decode on an H100, int4 at ~3 TB/s is ~5.8e12 weights/s:
+with one int->float conversion a weight (16 a clock per SM) the conversions alone would take
+132 SMs x 1.98 GHz x 16 = 4.2e12/s, so dequantization, not bandwidth, would bind. The kernels
+(``autoopt/backend/kernels/quant_gemv.py``, ``quant_gemm.py``) therefore turn codes into floats by bit
+tricks, and this module prices what they run: :func:`dequant_work` counts instructions per weight
+per format and path, :func:`cycles_per_weight` runs them at the SM's rates (whichever of issue, INT32,
+FP32, conversion and shared-memory bandwidth binds), and the templates hand the result to
+:func:`autoopt.kernels.cost.predict_matmul` as the CUDA-core time of a K-iteration, which overlaps
+the MMA and the loads (the slower of them sets the iteration).
+
+Status of the numbers: the per-SM rates are datasheet values (sources beside each); the
+instruction counts are derived by hand from the kernels' source (what each line compiles to, as
+counted in the comments), not read from SASS and not fitted: leads a GPU run is to calibrate
+(``benchmarks/quant_kernels.py`` measures achieved GB/s per format and path).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels.constants import constants
+from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
+from autoopt.kernels.quant import FP8_BLOCK, WeightFormat
+
+__all__ = ["DEQUANT_RATES", "DequantRates", "DequantWork", "act_quant_us", "cycles_per_weight", "dequant_work",
+           "fp32_lanes"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DequantRates:
+    """Per-SM, per-clock rates of the units dequantization uses (NVIDIA sm_80..sm_90)."""
+
+    #: lane-instructions issued a clock: 4 warp schedulers, one 32-lane warp instruction each (H100 and
+    #: A100 whitepapers: four processing blocks per SM)
+    issue: float = 128.0
+    #: INT32 lanes (shifts, logic, integer adds): 64 per SM on GA100 and GH100 (whitepapers: 16 INT32
+    #: units per processing block); CUDA C++ Programming Guide, arithmetic throughput table: 64 for 8.x/9.0
+    int32: float = 64.0
+    #: type conversions other than 8/16 -> 32-bit integer widening ("all other type conversions"): 16 a
+    #: clock per SM for compute capability 7.x-9.0 (CUDA C++ Programming Guide, same table)
+    cvt: float = 16.0
+    #: shared-memory bytes a clock per SM: 32 banks x 4 B (CUDA guide, all sm_5x+); matches
+    #: CostConstants.smem_bytes_per_clk
+    smem_bytes: float = 128.0
+
+
+DEQUANT_RATES = DequantRates()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DequantWork:
+    """Instructions (lane-instructions) per weight element, by the unit that runs them."""
+
+    int_ops: float = 0.0
+    fp_ops: float = 0.0
+    cvt_ops: float = 0.0
+    #: shared-memory bytes per weight moved to give the MMA its operand (dot paths only)
+    smem_bytes: float = 0.0
+
+
+def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: bool = False) -> DequantWork:
+    """Per-weight work of the code the kernels run for ``fmt`` (hand counts, see the module docstring).
+
+    ``fma``: the M = 1 GEMV path (fp32 FMAs, the FMA itself counted: one a weight); else a dot path
+    (the tensor cores multiply). ``w8a8``: a GEMM on e4m3 activations and weights, which dequantizes
+    nothing (GEMVs never quantize activations, so they pass False). ``wgmma``: the dot reads its W
+    operand from shared memory (sm_90a), so the dequantized tile is stored there once (2 bytes a
+    weight); mma.sync takes it in registers through a layout conversion via shared memory (stored
+    and read back: 4 bytes a weight).
+    """
+    if w8a8:
+        return DequantWork()
+    # Every path first takes the byte out of its loaded 32-bit word (a PRMT/SHF: 1 op a byte).
+    if fma:
+        if fmt.name == "int4":
+            # per byte: extract 1, per nibble shift + and/or (one LOP3) 2 -> 5 per 2 weights; one FFMA a
+            # weight; per group and row ~4 FP ops of scaling and ~2 shuffle-adds of the reduction over
+            # at least 32 weights -> ~0.15
+            return DequantWork(int_ops=2.5, fp_ops=1.15)
+        # int8: extract, shift, xor (1 + (q+128)/256); e4m3: extract (sign-extending), shift, and: 3 INT32
+        # ops; one FFMA; per-row/group scaling amortised over >= 128 weights (~0.05)
+        return DequantWork(int_ops=3.0, fp_ops=1.05)
+    smem = 2.0 if wgmma else 4.0
+    if fmt.name == "int4":
+        # extract, shift, and/or into 16 bits (1 + q/16), pair packing (PRMT) a half: 3 INT ops a weight;
+        # the per-tile scaling is priced by the template (it scales with BLOCK_M, not the weight count)
+        return DequantWork(int_ops=3.0, smem_bytes=smem)
+    if fmt.name == "int8":
+        # extract 1, int8 -> fp32 (I2F) 1 conversion, fp32 -> 16-bit packed in pairs (F2F x2) half a one
+        return DequantWork(int_ops=1.0, cvt_ops=1.5, smem_bytes=smem)
+    # e4m3 weight-only: extract, shift, and 3; one FMUL by 2^120; fp32 -> 16-bit pair packing half a conversion
+    return DequantWork(int_ops=3.0, fp_ops=1.0, cvt_ops=0.5, smem_bytes=smem)
+
+
+def fp32_lanes(gpu: GPUProfile) -> float:
+    """FP32 lanes per SM a clock from the profile's non-tensor FP32 peak (H100: 67 TFLOP/s /
+    (2 x 132 SMs x 1.98 GHz) = 128; A100: 64), 128 when the profile lacks the numbers."""
+    peak = gpu.tflops("fp32", measured=False) or gpu.tflops("fp32")
+    if peak and gpu.sm_count and gpu.sm_clock_max_mhz:
+        return peak * 1e12 / (2 * gpu.sm_count * gpu.sm_clock_max_mhz * 1e6)
+    return 128.0
+
+
+def cycles_per_weight(gpu: GPUProfile, work: DequantWork, rates: DequantRates = DEQUANT_RATES) -> float:
+    """SM clocks per weight element: the busiest of issue, INT32, FP32, conversion and shared memory."""
+    total = work.int_ops + work.fp_ops + work.cvt_ops
+    return max(total / rates.issue, work.int_ops / rates.int32, work.fp_ops / fp32_lanes(gpu),
+               work.cvt_ops / rates.cvt, work.smem_bytes / rates.smem_bytes)
+
+
+def act_quant_us(gpu: GPUProfile, op: OpSpec) -> float:
+    """The W8A8 activation-quantization launch (``act_quant.py``) before a GEMM: A read once in its
+    dtype (the second pass over a row hits L1/L2), e4m3 A and fp32 scales written, at the streaming
+    kernels' DRAM efficiency, plus a launch. 0 for formats that leave A alone, and for GEMVs."""
+    fmt = op.weight_format
+    if fmt is None or op.kind != "gemm" or not fmt.quantizes_activations:
+        return 0.0
+    c = constants()
+    m, _, k = op.shape
+    groups = 1 if fmt.activation == "per_token" else math.ceil(k / FP8_BLOCK)
+    moved = m * k * (DTYPE_BYTES[op.dtype] + 1) + m * groups * 4
+    bw = (gpu.mem_bandwidth_gbs or gpu.measured_bandwidth_gbs or 0.0) * 1e9
+    return c.launch_us + (moved / (bw * c.stream_dram_efficiency) * 1e6 if bw else 0.0)

@@ -1,0 +1,414 @@
+"""Templates over quantized weights (``OpSpec.weight``): decode GEMV (backend kernel ``quant_gemv``) and
+prefill GEMM (``quant_gemm``).
+
+``quant-gemv`` (kind ``gemv``, M <= 16), keys ``BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps,
+num_stages``: ``BLOCK_M = next_pow2(M)``; ``BLOCK_M == 1`` runs FMAs (a ``BLOCK_K`` of any power of
+two from 32: an int4 / block-FP8 tile holds whole groups or lies in one), ``BLOCK_M > 1`` a ``tl.dot``
+at M = 16 whose tile lies in one group (``BLOCK_K <= group``).
+
+``quant-gemm`` (kind ``gemm``), keys ``BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages``:
+W8A8 formats (``fp8``, ``fp8_block``) need FP8 tensor cores (sm_89+; ``fp8-wo`` / ``fp8_block-wo``
+run elsewhere); int4 ``BLOCK_K`` at most the group, block-FP8 ``BLOCK_K`` at most 128. Path as
+``tl.dot`` takes it (``wgmma`` on sm_90a for 64-row blocks and whole warpgroups, else mma.sync).
+
+Cost: :func:`~autoopt.kernels.cost.predict_matmul` (the model the plain GEMV/GEMM templates use,
+calibrated on their timings) with the packed weight's bytes per element (scales included) and the
+dequantization's CUDA-core time per K-iteration (:mod:`autoopt.kernels.quant_cost`), which overlaps
+the MMA and the loads; a W8A8 GEMM adds its activation-quantization launch (a stream: A read in its
+dtype, e4m3 A and the scales written). Both templates answer with bounds for branch and bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from autoopt.hardware.profile import GPUProfile
+from autoopt.kernels import constraints as C
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.cost import constants, floor_us, matmul_work, peak_flops, predict_matmul
+from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
+from autoopt.kernels.pruning import BoundedSpace, Tally
+from autoopt.kernels.quant import WeightFormat
+from autoopt.kernels.quant_cost import DequantWork, act_quant_us, cycles_per_weight, dequant_work, fp32_lanes
+from autoopt.kernels.template import Prediction, Template
+from autoopt.templates.gemm import block_problems, blocks, config_problems, matmul_path, mma_kind
+from autoopt.templates.gemv import STAGES, WARPS, GemvTemplate, block_rules
+
+__all__ = ["QuantGemmTemplate", "QuantGemvTemplate"]
+
+GEMV_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
+GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+#: a dot's K is BLOCK_K / 2 for int4 (two dots, one per nibble half): mma's 16-bit K step is 16
+MIN_BK = 32
+#: the plain GEMV's warps and stages (templates/gemv.py); its blocks and splits come through GemvTemplate.axes
+GEMV_WARPS, GEMV_STAGES = WARPS, STAGES
+GEMM_BMS, GEMM_BNS = (16, 32, 64, 128, 256), (32, 64, 128, 256)
+GEMM_WARPS, GEMM_STAGES = (2, 4, 8), (2, 3, 4, 5)
+#: GROUP_M only orders tiles; 8 was never slower than 1 for the plain GEMM (templates/gemm.py GROUPS)
+GEMM_GROUP_M = 8
+
+
+def _fmt(op: OpSpec) -> WeightFormat:
+    fmt = op.weight_format
+    assert fmt is not None  # applies() admits only ops with a weight
+    return fmt
+
+
+def _nvidia_tensor_cores(gpu: GPUProfile) -> bool:
+    """The kernels are written for NVIDIA's mma/wgmma (e4m3fn, bit layouts); CDNA is not served."""
+    f = gpu.features
+    return f.tensor_cores and not f.mfma
+
+
+def _packed_e(fmt: WeightFormat) -> float:
+    """Bytes per weight of the packed codes alone (what a tile's loads and shared-memory stages hold)."""
+    return fmt.weight_bits / 8
+
+
+def _bk_problems(fmt: WeightFormat, bk: int, *, dot: bool) -> list[str]:
+    """BLOCK_K against the format's groups (powers of two on both sides, so one divides the other)."""
+    g = fmt.group_size
+    if g and dot and bk > g:
+        return [f"BLOCK_K={bk} > the {fmt.spec} group {g}: a dot tile must lie in one group"]
+    return []
+
+
+def _clock_mhz(gpu: GPUProfile) -> float:
+    # the boost clock, as the datasheet peaks the cost model runs at assume (H100 SXM: 1980 MHz)
+    return float(gpu.sm_clock_max_mhz or 1500)
+
+
+def _bw(gpu: GPUProfile) -> float:
+    return (gpu.mem_bandwidth_gbs or gpu.measured_bandwidth_gbs or 0.0) * 1e9
+
+
+def _fixed_us(gpu: GPUProfile, op: OpSpec, split: int) -> tuple[float, float]:
+    """(DRAM us with every operand read once, launches + split-K reduce + activation quantization us):
+    the parts of a prediction a bound can take exactly or from below (see :func:`_bound`)."""
+    c = constants()
+    m, n, k = op.shape
+    out_e = DTYPE_BYTES[op.out_dtype or op.dtype]
+    rate = _bw(gpu) * c.dram_efficiency
+    moved = m * k * DTYPE_BYTES[op.compute_dtype] + _fmt(op).weight_bytes(n, k) + m * n * (4 * split if split > 1
+                                                                                            else out_e)
+    fixed = c.launch_us + act_quant_us(gpu, op)
+    if split > 1:
+        fixed += c.launch_us + (m * n * 4 * split + m * n * out_e) / rate * 1e6
+    return moved / rate * 1e6, fixed
+
+
+def _bound(gpu: GPUProfile, op: OpSpec, tile_m: int, bn: int, bk: int, split: int, alu_iter_us: float) -> float:
+    """A lower bound of :func:`predict_matmul` (plus the activation quantization) for every config with
+    this tile and split whose CUDA-core time per K-iteration is at least ``alu_iter_us``.
+
+    predict_matmul returns ``softmax(sm_us, dram_us) + reduce + launches``, nondecreasing in both
+    arguments. ``sm_us = work * t_it_eff + fills + epilogue + fix-up`` with ``t_it_eff >= t_it =
+    max(t_comp, t_l2, t_issue, alu) + iter_overhead >= max(alu_iter_us, t_l2) + iter_overhead`` (t_l2
+    as predict_matmul computes it), ``fills >= dram_latency`` (at least one), the epilogue
+    ``tiles_per_sm * epilogue_iters * t_it``, the fix-up >= 0. ``dram_us`` divides bytes >= A + W + C
+    once (L2 re-reads >= 1x) by at most ``bandwidth * dram_efficiency`` (the in-flight and run-length
+    factors are <= 1). The reduce, launches and activation quantization are added exactly.
+    tests/test_quant_templates.py checks the bound against every config's prediction."""
+    c = constants()
+    m, n, k = op.shape
+    sms = C.limits(gpu).sm_count
+    tiles_per_sm, _, work = matmul_work(m, n, k, tile_m, bn, bk, split, sms)
+    e = DTYPE_BYTES[op.compute_dtype]
+    it_bytes = (min(tile_m, m) * e / 1 + min(bn, n) * op.weight_elem_bytes / 1) * bk
+    t_l2 = it_bytes / (_bw(gpu) * c.l2_bw_ratio / sms) * 1e6
+    t_it = max(alu_iter_us, t_l2) + c.iter_overhead_us
+    sm = (work + tiles_per_sm * c.epilogue_iters) * t_it + c.dram_latency_us
+    dram, fixed = _fixed_us(gpu, op, split)
+    hi = max(sm, dram)
+    p = c.overlap_exponent
+    return hi * ((sm / hi) ** p + (dram / hi) ** p) ** (1 / p) + fixed
+
+
+def _idle(gpu: GPUProfile, smem: int, regs: float, warps: int) -> float:
+    """1 / the share of an SM's four schedulers the resident warps keep busy (cost.SUBPARTITIONS)."""
+    lim = C.limits(gpu)
+    occ = max(1, C.occupancy(lim, smem_bytes=smem, regs_per_thread=regs, threads=warps * lim.warp_size))
+    return 4 / min(4, occ * warps)
+
+
+def _tile_alu_us(gpu: GPUProfile, work: DequantWork, bn: int, bk: int) -> float:
+    """CUDA-core microseconds of dequantizing one ``[BLOCK_N, BLOCK_K]`` W tile on one SM at full issue."""
+    return bn * bk * cycles_per_weight(gpu, work) / _clock_mhz(gpu)
+
+
+class _QuantTemplate(Template):
+    """What both templates share: ops with a packed weight only, NVIDIA tensor-core GPUs, and the space as
+    one bounded root per tile (:meth:`node`, bounded by :meth:`node_bound`) over its valid configs."""
+
+    kernel: ClassVar[str] = ""
+    quantized_weights = True
+
+    def applies(self, gpu: GPUProfile, op: OpSpec) -> bool:
+        return op.kind in self.ops and op.weight is not None and _nvidia_tensor_cores(gpu)
+
+    def node(self, config: KernelConfig) -> tuple[int, ...]:
+        """The root a valid config hangs under (its tile and split)."""
+        raise NotImplementedError
+
+    def node_bound(self, gpu: GPUProfile, op: OpSpec, key: tuple[int, ...]) -> float:
+        """:func:`_bound` for every config under the root ``key``."""
+        raise NotImplementedError
+
+    def bounded_space(self, gpu: GPUProfile, op: OpSpec) -> BoundedSpace | None:
+        """The roots, each with its valid configs beneath (validated here, so the report counts what
+        space/validate would); tests/test_quant_templates.py checks every bound against the predictions."""
+        tally = Tally()
+        groups: dict[tuple[int, ...], tuple[float, list[KernelConfig]]] = {}
+        for cfg in self.space(gpu, op):
+            tally.considered += 1
+            problems = self.validate(gpu, op, cfg)
+            if problems:
+                tally.reject(self.kernel, problems[0])
+                continue
+            key = self.node(cfg)
+            if key not in groups:
+                groups[key] = (self.node_bound(gpu, op, key), [])
+            groups[key][1].append(cfg)
+        roots: list[tuple[float, Any]] = [(bound, lambda b=bound, ls=tuple(leaves): [(b, cfg) for cfg in ls])
+                                          for bound, leaves in groups.values()]
+        return tally.space(roots)
+
+
+class QuantGemvTemplate(_QuantTemplate):
+    """Decode GEMV over a packed quantized weight: stream it once, dequantize in registers."""
+
+    name = "quant-gemv"
+    ops = ("gemv",)
+    kernel = "quant_gemv"
+
+    @staticmethod
+    def axes(gpu: GPUProfile, op: OpSpec) -> Iterator[tuple[int, int, list[int]]]:
+        """(BLOCK_N, BLOCK_K, SPLIT_K values): the plain GEMV's axes over the stored (padded) K."""
+        m, n, k = op.shape
+        return GemvTemplate.axes(gpu, OpSpec(kind="gemv", shape=(m, n, _fmt(op).padded_k(k))))
+
+    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+        bm = C.next_pow2(op.shape[0])
+        for bn, bk, splits in self.axes(gpu, op):
+            for warps in GEMV_WARPS:
+                for stages in GEMV_STAGES:
+                    for s in splits:
+                        yield KernelConfig(kernel=self.kernel, template=self.name, path="standard",
+                                           params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s,
+                                                   "num_warps": warps, "num_stages": stages})
+
+    @staticmethod
+    def resources(gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> tuple[int, float, int]:
+        """(smem, regs/thread, threads). FMA path: the packed tile and its fp32 decode in registers (twice
+        for per-channel formats, which keep a ``[BLOCK_N, BLOCK_K]`` fp32 accumulator); dot path: the
+        GEMM's estimate at M = 16 plus the packed and the 16-bit tile. Pipelined loads (num_stages > 1)
+        stage the packed tile and X's slice in shared memory; the dot path also converts the 16-bit
+        tile through shared memory once."""
+        lim = C.limits(gpu)
+        fmt = _fmt(op)
+        p = config.params
+        bm, bn, bk, warps = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], config.num_warps
+        threads = warps * lim.warp_size
+        x_e, w_e = DTYPE_BYTES[op.dtype], _packed_e(fmt)
+        packed = bn * bk * w_e
+        stages = config.num_stages
+        if bm == 1:
+            decoded = 2 if fmt.group_size is None else 1
+            regs = (decoded * bn * bk + packed / 4) / threads + C.REG_OVERHEAD
+            smem = int(stages * (packed + bk * x_e)) if stages > 1 else 0
+        else:
+            regs = (C.gemm_regs_per_thread(16, bn, warps, lim.warp_size, wgmma=False)
+                    + (packed + 2 * bn * bk) / 4 / threads)
+            smem = int(max(stages, 1) * (16 * bk * x_e + packed)) + 2 * bn * bk
+        return smem, regs, threads
+
+    def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
+        out = config_problems(config, GEMV_KEYS, self.kernel)
+        if out:
+            return out
+        fmt = _fmt(op)
+        m, n, k = op.shape
+        kp = fmt.padded_k(k)
+        p = config.params
+        lim = C.limits(gpu)
+        bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
+        out += block_rules(gpu, op.dtype, (m, n, kp), bm, bn, bk)
+        if out:
+            return out
+        out += _bk_problems(fmt, bk, dot=bm > 1)
+        out += C.check_threads(lim, config.num_warps)
+        if config.num_stages < 1:
+            out.append(f"num_stages={config.num_stages} must be >= 1")
+        out += C.check_split_k(p["SPLIT_K"], bk, kp)
+        if config.path != "standard":
+            out.append(f"path {config.path!r} is not the quant gemv kernel's ('standard')")
+        if out:
+            return out
+        smem, regs, threads = self.resources(gpu, op, config)
+        return C.check_smem(lim, smem) + C.check_regs(lim, regs, threads)
+
+    @staticmethod
+    def _work(op: OpSpec, bm: int, bn: int, bk: int) -> DequantWork:
+        """Dequantization per weight on this config's path, with the dot path's per-tile scaling
+        (int4: ``16 s P + (z - 24 s) S``, 2 FMAs an output and 16 row-sum adds a K column, at M = 16;
+        block-FP8: one scale-and-add an output) spread over the tile's weights."""
+        fmt = _fmt(op)
+        work = dequant_work(fmt, fma=bm == 1)
+        if bm > 1:
+            extra = {"int4": 32 / bk + 16 / bn, "fp8_block": 32 / bk}.get(fmt.name, 0.0)
+            work = replace(work, fp_ops=work.fp_ops + extra)
+        return work
+
+    def predict(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> Prediction:
+        smem, regs, _ = self.resources(gpu, op, config)
+        p = config.params
+        bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
+        alu = _tile_alu_us(gpu, self._work(op, bm, bn, bk), bn, bk) * _idle(gpu, smem, regs, config.num_warps)
+        # the dot path computes 16 rows (mma.sync's minimum); the FMA path only the real one
+        as_tile = KernelConfig(kernel=config.kernel, path=config.path, template=config.template,
+                               params={**p, "BLOCK_M": 1 if bm == 1 else 16, "GROUP_M": 1})
+        pred = predict_matmul(gpu, op, as_tile, mma="fma" if bm == 1 else "mma_sync", smem_bytes=smem,
+                              regs_per_thread=regs, alu_iter_us=alu)
+        return replace(pred, reason=f"{pred.reason}; dequant {alu:.3g} us per K-iteration",
+                       breakdown={**pred.breakdown, "dequant_iter_us": alu})
+
+    def node(self, config: KernelConfig) -> tuple[int, ...]:
+        p = config.params
+        return p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], p["SPLIT_K"]
+
+    def node_bound(self, gpu: GPUProfile, op: OpSpec, key: tuple[int, ...]) -> float:
+        """At full issue (idle factor 1); the dot path modelled at M = 16 as predict does."""
+        bm, bn, bk, split = key
+        alu = _tile_alu_us(gpu, self._work(op, bm, bn, bk), bn, bk)
+        return _bound(gpu, op, 1 if bm == 1 else 16, bn, bk, split, alu)
+
+
+class QuantGemmTemplate(_QuantTemplate):
+    """Prefill GEMM over a packed quantized weight: W8A8 on FP8 tensor cores, or W dequantized on chip."""
+
+    name = "quant-gemm"
+    ops = ("gemm",)
+    kernel = "quant_gemm"
+
+    @staticmethod
+    def block_ks(fmt: WeightFormat) -> tuple[int, ...]:
+        """BLOCK_K candidates: W8A8 fp8 adds 256 (a 256-byte e4m3 row, as 128 at 16 bits)."""
+        return (32, 64, 128, 256) if fmt.name == "fp8" and fmt.quantizes_activations else (32, 64, 128)
+
+    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+        fmt = _fmt(op)
+        m, n, k = op.shape
+        for bm in blocks(GEMM_BMS, m, 16):
+            for bn in blocks(GEMM_BNS, n, 32):
+                for bk in blocks(self.block_ks(fmt), fmt.padded_k(k), MIN_BK):
+                    for warps in GEMM_WARPS:
+                        path = matmul_path(gpu, bm, warps)
+                        for stages in GEMM_STAGES:
+                            yield KernelConfig(kernel=self.kernel, template=self.name, path=path,
+                                               params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                                       "GROUP_M": GEMM_GROUP_M, "num_warps": warps,
+                                                       "num_stages": stages})
+
+    @staticmethod
+    def resources(gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> tuple[int, float, int]:
+        """(smem, regs/thread, threads): pipelined stages of A (in the MMA's dtype) and the packed W tile;
+        weight-only paths also hold the dequantized 16-bit W tile once in shared memory (the dot's
+        operand) and the packed + 16-bit tile in registers while they convert it."""
+        lim = C.limits(gpu)
+        fmt = _fmt(op)
+        p = config.params
+        bm, bn, bk, warps = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], config.num_warps
+        threads = warps * lim.warp_size
+        a_e, w_e = DTYPE_BYTES[op.compute_dtype], _packed_e(fmt)
+        smem = int(config.num_stages * (bm * bk * a_e + bn * bk * w_e))
+        regs = C.gemm_regs_per_thread(bm, bn, warps, lim.warp_size, wgmma=config.path == "wgmma")
+        if not fmt.quantizes_activations:
+            smem += 2 * bn * bk
+            regs += bn * bk * (w_e + 2) / 4 / threads
+        return smem, regs, threads
+
+    def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
+        out = config_problems(config, GEMM_KEYS, self.kernel)
+        if out:
+            return out
+        fmt = _fmt(op)
+        p = config.params
+        m, n, k = op.shape
+        lim = C.limits(gpu)
+        bm, bn, bk, warps = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], config.num_warps
+        out += C.check_dtype(gpu, op.dtype)
+        if fmt.quantizes_activations and not gpu.features.fp8:
+            out.append(f"{fmt.spec} runs e4m3 x e4m3 on FP8 tensor cores (sm_89+); {gpu.arch or gpu.name} has "
+                       f"none: use the weight-only '{fmt.name}-wo'")
+        out += block_problems((("BLOCK_M", bm, m, 16), ("BLOCK_N", bn, n, 32),
+                               ("BLOCK_K", bk, fmt.padded_k(k), MIN_BK)))
+        if out:
+            return out
+        out += _bk_problems(fmt, bk, dot=True)
+        if bk > max(self.block_ks(fmt)):
+            out.append(f"BLOCK_K={bk} > {max(self.block_ks(fmt))} for {fmt.spec}")
+        out += C.check_threads(lim, warps)
+        if config.num_stages < 1:
+            out.append(f"num_stages={config.num_stages} must be >= 1")
+        if p["GROUP_M"] < 1:
+            out.append(f"GROUP_M={p['GROUP_M']} must be >= 1")
+        want = matmul_path(gpu, bm, warps)
+        if config.path != want:
+            out.append(f"path {config.path!r} does not match what Triton emits here ({want!r})")
+        if config.path == "wgmma":
+            # int4 runs two dots of BLOCK_K / 2 (one per nibble half)
+            out += C.wgmma_problems(bm, bn, bk // 2 if fmt.name == "int4" else bk, warps, op.compute_dtype)
+        if out:
+            return out
+        smem, regs, threads = self.resources(gpu, op, config)
+        return C.check_smem(lim, smem) + C.check_regs(lim, regs, threads)
+
+    @staticmethod
+    def _alu_us(gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int, path: str) -> float:
+        """CUDA-core us per K-iteration of a tile: dequantizing W (weight-only formats) with the per-tile
+        scaling (int4: 2 FMAs an output and a row sum of A; block-FP8: a scale-and-add an output).
+        Block-FP8 W8A8 adds each tile's dot and its scaling one after the other (the product must be
+        complete before it is scaled: a serial chain within the warps), a lead to calibrate."""
+        fmt = _fmt(op)
+        clock = _clock_mhz(gpu)
+        if fmt.quantizes_activations:
+            if fmt.activation != "per_token_group":
+                return 0.0
+            scale = 2 * bm * bn / fp32_lanes(gpu) / clock  # acc += dot * (a_s * w_s): mul + fma an output
+            peak = peak_flops(gpu, "fp8")
+            c = constants()
+            mma = 2.0 * bm * bn * bk / (peak * c.tc_efficiency / C.limits(gpu).sm_count) * 1e6 if peak else 0.0
+            return mma + scale
+        work = dequant_work(fmt, fma=False, wgmma=path == "wgmma")
+        extra = {"int4": 2 * bm / bk + bm / bn, "fp8_block": 2 * bm / bk}.get(fmt.name, 0.0)
+        work = replace(work, fp_ops=work.fp_ops + extra)
+        return _tile_alu_us(gpu, work, bn, bk)
+
+    def predict(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> Prediction:
+        smem, regs, _ = self.resources(gpu, op, config)
+        p = config.params
+        alu = self._alu_us(gpu, op, p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], config.path)
+        alu *= _idle(gpu, smem, regs, config.num_warps)
+        pred = predict_matmul(gpu, op, config, mma=mma_kind(config.path), smem_bytes=smem, regs_per_thread=regs,
+                              alu_iter_us=alu)
+        act = act_quant_us(gpu, op)
+        reason = f"{pred.reason}; CUDA-core {alu:.3g} us per K-iteration"
+        if not act:
+            return replace(pred, reason=reason, breakdown={**pred.breakdown, "dequant_iter_us": alu})
+        total = pred.us + act
+        return replace(pred, us=total, roofline_pct=min(100.0, 100.0 * floor_us(gpu, op) / total),
+                       reason=f"{reason}; + activation quantization {act:.2f} us (a second launch)",
+                       breakdown={**pred.breakdown, "dequant_iter_us": alu, "act_quant_us": act})
+
+    def node(self, config: KernelConfig) -> tuple[int, ...]:
+        p = config.params
+        return p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
+
+    def node_bound(self, gpu: GPUProfile, op: OpSpec, key: tuple[int, ...]) -> float:
+        """With the smaller CUDA-core time of the tile's two paths, at full issue."""
+        bm, bn, bk = key
+        alu = min(self._alu_us(gpu, op, bm, bn, bk, path) for path in ("standard", "wgmma"))
+        return _bound(gpu, op, bm, bn, bk, 1, alu)
+

@@ -1,0 +1,223 @@
+"""Quantizers and the quantized-weight kernels against their torch references (Triton's CPU interpreter
+without a GPU, compiled with one).
+
+Kernels are checked against the float64 matmul with the *dequantized* weight (registry.reference), so
+a failure is the kernel's, not the format's; quantization error against the bf16 layer is measured
+separately. Shapes are small and odd on purpose: K = 200 with group 128 (a padded last group),
+N = 100 with BLOCK_N = 64 (a ragged last tile), M = 1, 3, 16 for the GEMV and 33 for the GEMM. The
+interpreter's bf16 ``tl.dot`` is wrong (triton 3.9): the kernels route their dots through fp16 there,
+so bf16 is checked too; fp16 activations check the dot paths' own fp16 route.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from autoopt.backend import registry  # noqa: E402
+from autoopt.backend.kernels.act_quant import act_quant_prepare  # noqa: E402
+from autoopt.backend.quant import (  # noqa: E402
+    dequantize,
+    quantize,
+    quantize_activations,
+    reference_matmul,
+    relative_error,
+    unpack_int4,
+)
+from autoopt.backend.runner import evaluate  # noqa: E402
+from autoopt.hardware.library import load_profile  # noqa: E402
+from autoopt.kernels.config import KernelConfig  # noqa: E402
+from autoopt.kernels.ops import OpSpec  # noqa: E402
+from autoopt.kernels.quant import parse_weight  # noqa: E402
+from autoopt.search.ranking import validate_config  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+GPU = load_profile("h100-sxm").gpu
+FORMATS = ["fp8", "fp8_block", "int8", "int4", "int4-asym"]
+
+
+def gemv_cfg(bm: int, bk: int, split: int = 1, bn: int = 64) -> KernelConfig:
+    return KernelConfig(kernel="quant_gemv", template="quant-gemv",
+                        params=dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=4, num_stages=2))
+
+
+def gemm_cfg(bm: int = 32, bn: int = 64, bk: int = 64) -> KernelConfig:
+    # the path tl.dot takes on the H100 the configs are validated for: wgmma from 64-row blocks
+    return KernelConfig(kernel="quant_gemm", template="quant-gemm", path="wgmma" if bm % 64 == 0 else "standard",
+                        params=dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=4, num_stages=2))
+
+
+def assert_correct(op: OpSpec, cfg: KernelConfig) -> float:
+    """The config passes the template's validate, runs, and matches the dequantized reference."""
+    res = evaluate(op, cfg, check_only=True, validate=lambda o, c: validate_config(GPU, o, c))
+    assert res.label in ("checked", "measured"), res.reason
+    assert res.rel_err is not None and res.rel_err <= registry.tolerance(op)
+    return res.rel_err
+
+
+# -- quantizers --------------------------------------------------------------------------------
+
+#: relative Frobenius error of dequantize(quantize(W)) on N(0, 1) weights [256, 1024]. int4 g128 sym:
+#: the step is |extreme| / 8, and the extreme of 128 normals is ~2.8 sigma, so the rounding error's
+#: rms is 0.35 / sqrt(12) = 0.10 sigma; asym steps (max - min) / 15 ~ 0.37 sigma, the same. int8:
+#: amax of 1024 ~ 3.3 sigma / 127 / sqrt(12) = 0.0075. e4m3: 3 fraction bits, a relative step of
+#: 2^-3..2^-4 within a binade, ~0.026 rms. Each bound is the derivation's value with ~10 % margin.
+QUANT_BOUNDS = {"fp8": 0.03, "fp8_block": 0.03, "int8": 0.0085, "int4": 0.11, "int4-asym": 0.11,
+                "int4-g32": 0.095}
+
+
+@pytest.mark.parametrize("spec", sorted(QUANT_BOUNDS))
+def test_dequantized_weights_are_within_the_formats_error_bound(spec):
+    w = torch.randn(256, 1024, generator=torch.Generator().manual_seed(0)).bfloat16()
+    err = relative_error(dequantize(quantize(w, spec)), w.float())
+    assert 0.5 * QUANT_BOUNDS[spec] < err < QUANT_BOUNDS[spec]
+
+
+@pytest.mark.parametrize("spec", [*FORMATS, "int4-g32", "fp8-wo"])
+@pytest.mark.parametrize("n,k", [(100, 200), (256, 4096)])
+def test_packed_tensors_hold_exactly_the_formats_bytes(spec, n, k):
+    q = quantize(torch.randn(n, k).bfloat16(), spec)
+    assert q.nbytes == q.fmt.weight_bytes(n, k)
+    if k % 128 == 0:
+        assert q.nbytes <= 1.03 * q.fmt.ideal_bytes(n, k)
+
+
+def test_int4_bytes_hold_a_groups_first_half_low_and_second_half_high():
+    # codes k % 16 exactly: each group's extreme -1 at k = 0 makes the scale 0.125 (exact in bf16)
+    k = torch.arange(256)
+    w = ((k % 16) - 8).float()[None, :].repeat(2, 1) * 0.125
+    q = quantize(w, "int4")
+    codes = (k % 16).to(torch.uint8)
+    b = q.qweight[0]
+    assert torch.equal(b[:64] & 0xF, codes[:64]) and torch.equal(b[:64] >> 4, codes[64:128])
+    assert torch.equal(b[64:] & 0xF, codes[128:192]) and torch.equal(b[64:] >> 4, codes[192:])
+    assert torch.equal(unpack_int4(q)[0], codes) and torch.allclose(dequantize(q), w)
+
+
+def test_a_padded_int4_group_dequantizes_to_the_original_columns():
+    w = torch.randn(100, 200).bfloat16()
+    q = quantize(w, "int4-asym")
+    assert q.qweight.shape == (100, 128) and dequantize(q).shape == (100, 200)
+    assert (unpack_int4(q)[:, 200:] == 8).all()  # padding codes, never multiplied by a nonzero activation
+
+
+@pytest.mark.parametrize("spec", ["fp8", "fp8_block"])
+def test_activation_quantization_kernel_matches_the_torch_reference(spec):
+    fmt = parse_weight(spec)
+    x = torch.randn(5, 300, generator=torch.Generator().manual_seed(1)).bfloat16().to(DEVICE)
+    x[2] = 0  # an all-zero row: scale 1, codes 0
+    q = torch.empty(5, 300, dtype=torch.float8_e4m3fn, device=DEVICE)
+    s = torch.empty((5,) if spec == "fp8" else (5, 3), dtype=torch.float32, device=DEVICE)
+    act_quant_prepare(x, q, s, group=0 if spec == "fp8" else 128)()
+    rq, rs = quantize_activations(x, fmt)
+    assert torch.equal(s, rs) and torch.equal(q.float(), rq.float())
+
+
+# -- decode GEMV --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", FORMATS)
+def test_gemv_single_row_bf16_streams_a_padded_group_correctly(spec):
+    # M = 1, FMA path, bf16 (no dot involved); K = 200: a padded last group; N = 100 over BLOCK_N = 64
+    op = OpSpec(kind="gemv", shape=(1, 100, 200), dtype="bf16", weight=spec)
+    assert_correct(op, gemv_cfg(1, 64))
+
+
+@pytest.mark.parametrize("spec", FORMATS)
+def test_gemv_tiles_spanning_two_groups_with_split_k_are_correct(spec):
+    # BLOCK_K = 256 holds two 128-groups; SPLIT_K = 2 over K = 512
+    op = OpSpec(kind="gemv", shape=(1, 100, 512), dtype="bf16", weight=spec)
+    assert_correct(op, gemv_cfg(1, 256, split=2, bn=32))
+
+
+@pytest.mark.parametrize("spec", FORMATS)
+@pytest.mark.parametrize("m", [3, 16])
+def test_gemv_multi_row_dot_path_is_correct(spec, m):
+    op = OpSpec(kind="gemv", shape=(m, 100, 200), dtype="fp16", weight=spec)
+    assert_correct(op, gemv_cfg(4 if m == 3 else 16, 64, split=2))
+
+
+def test_gemv_small_groups_and_bf16_dot_route_are_correct():
+    assert_correct(OpSpec(kind="gemv", shape=(3, 100, 200), dtype="bf16", weight="int4-g32-asym"), gemv_cfg(4, 32))
+
+
+def test_gemv_fp8_needs_no_activation_quantization():
+    # a W8A8 format's GEMV keeps activations: its error is the fp16 output's, not e4m3's
+    op = OpSpec(kind="gemv", shape=(1, 100, 200), dtype="fp16", weight="fp8")
+    assert assert_correct(op, gemv_cfg(1, 64)) < 1e-3
+
+
+# -- prefill GEMM ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spec", [*FORMATS, "fp8-wo", "fp8_block-wo"])
+def test_gemm_ragged_shape_is_correct(spec):
+    op = OpSpec(kind="gemm", shape=(33, 100, 200), dtype="fp16", weight=spec)
+    assert_correct(op, gemm_cfg())
+
+
+@pytest.mark.parametrize("spec", ["int4", "int8", "fp8_block"])
+def test_gemm_bf16_activations_are_correct(spec):
+    assert_correct(OpSpec(kind="gemm", shape=(33, 100, 256), dtype="bf16", weight=spec), gemm_cfg(bk=128))
+
+
+def test_gemm_full_tiles_take_the_unmasked_path():
+    assert_correct(OpSpec(kind="gemm", shape=(64, 128, 256), dtype="fp16", weight="int4-asym"),
+                   gemm_cfg(bm=64, bn=64, bk=128))
+
+
+# -- bias, and what never runs --------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,m,cfg", [("gemv", 1, gemv_cfg(1, 64, split=2)), ("gemv", 3, gemv_cfg(4, 64, split=2)),
+                                        ("gemm", 33, gemm_cfg())])
+@pytest.mark.parametrize("spec", ["int4-asym", "fp8"])
+def test_bias_is_added_once(kind, m, cfg, spec):
+    op = OpSpec(kind=kind, shape=(m, 100, 200), dtype="fp16", weight=spec)
+    inputs = registry.make_inputs(op, DEVICE, seed=3)
+    inputs["bias"] = torch.randn(100, generator=torch.Generator().manual_seed(4)).half().to(DEVICE)
+    out = registry.alloc_out(op, DEVICE).fill_(float("nan"))
+    registry.launch(inputs, cfg, out, op)
+    ref = registry.reference(inputs, op)
+    assert relative_error(out, ref) <= registry.tolerance(op)
+    without = ref - inputs["bias"].double()
+    assert relative_error(out, without) > 10 * registry.tolerance(op)
+
+
+def test_kernel_error_is_far_below_the_formats_error():
+    op = OpSpec(kind="gemv", shape=(1, 256, 1024), dtype="bf16", weight="int4")
+    w = torch.randn(256, 1024, generator=torch.Generator().manual_seed(5)).bfloat16() / 32
+    x = torch.randn(1, 1024, generator=torch.Generator().manual_seed(6)).bfloat16()
+    q = quantize(w, op.weight)
+    inputs = {"a": x.to(DEVICE), **{k: v.to(DEVICE) for k, v in q.tensors().items()}}
+    out = registry.alloc_out(op, DEVICE)
+    registry.launch(inputs, gemv_cfg(1, 256), out, op)
+    kernel_err = relative_error(out.cpu(), reference_matmul(x, q, gemm=False))
+    format_err = relative_error(out.cpu(), x.double() @ w.double().t())
+    assert kernel_err < 0.01 < format_err < 0.15
+
+
+@pytest.mark.parametrize("cfg,why", [(gemv_cfg(4, 256), "BLOCK_K=256 > the int4-g128 group 128"),
+                                     (gemv_cfg(2, 64), "BLOCK_M=2 must be next_pow2(M)=4")])
+def test_an_invalid_config_is_rejected_and_never_launched(cfg, why, monkeypatch):
+    import autoopt.backend.kernels.quant_gemv as kernels
+
+    def boom(*args, **kwargs):  # pragma: no cover - reaching it is the failure
+        raise AssertionError("an invalid config was launched")
+    monkeypatch.setattr(kernels, "quant_gemv_prepare", boom)
+    op = OpSpec(kind="gemv", shape=(3, 100, 512), dtype="fp16", weight="int4")
+    res = evaluate(op, cfg, validate=lambda o, c: validate_config(GPU, o, c))
+    assert res.label == "rejected" and why in res.reason
+
+
+def test_a_plain_kernel_is_never_given_a_quantized_weight_nor_the_reverse():
+    quant = evaluate(OpSpec(kind="gemv", shape=(1, 64, 64), dtype="fp16", weight="int8"),
+                     KernelConfig(kernel="gemv", params=dict(BLOCK_M=1, BLOCK_N=16, BLOCK_K=32, SPLIT_K=1)))
+    plain = evaluate(OpSpec(kind="gemv", shape=(1, 64, 64), dtype="fp16"), gemv_cfg(1, 32))
+    assert quant.label == plain.label == "rejected"
+    assert "reads a plain fp16 weight" in quant.reason and "reads a quantized weight" in plain.reason

@@ -1,0 +1,173 @@
+"""The quant-gemv / quant-gemm templates: valid spaces, hard constraints, cost model, bounds, vendor price."""
+
+from __future__ import annotations
+
+import pytest
+from _fuzz import budget
+from hypothesis import given
+from hypothesis import strategies as st
+
+from autoopt.errors import AutooptError, ConfigError
+from autoopt.hardware.library import load_profile
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.cost import floor_us
+from autoopt.kernels.ops import OpSpec
+from autoopt.kernels.quant import parse_weight
+from autoopt.kernels.quant_cost import DequantWork, cycles_per_weight, dequant_work
+from autoopt.kernels.vendor import predict_vendor_matmul
+from autoopt.search.ranking import rank, validate_config
+from autoopt.templates.quant import QuantGemmTemplate, QuantGemvTemplate
+
+H100 = load_profile("h100-sxm").gpu
+A100 = load_profile("a100-sxm-80gb").gpu
+FORMATS = ["fp8", "fp8-wo", "fp8_block", "int8", "int4", "int4-asym"]
+DECODE = [(1, 4096, 4096), (1, 28672, 4096), (3, 6144, 4096), (16, 4096, 14336)]
+
+
+@pytest.mark.parametrize("spec", FORMATS)
+@pytest.mark.parametrize("kind,shape", [("gemv", s) for s in DECODE] + [("gemm", (2048, 4096, 4096)),
+                                                                         ("gemm", (33, 100, 200))])
+def test_rank_returns_valid_configs_priced_above_the_physical_floor(spec, kind, shape):
+    op = OpSpec(kind=kind, shape=shape, weight=spec)
+    r = rank(H100, op, top=3)
+    assert r.templates == (f"quant-{kind}",) and 1 <= len(r.candidates) <= 3
+    floor = floor_us(H100, op)
+    for c in r.candidates:
+        assert c.config.kernel == f"quant_{kind}" and validate_config(H100, op, c.config) == []
+        assert c.predicted_us >= floor and 0 < c.roofline_pct <= 100
+
+
+def test_rank_takes_the_op_syntax_as_a_mapping():
+    r = rank(H100, {"kind": "gemv", "shape": (1, 4096, 4096), "dtype": "bf16", "weight": "int4"})
+    assert r.op.weight == "int4-g128" and r.best.config.kernel == "quant_gemv"
+
+
+@pytest.mark.parametrize("spec,ratio", [("int4", 0.6), ("fp8", 0.75), ("int8", 0.75)])
+def test_a_packed_decode_weight_is_predicted_faster_than_bf16(spec, ratio):
+    shape = (1, 28672, 4096)
+    plain = rank(H100, OpSpec(kind="gemv", shape=shape)).best.predicted_us
+    assert rank(H100, OpSpec(kind="gemv", shape=shape, weight=spec)).best.predicted_us < ratio * plain
+
+
+def test_plain_templates_never_get_a_quantized_weight_and_quant_ones_never_a_plain_one():
+    assert rank(H100, OpSpec(kind="gemm", shape=(256, 4096, 4096), weight="int8")).templates == ("quant-gemm",)
+    assert "quant-gemm" not in rank(H100, OpSpec(kind="gemm", shape=(256, 4096, 4096))).templates
+    cfg = rank(H100, OpSpec(kind="gemv", shape=(1, 64, 64))).best.config
+    assert validate_config(H100, OpSpec(kind="gemv", shape=(1, 64, 64), weight="int4"), cfg)
+
+
+def test_w8a8_needs_fp8_tensor_cores_and_names_the_weight_only_format():
+    with pytest.raises(ConfigError, match="use the weight-only 'fp8-wo'"):
+        rank(A100, OpSpec(kind="gemm", shape=(512, 4096, 4096), weight="fp8"))
+    assert rank(A100, OpSpec(kind="gemm", shape=(512, 4096, 4096), weight="fp8-wo")).best.config.kernel == "quant_gemm"
+
+
+def gemv(bm: int, bk: int, **kw: int) -> KernelConfig:
+    return KernelConfig(kernel="quant_gemv", template="quant-gemv",
+                        params={"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": bk, "SPLIT_K": 1, "num_warps": 4,
+                                "num_stages": 2, **kw})
+
+
+def gemm(bm: int, bk: int, path: str = "standard", **kw: int) -> KernelConfig:
+    return KernelConfig(kernel="quant_gemm", template="quant-gemm", path=path,
+                        params={"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": 4,
+                                "num_stages": 2, **kw})
+
+
+@pytest.mark.parametrize("op,cfg,why", [
+    (OpSpec(kind="gemv", shape=(3, 4096, 4096), weight="int4"), gemv(4, 256), "dot tile must lie in one group"),
+    (OpSpec(kind="gemv", shape=(3, 4096, 4096), weight="int4-g32"), gemv(4, 64), "group 32"),
+    (OpSpec(kind="gemv", shape=(3, 4096, 4096), weight="int4"), gemv(8, 64), "BLOCK_M=8 must be next_pow2(M)=4"),
+    (OpSpec(kind="gemv", shape=(1, 4096, 4096), weight="int8"), gemv(1, 48), "not a power of two"),
+    (OpSpec(kind="gemv", shape=(1, 4096, 256), weight="fp8"), gemv(1, 128, SPLIT_K=4), "empty K-slices"),
+    (OpSpec(kind="gemv", shape=(1, 4096, 4096), weight="fp8"), gemv(1, 512, num_warps=1),
+     "registers/thread > 255"),
+    (OpSpec(kind="gemm", shape=(512, 4096, 4096), weight="fp8_block"), gemm(64, 256, "wgmma"),
+     "BLOCK_K=256 > the fp8_block group 128"),
+    (OpSpec(kind="gemm", shape=(512, 4096, 4096), weight="int4"), gemm(64, 64), "does not match what Triton emits"),
+    (OpSpec(kind="gemm", shape=(512, 4096, 4096), weight="int4"), gemm(64, 64, "wgmma", num_warps=2),
+     "does not match what Triton emits"),
+    (OpSpec(kind="gemm", shape=(512, 4096, 4096), weight="int8"), gemm(64, 64, "wgmma", GROUP_M=0), "GROUP_M=0"),
+    (OpSpec(kind="gemm", shape=(512, 4096, 4096), weight="int8"),
+     KernelConfig(kernel="quant_gemm", template="quant-gemm", params={"BLOCK_M": 64}), "missing config keys"),
+])
+def test_validate_names_what_is_wrong(op, cfg, why):
+    problems = validate_config(H100, op, cfg)
+    assert problems and any(why in p for p in problems), problems
+
+
+@pytest.mark.parametrize("spec", ["int4", "fp8_block", "int8", "fp8"])
+@pytest.mark.parametrize("kind,shape", [("gemv", (1, 6144, 4096)), ("gemv", (5, 4096, 14336)),
+                                        ("gemm", (256, 4096, 4096))])
+def test_every_bound_is_at_most_every_prediction_beneath_it(spec, kind, shape):
+    op = OpSpec(kind=kind, shape=shape, weight=spec)
+    t = QuantGemvTemplate() if kind == "gemv" else QuantGemmTemplate()
+    space = t.bounded_space(H100, op)
+    assert space is not None and space.considered == len(list(t.space(H100, op)))
+    seen = 0
+    for bound, node in space.roots:
+        for leaf_bound, cfg in node():
+            assert leaf_bound == bound and bound <= t.predict(H100, op, cfg).us * (1 + 1e-9)
+            seen += 1
+    assert seen == space.considered - space.rejected
+
+
+@pytest.mark.parametrize("op", [OpSpec(kind="gemv", shape=(1, 28672, 4096), weight="int4-asym"),
+                                OpSpec(kind="gemm", shape=(512, 6144, 4096), weight="fp8")])
+def test_pruned_top5_equals_the_exhaustive_top5(op):
+    pruned = [c.config.key() for c in rank(H100, op, top=5).candidates]
+    full = [c.config.key() for c in rank(H100, op, top=5, exhaustive=True).candidates]
+    assert pruned == full
+
+
+def test_int4_decode_dequantization_runs_on_the_integer_pipe_at_40_percent_of_a_clock_per_16_weights():
+    # 2.5 INT32 ops a weight on 64 INT32 lanes bind before 3.65 issue slots on 128 (datasheet rates)
+    work = dequant_work(parse_weight("int4"), fma=True)
+    assert cycles_per_weight(H100, work) == pytest.approx(2.5 / 64)
+    # one int->float conversion a weight instead (16 a clock) would cost 1.6x as much
+    assert cycles_per_weight(H100, DequantWork(int_ops=2.0, cvt_ops=1.0, fp_ops=1.0)) == pytest.approx(1 / 16)
+
+
+def test_decode_dequantization_is_priced_and_close_to_binding_for_int4():
+    best = rank(H100, OpSpec(kind="gemv", shape=(1, 28672, 4096), weight="int4")).best
+    p = best.config.params
+    tiles_per_sm = -(-28672 // p["BLOCK_N"] // p["SPLIT_K"]) / 132
+    alu_us = best.breakdown["dequant_iter_us"] * tiles_per_sm * 4096 / p["BLOCK_K"]
+    assert 0.5 * best.breakdown["dram_us"] < alu_us < best.breakdown["dram_us"]
+
+
+def test_w8a8_gemm_adds_its_activation_quantization_launch():
+    best = rank(H100, OpSpec(kind="gemm", shape=(2048, 4096, 4096), weight="fp8")).best
+    act = best.breakdown["act_quant_us"]
+    # 2048 x 4096 bf16 read, e4m3 written: 25 MB at 0.88 x 3350 GB/s, plus a 5.2 us launch
+    assert act == pytest.approx(5.2093 + (2048 * 4096 * 3 + 2048 * 4) / (3350e9 * 0.88) * 1e6)
+    assert "act_quant_us" not in rank(H100, OpSpec(kind="gemm", shape=(2048, 4096, 4096), weight="int4")).best.breakdown
+
+
+def test_the_vendor_prices_only_the_w8a8_fp8_gemm_it_can_run():
+    op = OpSpec(kind="gemm", shape=(2048, 4096, 4096), weight="fp8")
+    vendor = predict_vendor_matmul(H100, op)
+    assert vendor is not None and floor_us(H100, op) < vendor < predict_vendor_matmul(
+        H100, OpSpec(kind="gemm", shape=(2048, 4096, 4096)))
+    for other in (OpSpec(kind="gemm", shape=(2048, 4096, 4096), weight="int4"),
+                  OpSpec(kind="gemm", shape=(2048, 4096, 4096), weight="fp8-wo"),
+                  OpSpec(kind="gemv", shape=(1, 4096, 4096), weight="fp8")):
+        assert predict_vendor_matmul(H100, other) is None
+    assert predict_vendor_matmul(A100, OpSpec(kind="gemm", shape=(2048, 4096, 4096), weight="fp8")) is None
+
+
+@budget(40)
+@given(kind=st.sampled_from(["gemv", "gemm"]), m=st.integers(1, 4096), n=st.integers(1, 70000),
+       k=st.integers(1, 70000), spec=st.sampled_from([*FORMATS, "int4-g32-asym", "fp8_block-wo"]),
+       gpu=st.sampled_from(["h100-sxm", "a100-sxm-80gb", "rtx-3060", "mi300x"]))
+def test_rank_of_any_quantized_op_is_valid_sorted_configs_or_a_typed_error(kind, m, n, k, spec, gpu):
+    g = load_profile(gpu).gpu
+    try:
+        op = OpSpec(kind=kind, shape=(min(m, 16) if kind == "gemv" else m, n, k), weight=spec)
+        r = rank(g, op, top=3)
+    except AutooptError as exc:
+        assert str(exc)
+        return
+    times = [c.predicted_us for c in r.candidates]
+    assert times == sorted(times) and times[0] >= floor_us(g, op)
+    assert all(validate_config(g, op, c.config) == [] for c in r.candidates)
