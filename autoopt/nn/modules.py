@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from autoopt.nn import ops as _ops
 
 __all__ = ["AutooptGatedMLP", "AutooptLayerNorm", "AutooptLinear", "AutooptPlainMLP", "AutooptQKV", "AutooptQKVPart",
-           "AutooptRMSNorm", "Replacement"]
+           "AutooptRMSNorm", "FusedRows", "Replacement"]
 
 # the original's forward (pre-)hook tables: the replacement shares them, so hooks keep firing.
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
@@ -130,7 +130,7 @@ def _untie(linears: tuple[Any, ...]) -> None:
                 lin.bias.data = lin.bias.data.clone()
 
 
-class _FusedRows:
+class FusedRows:
     """What a replacement holding several linears' weights stacked along rows does with them: build the
     stack, re-point the linears at their slices (``tie``), give them their storage back (``untie``) and
     rebuild after ``load_state_dict``. Subclasses name the two buffers and list the linears."""
@@ -282,7 +282,7 @@ class AutooptLayerNorm(Replacement, nn.Module):
         return f"{tuple(self.weight.shape)}, eps={self._eps}"
 
 
-class AutooptGatedMLP(_FusedRows, Replacement, nn.Module):
+class AutooptGatedMLP(FusedRows, Replacement, nn.Module):
     """``down(act(gate(x)) * up(x))`` as one ``gate_up`` GEMM, a fused ``act * mul`` and the down GEMM.
 
     ``gate_up_weight`` (``[2I, H]``, rows ``[gate; up]``) is a non-persistent buffer: the state_dict
@@ -400,7 +400,7 @@ class AutooptPlainMLP(Replacement, nn.Module):
                 f"then {self.fc2_name}")
 
 
-class AutooptQKV(_FusedRows, Replacement, nn.Module):
+class AutooptQKV(FusedRows, Replacement, nn.Module):
     """An attention's ``q_proj`` computing q, k and v in one GEMM over ``[Wq; Wk; Wv]``; the attention's
     ``k_proj`` and ``v_proj`` become :class:`AutooptQKVPart` modules that return their slice of it.
 

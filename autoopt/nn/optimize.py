@@ -6,7 +6,11 @@
     print(report)                             # what was replaced, what was not and why, the kernels
     autoopt.restore(model)                    # the original modules back (or: with autoopt.optimize(model): ...)
 
-The walk goes down the module tree from the root. At each child it tries, in order:
+The walk goes down the module tree from the root and looks at each child once:
+:func:`~autoopt.nn.recognize.recognize` answers with one typed match (:mod:`autoopt.nn.match`), the
+builder of that kind (:mod:`autoopt.nn.build`) makes the replacement, the check compares the two, and
+the replacement is swapped in with its report row; a :class:`~autoopt.nn.match.NoMatch` is a kept or
+skipped row with its reason. What it recognises, in order:
 
 1. a **gated MLP** (``gate_proj``/``up_proj``/``down_proj`` + a SiLU or tanh-GELU ``act_fn``, checked
    to compute ``down(act(gate(x)) * up(x))``): replaced by :class:`~autoopt.nn.modules.AutooptGatedMLP`,
@@ -45,7 +49,6 @@ untouched and costs the fused weights' size again (``2 * intermediate * hidden``
 
 from __future__ import annotations
 
-import fnmatch
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -57,6 +60,21 @@ from torch import nn
 from autoopt._log import get_logger
 from autoopt.errors import OpError
 from autoopt.nn import dispatch
+from autoopt.nn.build import build
+from autoopt.nn.compare import rel_error, sample, tolerance
+from autoopt.nn.match import (
+    ONE_BY_ONE,
+    OPS,
+    QKV,
+    Context,
+    DenseMatch,
+    GatedMLPMatch,
+    NoMatch,
+    NormMatch,
+    PlainMLPMatch,
+    QKVMatch,
+    Replacing,
+)
 from autoopt.nn.modules import (
     AutooptGatedMLP,
     AutooptLayerNorm,
@@ -64,35 +82,15 @@ from autoopt.nn.modules import (
     AutooptPlainMLP,
     AutooptQKV,
     AutooptRMSNorm,
+    FusedRows,
     Replacement,
 )
-from autoopt.nn.recognize import (
-    FLOAT_DTYPES,
-    QKV,
-    GatedMLPMatch,
-    NormMatch,
-    PlainMLPMatch,
-    gated_mlp_parts,
-    linear_problem,
-    match_gated_mlp,
-    match_norm,
-    match_plain_mlp,
-    norm_parts,
-    plain_mlp_parts,
-    qkv_parts,
-    rel_error,
-    sample,
-    tolerance,
-)
+from autoopt.nn.recognize import recognize
 from autoopt.nn.report import OptimizeReport, Row
 
 log = get_logger(__name__)
 
 __all__ = ["OPS", "optimize", "restore"]
-
-#: what ``ops=`` can name: the kinds of module optimize() replaces.
-OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv")
-_ATTENTION_CHILDREN = (("q_proj", "k_proj", "v_proj"), ("qkv_proj",), ("query_key_value",), ("c_attn",))
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -157,7 +155,7 @@ def _linear_choice(m: int, n: int, k: int, dtype: Any, device: Any) -> str:
     return _describe(choice, extra)
 
 
-def _kernels_at(rep: Replacement, m: int) -> dict[str, str]:
+def _kernels_at(rep: nn.Module, m: int) -> dict[str, str]:
     """``op -> what runs it`` for ``rep`` on ``m`` rows, from the dispatch (cached; ranks if new)."""
     if isinstance(rep, AutooptLinear):
         w = rep.weight
@@ -197,7 +195,7 @@ def _inner_linear_choice(lin: nn.Module, m: int) -> str:
     return _linear_choice(m, lin.out_features, lin.in_features, w.dtype, w.device)
 
 
-def _kernels(rep: Replacement) -> dict[str, str]:
+def _kernels(rep: nn.Module) -> dict[str, str]:
     """What runs ``rep``'s ops at the check samples' sizes: ``op`` when one choice serves both, else
     ``op@16`` and ``op@32`` (rows)."""
     sizes = [2 * t for t in CHECK_TOKENS]
@@ -252,8 +250,24 @@ def _compare(original: nn.Module, rep: nn.Module, x: torch.Tensor, tol: float) -
                            f"{_dtype_name(x.dtype)} sample")
 
 
+#: the check's sample ``[2, tokens, in_features]`` for each match kind: its generator seed, an offset from zero
+#: (a norm's: so that LayerNorm and RMSNorm differ) and whether the tolerance is a matmul's.
+@dataclass(frozen=True, slots=True)
+class _Sample:
+    seed: int = 0
+    offset: float = 0.0
+    matmul: bool = True
+
+
+_SAMPLES: dict[type, _Sample] = {DenseMatch: _Sample(), NormMatch: _Sample(offset=0.5, matmul=False),
+                                 GatedMLPMatch: _Sample(seed=2), PlainMLPMatch: _Sample(seed=5),
+                                 QKVMatch: _Sample(seed=3)}
+
+
 @dataclass
 class _Walk:
+    """One optimize() call: down the module tree, each module recognised once, then built, checked, swapped."""
+
     ops: tuple[str, ...]
     check: bool
     keep_original: bool
@@ -289,13 +303,37 @@ class _Walk:
             log.warning("autoopt.optimize: keeping %s modules of %s: %s", key[0], key[1:], verdict.reason)
         return verdict
 
-    # -- one module -------------------------------------------------------------------------------
+    def _check(self, match: Replacing, m: nn.Module, rep: nn.Module, inner: dict[str, nn.Module]) -> _Checked:
+        """``rep`` against ``m`` on :data:`_SAMPLES`'s sample, once per distinct match (equal matches compute the
+        same function), inner replacements, dtype and device."""
+        w = _weight(rep)
+        key = (match.kind, match, tuple(isinstance(r, AutooptLinear) for r in inner.values()), w.dtype, w.device)
+        how = _SAMPLES[type(match)]
+        original, candidate = m, rep
+        if isinstance(rep, AutooptQKV):  # the three projections side by side, called in attention's order
+            original, candidate = _Stacked(*(m.get_submodule(c) for c in QKV)), _Stacked(rep, *rep.parts)
+        return self._verify(key, original, candidate,
+                            lambda t: sample(match.in_features, w.dtype, w.device, tokens=t, seed=how.seed,
+                                             offset=how.offset),
+                            tolerance(w.dtype, matmul=how.matmul))
+
+    # -- rows and swaps ---------------------------------------------------------------------------
 
     def _swap(self, parent: nn.Module, name: str, original: nn.Module, rep: nn.Module) -> None:
         assert isinstance(rep, Replacement)
         parent._modules[name] = rep
         self.done[id(original)] = rep
         self.patches.append((weakref.ref(parent), name, weakref.ref(rep)))
+
+    def _place(self, parent: nn.Module, name: str, m: nn.Module, rep: nn.Module) -> None:
+        """``rep`` in ``m``'s place; a fused q/k/v at the attention's q_proj, its parts at k_proj and v_proj."""
+        if not isinstance(rep, AutooptQKV):
+            self._swap(parent, name, m, rep)
+            return
+        news: tuple[nn.Module, ...] = (rep, *rep.parts)
+        for child, new in zip(QKV, news, strict=True):
+            self._swap(m, child, m.get_submodule(child), new)
+            self.placed.add(id(new))
 
     def _row(self, path: str, kind: str, status: str, module: nn.Module, reason: str = "", *,
              shape: str = "", dtype: Any = None, verdict: _Checked | None = None,
@@ -309,197 +347,26 @@ class _Walk:
         self.rows.append(row)
         return row
 
-    def linear(self, parent: nn.Module, name: str, m: nn.Linear, path: str) -> AutooptLinear | None:
-        shape = f"{m.in_features}->{m.out_features}"
-        if "linear" not in self.ops:
-            self._row(path, "linear", "kept", m, "linear not in ops=", shape=shape)
-            return None
-        problem = linear_problem(m)
-        if problem is not None:
-            self._row(path, "linear", "kept", m, problem, shape=shape)
-            return None
-        w = m.weight
-        rep = AutooptLinear(m)
-        key = ("linear", m.in_features, m.out_features, m.bias is not None, w.dtype, w.device)
-        verdict = self._verify(key, m, rep, lambda t: sample(m.in_features, w.dtype, w.device, tokens=t),
-                               tolerance(w.dtype, matmul=True))
-        if not verdict.ok:
-            self._row(path, "linear", "kept", m, verdict.reason, shape=shape, verdict=verdict)
-            return None
-        self._swap(parent, name, m, rep)
-        self._row(path, "linear", "replaced", m, shape=shape, verdict=verdict, kernels=_kernels(rep))
-        return rep
-
-    def norm(self, parent: nn.Module, name: str, m: nn.Module, path: str, match: NormMatch, w: torch.Tensor) -> bool:
-        shape = f"{w.shape[0]}"
-        if match.kind not in self.ops:
-            self._row(path, match.kind, "kept", m, f"{match.kind} not in ops=", shape=shape)
-            return False
-        rep: nn.Module
-        if match.kind == "rms_norm":
-            rep = AutooptRMSNorm(m, eps=match.eps, unit_offset=match.unit_offset)
-        else:
-            rep = AutooptLayerNorm(m, eps=match.eps)
-        key = (match.kind, w.shape[0], match.unit_offset, match.has_bias, match.eps, w.dtype, w.device)
-        verdict = self._verify(key, m, rep, lambda t: sample(w.shape[0], w.dtype, w.device, tokens=t, offset=0.5),
-                               tolerance(w.dtype))
-        variant = " (1 + weight)" if match.unit_offset else ""
-        if not verdict.ok:
-            self._row(path, match.kind, "kept", m, verdict.reason, shape=shape + variant, verdict=verdict)
-            return False
-        self._swap(parent, name, m, rep)
-        self._row(path, match.kind, "replaced", m, shape=shape + variant, verdict=verdict, kernels=_kernels(rep))
-        return True
-
-    def _inner_linear(self, lin: nn.Linear) -> nn.Module:
-        """A fused MLP's last linear (down_proj, fc2): its replacement when ``linear`` is in ops= and its own
-        check (cached per shape) passes, else ``lin`` itself. It runs inside the MLP either way."""
-        if "linear" not in self.ops:
+    def _inner_linear(self, lin: nn.Module, match: DenseMatch | NoMatch) -> nn.Module:
+        """A fused MLP's last linear (down_proj, fc2): its replacement where ``match`` is one and its own check
+        (cached per shape) passes, else ``lin`` itself. It runs inside the MLP either way."""
+        if isinstance(match, NoMatch):
             return lin
         if id(lin) in self.done:
             return self.done[id(lin)]
-        w = lin.weight
-        key: tuple[Any, ...] = ("linear", lin.in_features, lin.out_features, lin.bias is not None, w.dtype, w.device)
-        cand = AutooptLinear(lin)
-        if self._verify(key, lin, cand, lambda t: sample(lin.in_features, w.dtype, w.device, tokens=t),
-                        tolerance(w.dtype, matmul=True)).ok:
-            return cand
-        return lin
+        rep = build(lin, match, {})
+        return rep if self._check(match, lin, rep, {}).ok else lin
 
-    def _inner_row(self, path: str, lin: nn.Linear, rep: nn.Module) -> None:
+    def _inner_row(self, path: str, lin: nn.Module, rep: nn.Module, match: DenseMatch | NoMatch) -> None:
         """The row of a fused MLP's last linear at ``path``, once the MLP is replaced."""
-        shape = f"{lin.in_features}->{lin.out_features}"
         if isinstance(rep, AutooptLinear):
-            if id(lin) not in self.done:
-                self.done[id(lin)] = rep
-            self._row(path, "linear", "replaced", lin, shape=shape, kernels=_kernels(rep))
+            self.done.setdefault(id(lin), rep)
+            self._row(path, "linear", "replaced", lin, shape=match.shape, kernels=_kernels(rep))
         else:
-            self._row(path, "linear", "kept", lin,
-                      "linear not in ops=" if "linear" not in self.ops else "check failed for this shape", shape=shape)
+            reason = match.reason if isinstance(match, NoMatch) else "check failed for this shape"
+            self._row(path, "linear", "kept", lin, reason, shape=match.shape)
 
-    def mlp(self, parent: nn.Module, name: str, m: nn.Module, path: str, kind: str) -> bool:
-        """``m``, which has a gated or a plain MLP's structure (``kind``): replaced (True: its subtree is done)
-        or kept with the reason (False: the walk goes on into its linears)."""
-        if kind not in self.ops:
-            self._row(path, kind, "kept", m, f"{kind} not in ops=")
-            return False
-        match = match_gated_mlp(m) if kind == "gated_mlp" else match_plain_mlp(m)
-        if not isinstance(match, str):
-            fused = ("gate_proj", "up_proj") if isinstance(match, GatedMLPMatch) else (match.fc1_name,)
-            hooked = next((c for c in fused if _has_hooks(m._modules[c])), None)
-            if hooked is not None:  # the fused GEMM reads its weight and never calls it
-                match = f"{path}.{hooked} has forward hooks (the fused GEMM would not call them)"
-        if isinstance(match, str):
-            self._row(path, kind, "kept", m, match + "; its linears are tried one by one")
-            return False
-        if isinstance(match, GatedMLPMatch):
-            return self.gated_mlp(parent, name, m, path, match)
-        return self.plain_mlp(parent, name, m, path, match)
-
-    def gated_mlp(self, parent: nn.Module, name: str, m: nn.Module, path: str, match: GatedMLPMatch) -> bool:
-        gate, up, down, _ = gated_mlp_parts(m) or (None, None, None, None)
-        assert isinstance(gate, nn.Linear) and isinstance(up, nn.Linear) and isinstance(down, nn.Linear)
-        shape = f"{match.hidden}->2x{match.intermediate}->{match.hidden}"
-        w = gate.weight
-        down_rep = self._inner_linear(down)
-        rep = AutooptGatedMLP(m, activation=match.activation, down_proj=down_rep, use_linear_op="linear" in self.ops)
-        key = ("gated_mlp", match.hidden, match.intermediate, match.activation, match.has_bias,
-               isinstance(down_rep, AutooptLinear), w.dtype, w.device)
-        verdict = self._verify(key, m, rep, lambda t: sample(match.hidden, w.dtype, w.device, tokens=t, seed=2),
-                               tolerance(w.dtype, matmul=True))
-        if not verdict.ok:
-            rep.untie()  # drops the gate_up copy
-            self._row(path, "gated_mlp", "kept", m, verdict.reason + "; its linears are tried one by one",
-                      shape=shape, dtype=w.dtype, verdict=verdict)
-            return False
-        if not self.keep_original:
-            rep.tie()
-        self._swap(parent, name, m, rep)
-        self._row(path, "gated_mlp", "replaced", m, shape=shape, dtype=w.dtype, verdict=verdict,
-                  kernels=_kernels(rep))
-        for child, lin in (("gate_proj", gate), ("up_proj", up)):
-            self._row(f"{path}.{child}", "linear", "fused", lin, f"runs in {path}'s gate_up GEMM "
-                      f"({'halves of gate_up' if rep.tied else 'gate_up is a copy'})",
-                      shape=f"{lin.in_features}->{lin.out_features}")
-        self._inner_row(f"{path}.down_proj", down, down_rep)
-        return True
-
-    def plain_mlp(self, parent: nn.Module, name: str, m: nn.Module, path: str, match: PlainMLPMatch) -> bool:
-        fc1: nn.Linear = m._modules[match.fc1_name]  # type: ignore[assignment]
-        fc2: nn.Linear = m._modules[match.fc2_name]  # type: ignore[assignment]
-        shape = f"{match.hidden}->{match.intermediate}->{match.out_features}"
-        w = fc1.weight
-        fc2_rep = self._inner_linear(fc2)
-        rep = AutooptPlainMLP(m, fc1=match.fc1_name, fc2=match.fc2_name, activation=match.activation,
-                              fc2_module=fc2_rep)
-        key = ("plain_mlp", match.hidden, match.intermediate, match.out_features, match.activation,
-               fc1.bias is not None, fc2.bias is not None, isinstance(fc2_rep, AutooptLinear), w.dtype, w.device)
-        verdict = self._verify(key, m, rep, lambda t: sample(match.hidden, w.dtype, w.device, tokens=t, seed=5),
-                               tolerance(w.dtype, matmul=True))
-        if not verdict.ok:
-            self._row(path, "plain_mlp", "kept", m, verdict.reason + "; its linears are tried one by one",
-                      shape=shape, dtype=w.dtype, verdict=verdict)
-            return False
-        self._swap(parent, name, m, rep)
-        self._row(path, "plain_mlp", "replaced", m, shape=f"{shape} {match.activation}", dtype=w.dtype,
-                  verdict=verdict, kernels=_kernels(rep))
-        self._row(f"{path}.{match.fc1_name}", "linear", "fused", fc1,
-                  f"runs in {path}'s fc1 GEMM, {'its bias and ' if fc1.bias is not None else ''}the "
-                  f"{match.activation} in the epilogue", shape=f"{fc1.in_features}->{fc1.out_features}")
-        self._inner_row(f"{path}.{match.fc2_name}", fc2, fc2_rep)
-        return True
-
-    def qkv(self, attn: nn.Module, path: str, parts: tuple[nn.Linear, nn.Linear, nn.Linear] | str) -> bool:
-        """Fuse ``attn``'s q/k/v projections into one GEMM (:class:`AutooptQKV`), or say why not; the
-        walk then descends into ``attn`` (its o_proj, and q/k/v one by one where they were not fused)."""
-        where = f"{path}.qkv"
-        why = self._qkv_blocker(path, parts)
-        if why is not None:
-            self._row(where, "qkv", "kept", attn, why + "; q/k/v are tried one by one")
-            return False
-        assert not isinstance(parts, str)
-        q, k, v = parts
-        w = q.weight
-        shape = f"{q.in_features}->{q.out_features}+{k.out_features}+{v.out_features}"
-        rep = AutooptQKV(q, k, v)
-        k_rep, v_rep = rep.parts
-        key = ("qkv", q.in_features, q.out_features, k.out_features, v.out_features, q.bias is not None, w.dtype,
-               w.device)
-        verdict = self._verify(key, _Stacked(q, k, v), _Stacked(rep, k_rep, v_rep),
-                               lambda t: sample(q.in_features, w.dtype, w.device, tokens=t, seed=3),
-                               tolerance(w.dtype, matmul=True))
-        if not verdict.ok:
-            rep.untie()
-            self._row(where, "qkv", "kept", attn, verdict.reason + "; q/k/v are tried one by one", shape=shape,
-                      dtype=w.dtype, verdict=verdict)
-            return False
-        if not self.keep_original:
-            rep.tie()
-        news: tuple[nn.Module, ...] = (rep, k_rep, v_rep)
-        for name, original, new in zip(QKV, parts, news, strict=True):
-            self._swap(attn, name, original, new)
-            self.placed.add(id(new))
-        self._row(where, "qkv", "replaced", attn, shape=shape, dtype=w.dtype, verdict=verdict, kernels=_kernels(rep))
-        for name, lin in zip(QKV, parts, strict=True):
-            self._row(f"{path}.{name}", "linear", "fused", lin, f"runs in {path}'s qkv GEMM "
-                      f"({'a slice of qkv_weight' if rep.tied else 'qkv_weight is a copy'})",
-                      shape=f"{lin.in_features}->{lin.out_features}")
-        return True
-
-    def _qkv_blocker(self, path: str, parts: tuple[nn.Linear, nn.Linear, nn.Linear] | str) -> str | None:
-        if isinstance(parts, str):
-            return parts
-        if "qkv" not in self.ops or "linear" not in self.ops:
-            return "qkv and linear must both be in ops= to fuse q/k/v"
-        for name, lin in zip(QKV, parts, strict=True):
-            hit = next((p for p in self.skip if fnmatch.fnmatchcase(f"{path}.{name}", p)), None)
-            if hit is not None:
-                return f"{path}.{name} matches skip= pattern {hit!r}"
-            if id(lin) in self.done:
-                return f"{path}.{name} is shared with another module"
-            if _has_hooks(lin):
-                return f"{path}.{name} has forward hooks (they would see a slice computed elsewhere)"
-        return None
+    # -- one module: recognize -> build -> check -> swap ------------------------------------------
 
     def visit(self, parent: nn.Module, prefix: str) -> None:
         for name, child in list(parent._modules.items()):
@@ -521,50 +388,68 @@ class _Walk:
             self.patches.append((weakref.ref(parent), name, weakref.ref(shared)))
             self._row(path, shared.kind, "replaced", m, "shared with another path")
             return True
-        if isinstance(m, Replacement):
-            self._row(path, m.kind, "skipped", m, "already optimised")
-            return True
-        hit = next((p for p in self.skip if fnmatch.fnmatchcase(path, p)), None)
-        if hit is not None:
-            self._row(path, _kind_of(m), "skipped", m, f"matches skip= pattern {hit!r}")
-            return True
-        if ("forward" in m.__dict__ or hasattr(m, "_hf_hook")) and _kind_of(m) != "module":
-            self._row(path, _kind_of(m), "kept", m, "its forward is patched on the instance (an accelerate "
-                      "offload hook?): replacing it would drop that")
-            return True
-        attention = any(all(hasattr(m, c) for c in names) for names in _ATTENTION_CHILDREN)
-        if gated_mlp_parts(m) is not None:
-            return self.mlp(parent, name, m, path, "gated_mlp")
-        if not attention and plain_mlp_parts(m) is not None:
-            return self.mlp(parent, name, m, path, "plain_mlp")
-        if isinstance(m, nn.Linear):
-            self.linear(parent, name, m, path)
-            return True
-        parts = norm_parts(m)
-        if parts is not None:
-            w = parts[2]
-            if w.dtype not in FLOAT_DTYPES:
-                self._row(path, "norm", "kept", m, f"weight dtype {w.dtype} (kernels serve float16, bfloat16, "
-                          "float32)")
-                return True
-            norm_match = match_norm(m)
-            if isinstance(norm_match, str):
-                self._row(path, "norm", "kept", m, norm_match)
-                return True
-            self.norm(parent, name, m, path, norm_match, w)
-            return True
-        if attention:
-            impl = getattr(getattr(m, "config", None), "_attn_implementation", None)
-            self._row(path, "attention", "kept", m, f"attention stays the model's own ({impl or type(m).__name__}); "
-                      "its projections are rows of their own")
-            projections = qkv_parts(m)
-            if projections is not None:
-                self.qkv(m, path, projections)
+        match = recognize(m, context=Context(path=path, ops=self.ops, skip=self.skip, replaced=self.done))
+        if isinstance(match, NoMatch):
+            return self.keep(m, path, match)
+        if isinstance(match, QKVMatch):  # the attention stays the model's; its q/k/v become one GEMM under it
+            self._row(path, "attention", "kept", m, match.attention)
+            self.replace(parent, name, m, path, match)
             return False
-        if next(iter(m.children()), None) is None and any(True for _ in m.parameters(recurse=False)):
-            self._row(path, "other", "kept", m, f"{type(m).__name__}: no autoopt kernel for it")
-            return True
-        return False
+        # a fused MLP that is kept is descended into (its linears are tried one by one); anything else is done
+        return self.replace(parent, name, m, path, match) or match.kind not in ONE_BY_ONE
+
+    def keep(self, m: nn.Module, path: str, match: NoMatch) -> bool:
+        """The rows of a module that is not replaced; True when the walk does not descend into it."""
+        if match.reason:
+            self._row(path, match.kind, match.status, m, match.reason, shape=match.shape)
+        if match.qkv is not None:
+            self._row(f"{path}.qkv", "qkv", "kept", m, match.qkv)
+        return not match.descend
+
+    def replace(self, parent: nn.Module, name: str, m: nn.Module, path: str, match: Replacing) -> bool:
+        """Build ``match``'s replacement of ``m``, check it and swap it in (True), or keep ``m`` with the reason."""
+        inner = {child: self._inner_linear(m.get_submodule(child), sub) for child, sub in match.inner}
+        fused = {child: m.get_submodule(child) for child in match.fused}  # the originals, before q/k/v are swapped
+        rep = build(m, match, inner)
+        verdict = self._check(match, m, rep, inner)
+        where, dtype = (f"{path}.qkv" if isinstance(match, QKVMatch) else path), _weight(rep).dtype
+        if not verdict.ok:
+            if isinstance(rep, FusedRows):
+                rep.untie()  # drops the stacked copy
+            self._row(where, match.kind, "kept", m, verdict.reason + ONE_BY_ONE.get(match.kind, ""),
+                      shape=match.shape, dtype=dtype, verdict=verdict)
+            return False
+        if isinstance(rep, FusedRows) and not self.keep_original:
+            rep.tie()
+        self._place(parent, name, m, rep)
+        self._row(where, match.kind, "replaced", m, shape=_replaced_shape(match), dtype=dtype, verdict=verdict,
+                  kernels=_kernels(rep))
+        for child, lin in fused.items():
+            self._row(f"{path}.{child}", "linear", "fused", lin, _fused_reason(path, match, rep),
+                      shape=f"{lin.in_features}->{lin.out_features}")
+        for child, sub in match.inner:
+            self._inner_row(f"{path}.{child}", m.get_submodule(child), inner[child], sub)
+        return True
+
+
+def _weight(rep: nn.Module) -> torch.Tensor:
+    """A replacement's first weight: the check's sample takes its dtype and device (its weights share them)."""
+    return next(rep.parameters())
+
+
+def _replaced_shape(match: Replacing) -> str:
+    return f"{match.shape} {match.activation}" if isinstance(match, PlainMLPMatch) else match.shape
+
+
+def _fused_reason(path: str, match: Replacing, rep: nn.Module) -> str:
+    """Why a linear inside the replacement at ``path`` has no replacement of its own: the GEMM that runs it."""
+    if isinstance(match, PlainMLPMatch):
+        bias = "its bias and " if match.fc1_bias else ""
+        return f"runs in {path}'s fc1 GEMM, {bias}the {match.activation} in the epilogue"
+    tied = isinstance(rep, FusedRows) and rep.tied
+    if isinstance(match, QKVMatch):
+        return f"runs in {path}'s qkv GEMM ({'a slice of qkv_weight' if tied else 'qkv_weight is a copy'})"
+    return f"runs in {path}'s gate_up GEMM ({'halves of gate_up' if tied else 'gate_up is a copy'})"
 
 
 class _Stacked(nn.Module):
@@ -577,22 +462,6 @@ class _Stacked(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([m.forward(x) for m in self.__dict__["mods"]], dim=-1)
-
-
-def _has_hooks(m: Any) -> bool:
-    return any(getattr(m, d, None) for d in ("_forward_hooks", "_forward_pre_hooks"))
-
-
-def _kind_of(m: nn.Module) -> str:
-    if isinstance(m, nn.Linear):
-        return "linear"
-    if gated_mlp_parts(m) is not None:
-        return "gated_mlp"
-    if plain_mlp_parts(m) is not None:
-        return "plain_mlp"
-    if norm_parts(m) is not None:
-        return "norm"
-    return "module"
 
 
 def _restore_patches(patches: list[tuple[Any, str, Any]]) -> int:

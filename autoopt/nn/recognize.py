@@ -1,4 +1,10 @@
-"""Which modules of a model autoopt can serve, recognised by structure and checked by behaviour.
+"""Which modules of a model autoopt can serve: :func:`recognize` looks at one module once and returns one match.
+
+The answer is one of :mod:`autoopt.nn.match`'s types: what to build (a dense linear, a norm, a gated or
+plain MLP, an attention's fused q/k/v) or why not (:class:`~autoopt.nn.match.NoMatch`, with the reason
+the report shows). Structure first (what the module holds), then the behaviour probe its kind has; a
+kind not in ``ops=`` is not probed. :func:`autoopt.optimize`'s walk calls it once per module and builds
+from the answer (:mod:`autoopt.nn.build`).
 
 A class name proves nothing (every model family names its RMSNorm differently, and a class called
 ``...RMSNorm`` may compute something else), so each candidate is found by what it holds and then
@@ -36,7 +42,7 @@ never touched), in the module's own dtype and device.
 
 from __future__ import annotations
 
-import math
+import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,76 +51,172 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from autoopt.nn.compare import FLOAT_DTYPES, rel_error, sample, tolerance
+from autoopt.nn.match import (
+    ONE_BY_ONE,
+    OPS,
+    QKV,
+    Context,
+    DenseMatch,
+    GatedMLPMatch,
+    Match,
+    NoMatch,
+    NormMatch,
+    PlainMLPMatch,
+    QKVMatch,
+)
+from autoopt.nn.modules import Replacement
+
 __all__ = [
     "ACT_ATTRS",
     "EPS_ATTRS",
-    "FLOAT_DTYPES",
     "GATED_ACTIVATIONS",
     "PLAIN_ACTIVATIONS",
-    "QKV",
-    "GatedMLPMatch",
-    "NormMatch",
-    "PlainMLPMatch",
     "PlainMLPParts",
     "activation_of",
     "gated_mlp_parts",
     "linear_problem",
-    "match_gated_mlp",
-    "match_norm",
     "match_plain_mlp",
     "norm_parts",
     "plain_mlp_parts",
     "qkv_parts",
-    "rel_error",
-    "sample",
-    "tolerance",
+    "recognize",
 ]
 
 #: epsilon attribute names, in the order they are looked for.
 EPS_ATTRS = ("variance_epsilon", "eps", "epsilon")
-#: dtypes the kernels serve.
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-#: relative Frobenius error ``||out - ref|| / ||ref||`` allowed, by dtype.
-_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
-#: fp32 matmuls at float32_matmul_precision 'high'/'medium' run as TF32 (10-bit mantissa).
-_TOL_TF32 = 5e-3
+#: child names that make a module an attention (its own forward is kept; q/k/v may be fused under it).
+_ATTENTION_CHILDREN = (("q_proj", "k_proj", "v_proj"), ("qkv_proj",), ("query_key_value",), ("c_attn",))
 
 
-def tolerance(dtype: torch.dtype, *, matmul: bool = False) -> float:
-    """The relative error allowed for a module of ``dtype`` (looser for fp32 matmuls allowed to use TF32)."""
-    tol = _TOL.get(dtype, 1e-4)
-    if matmul and dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
-        tol = max(tol, _TOL_TF32)
-    return tol
+# -- one module, one answer ------------------------------------------------------------------------------
 
 
-def rel_error(out: Any, ref: Any) -> float:
-    """``||out - ref|| / ||ref||`` in float64 (inf when shapes differ or anything is not finite).
+def recognize(m: nn.Module, *, context: Context) -> Match:
+    """What ``m`` is: the one match its replacement is built from, or why not (a :class:`NoMatch`).
 
-    Summed a chunk of about 2^20 elements at a time, so that checking an ``lm_head`` of a large
-    vocabulary adds megabytes, not a float64 copy of its whole output, to the memory peak."""
-    if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor) or out.shape != ref.shape:
-        return math.inf
-    width = out.shape[-1] if out.dim() and out.shape[-1] else 1
-    o, r = out.detach().reshape(-1, width), ref.detach().reshape(-1, width)
-    step = max(1, (1 << 20) // width)
-    num = den = 0.0
-    for i in range(0, o.shape[0], step):
-        a, b = o[i:i + step].double(), r[i:i + step].double()
-        d2, r2 = float((a - b).square().sum()), float(b.square().sum())
-        if not (math.isfinite(d2) and math.isfinite(r2)):
-            return math.inf
-        num, den = num + d2, den + r2
-    return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+    In the order the walk always took: already optimised, ``skip=``, a forward patched on the instance,
+    then by structure a gated MLP, a plain MLP (not inside an attention), a linear, a norm, an attention
+    (its q/k/v), a leaf with weights autoopt has no kernel for, and else a container to descend into."""
+    if isinstance(m, Replacement):
+        return NoMatch(kind=m.kind, reason="already optimised", status="skipped")
+    kind, parts = _structure(m)
+    hit = _skip_hit(context.path, context.skip)
+    if hit is not None:
+        return NoMatch(kind=kind, reason=f"matches skip= pattern {hit!r}", status="skipped")
+    if ("forward" in m.__dict__ or hasattr(m, "_hf_hook")) and kind != "module":
+        return NoMatch(kind=kind, reason="its forward is patched on the instance (an accelerate offload hook?): "
+                       "replacing it would drop that")
+    attention = any(all(hasattr(m, c) for c in names) for names in _ATTENTION_CHILDREN)
+    if kind == "gated_mlp" or (kind == "plain_mlp" and not attention):
+        return _mlp(m, kind, parts, context)
+    if kind == "linear":
+        return _dense(parts, context.ops)
+    if kind == "norm":
+        return _norm(m, parts, context.ops)
+    if attention:
+        return _attention(m, context)
+    if next(iter(m.children()), None) is None and any(True for _ in m.parameters(recurse=False)):
+        return NoMatch(kind="other", reason=f"{type(m).__name__}: no autoopt kernel for it")
+    return NoMatch(kind="module", reason="", descend=True)
 
 
-def sample(features: int, dtype: torch.dtype, device: torch.device, *, tokens: int = 8, offset: float = 0.0,
-           seed: int = 0) -> torch.Tensor:
-    """A ``[2, tokens, features]`` normal sample (plus ``offset``) from a private generator (the global
-    RNG is not touched), in ``dtype`` on ``device``."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randn(2, tokens, features, generator=gen, dtype=torch.float32) + offset
-    return x.to(device=device, dtype=dtype)
+def _structure(m: nn.Module) -> tuple[str, Any]:
+    """What ``m`` holds, looked at once: ``(kind, parts)``, kind ``linear``, ``gated_mlp``, ``plain_mlp`` or
+    ``norm`` with the parts its recogniser reads, else ``("module", None)``."""
+    if isinstance(m, nn.Linear):
+        return "linear", m
+    finders: tuple[tuple[str, Callable[[nn.Module], Any]], ...] = (
+        ("gated_mlp", gated_mlp_parts), ("plain_mlp", plain_mlp_parts), ("norm", norm_parts))
+    for kind, find in finders:
+        parts = find(m)
+        if parts is not None:
+            return kind, parts
+    return "module", None
+
+
+def _skip_hit(path: str, patterns: tuple[str, ...]) -> str | None:
+    return next((p for p in patterns if fnmatch.fnmatchcase(path, p)), None)
+
+
+def _has_hooks(m: Any) -> bool:
+    return any(getattr(m, d, None) for d in ("_forward_hooks", "_forward_pre_hooks"))
+
+
+def _dense(m: nn.Linear, ops: tuple[str, ...], *, probe: bool = True) -> DenseMatch | NoMatch:
+    """A linear as a match, or why not; ``probe=False`` for one whose :func:`linear_problem` was asked already
+    (an MLP's last linear)."""
+    shape = f"{m.in_features}->{m.out_features}"
+    if "linear" not in ops:
+        return NoMatch(kind="linear", reason="linear not in ops=", shape=shape)
+    problem = linear_problem(m) if probe else None
+    if problem is not None:
+        return NoMatch(kind="linear", reason=problem, shape=shape)
+    return DenseMatch(in_features=m.in_features, out_features=m.out_features, has_bias=m.bias is not None)
+
+
+def _norm(m: nn.Module, parts: tuple[str, float | None, nn.Parameter], ops: tuple[str, ...]) -> NormMatch | NoMatch:
+    """A norm as a match (probed: which formula it computes), or why not."""
+    w = parts[2]
+    if w.dtype not in FLOAT_DTYPES:
+        return NoMatch(kind="norm", reason=f"weight dtype {w.dtype} (kernels serve float16, bfloat16, float32)")
+    found = _norm_match(m, parts)
+    if isinstance(found, str):
+        return NoMatch(kind="norm", reason=found)
+    if found.kind not in ops:
+        return NoMatch(kind=found.kind, reason=f"{found.kind} not in ops=", shape=str(found.features))
+    return found
+
+
+def _mlp(m: nn.Module, kind: str, parts: Any, context: Context) -> GatedMLPMatch | PlainMLPMatch | NoMatch:
+    """A gated or plain MLP (``kind``) as a match (probed), or why not: then its linears are tried one by one."""
+    if kind not in context.ops:
+        return NoMatch(kind=kind, reason=f"{kind} not in ops=", descend=True)
+    found = _gated_mlp(m, parts, context.ops) if kind == "gated_mlp" else _plain_mlp(m, parts, context.ops)
+    if not isinstance(found, str):
+        hooked = next((c for c in found.fused if _has_hooks(m._modules[c])), None)
+        if hooked is None:
+            return found
+        # the fused GEMM reads its weight and never calls it
+        found = f"{context.path}.{hooked} has forward hooks (the fused GEMM would not call them)"
+    return NoMatch(kind=kind, reason=found + ONE_BY_ONE[kind], descend=True)
+
+
+def _attention(m: nn.Module, context: Context) -> QKVMatch | NoMatch:
+    """An attention: kept as the model's own, its q/k/v as one GEMM where they can be (a :class:`QKVMatch`)."""
+    impl = getattr(getattr(m, "config", None), "_attn_implementation", None)
+    note = f"attention stays the model's own ({impl or type(m).__name__}); its projections are rows of their own"
+    parts = qkv_parts(m)
+    if parts is None:
+        return NoMatch(kind="attention", reason=note, descend=True)
+    why = _qkv_blocker(parts, context)
+    if why is not None:
+        return NoMatch(kind="attention", reason=note, descend=True, qkv=why + ONE_BY_ONE["qkv"])
+    assert not isinstance(parts, str)
+    q, k, v = parts
+    return QKVMatch(attention=note, in_features=q.in_features, out_features=(q.out_features, k.out_features,
+                    v.out_features), has_bias=q.bias is not None)
+
+
+def _qkv_blocker(parts: tuple[nn.Linear, nn.Linear, nn.Linear] | str, context: Context) -> str | None:
+    """Why an attention's q/k/v (:func:`qkv_parts`) are not fused here (None: they are)."""
+    if isinstance(parts, str):
+        return parts
+    if "qkv" not in context.ops or "linear" not in context.ops:
+        return "qkv and linear must both be in ops= to fuse q/k/v"
+    for name, lin in zip(QKV, parts, strict=True):
+        path = f"{context.path}.{name}"
+        hit = _skip_hit(path, context.skip)
+        if hit is not None:
+            return f"{path} matches skip= pattern {hit!r}"
+        if id(lin) in context.replaced:
+            return f"{path} is shared with another module"
+        if _has_hooks(lin):
+            return f"{path} has forward hooks (they would see a slice computed elsewhere)"
+    return None
+
+
+# -- linears ---------------------------------------------------------------------------------------------
 
 
 def _plain_param(p: Any) -> str | None:
@@ -182,19 +284,6 @@ def _own_forward_problem(m: nn.Linear) -> str | None:
 # -- norms -----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class NormMatch:
-    """A recognised norm: ``kind`` is ``rms_norm`` or ``layer_norm``; ``unit_offset``: output scaled by
-    ``1 + weight`` (Gemma); ``eps`` None means ``torch.finfo(dtype).eps`` (``torch.nn.RMSNorm(eps=None)``)."""
-
-    kind: str
-    eps_attr: str
-    eps: float | None
-    unit_offset: bool
-    has_bias: bool
-    error: float
-
-
 def norm_parts(m: nn.Module) -> tuple[str, float | None, nn.Parameter] | None:
     """``(eps attribute, eps, weight)`` when ``m`` has a norm's structure (a leaf holding a 1-D weight
     and an epsilon), else None. A norm without an affine weight (``elementwise_affine=False``) is not one."""
@@ -217,11 +306,8 @@ def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def match_norm(m: nn.Module) -> NormMatch | str:
-    """What norm ``m`` computes (a :class:`NormMatch`), or why it is not recognised as one."""
-    parts = norm_parts(m)
-    if parts is None:
-        return "not a norm: no 1-D weight with an epsilon attribute"
+def _norm_match(m: nn.Module, parts: tuple[str, float | None, nn.Parameter]) -> NormMatch | str:
+    """What norm ``m`` computes (a :class:`NormMatch`, by a probe against each formula), or why it is not one."""
     eps_attr, eps, w = parts
     problem = _plain_param(w)
     if problem is not None:
@@ -257,25 +343,14 @@ def match_norm(m: nn.Module) -> NormMatch | str:
         for kind, unit_offset, formula in candidates:
             err = rel_error(out.float(), formula())
             if err <= tol:
-                return NormMatch(kind=kind, eps_attr=eps_attr, eps=eps, unit_offset=unit_offset,
-                                 has_bias=bias is not None, error=err)
+                return NormMatch(kind=kind, features=w.shape[0], eps=eps, unit_offset=unit_offset,
+                                 has_bias=bias is not None)
             errors.append(f"{kind}{' (1 + weight)' if unit_offset else ''} {err:.2g}")
     return (f"holds a norm's weight and {eps_attr} but its output matches no norm formula within {tol:g} "
             f"(relative error: {', '.join(errors)})")
 
 
 # -- gated MLP -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class GatedMLPMatch:
-    """A recognised gated MLP: ``down(act(gate(x)) * up(x))`` with ``activation`` ``silu`` or ``gelu_tanh``."""
-
-    activation: str
-    hidden: int
-    intermediate: int
-    has_bias: bool
-    error: float
 
 
 #: what each activation name computes (the reference the probes compare with).
@@ -319,11 +394,10 @@ def activation_of(act: Any, device: torch.device, names: tuple[str, ...] = GATED
     return None
 
 
-def match_gated_mlp(m: nn.Module) -> GatedMLPMatch | str:
-    """What gated MLP ``m`` is (a :class:`GatedMLPMatch`), or why it is not recognised as one."""
-    parts = gated_mlp_parts(m)
-    if parts is None:
-        return "not a gated MLP: needs gate_proj, up_proj, down_proj linears and an act_fn"
+def _gated_mlp(m: nn.Module, parts: tuple[nn.Linear, nn.Linear, nn.Linear, Any],
+               ops: tuple[str, ...]) -> GatedMLPMatch | str:
+    """What gated MLP ``m`` (with these ``parts``) computes (a :class:`GatedMLPMatch`, by a probe), or why it is
+    not one autoopt serves."""
     gate, up, down, act = parts
     for name, lin in (("gate_proj", gate), ("up_proj", up), ("down_proj", down)):
         problem = linear_problem(lin)
@@ -353,7 +427,8 @@ def match_gated_mlp(m: nn.Module) -> GatedMLPMatch | str:
         return (f"has gate/up/down projections but its output is not down(act(gate(x)) * up(x)) "
                 f"(relative error {err:.2g} > {tol:g})")
     return GatedMLPMatch(activation=activation, hidden=hidden, intermediate=inter,
-                         has_bias=gate.bias is not None or down.bias is not None, error=err)
+                         has_bias=gate.bias is not None or down.bias is not None, linear_op="linear" in ops,
+                         down=_dense(down, ops, probe=False))
 
 
 # -- plain MLP -------------------------------------------------------------------------------------------
@@ -372,20 +447,6 @@ class PlainMLPParts:
     fc2_name: str
     fc2: nn.Linear
     act: Any
-
-
-@dataclass(frozen=True, slots=True)
-class PlainMLPMatch:
-    """A recognised plain MLP: ``fc2(act(fc1(x)))`` with ``activation`` one of :data:`PLAIN_ACTIVATIONS`."""
-
-    activation: str
-    fc1_name: str
-    fc2_name: str
-    hidden: int
-    intermediate: int
-    out_features: int
-    has_bias: bool
-    error: float
 
 
 def _act_name(act: Any) -> str:
@@ -418,11 +479,18 @@ def plain_mlp_parts(m: nn.Module) -> PlainMLPParts | None:
     return None
 
 
-def match_plain_mlp(m: nn.Module) -> PlainMLPMatch | str:
-    """What plain MLP ``m`` is (a :class:`PlainMLPMatch`), or why it is not recognised as one."""
+def match_plain_mlp(m: nn.Module, *, ops: tuple[str, ...] = OPS) -> PlainMLPMatch | NoMatch:
+    """What plain MLP ``m`` is (a :class:`PlainMLPMatch`), or why it is not recognised as one: :func:`recognize`'s
+    answer for a module known to be no attention, without ``skip=`` or hooks."""
     parts = plain_mlp_parts(m)
-    if parts is None:
-        return "not a plain MLP: needs exactly two chained linears and one activation"
+    found = (_plain_mlp(m, parts, ops) if parts is not None
+             else "not a plain MLP: needs exactly two chained linears and one activation")
+    return NoMatch(kind="plain_mlp", reason=found) if isinstance(found, str) else found
+
+
+def _plain_mlp(m: nn.Module, parts: PlainMLPParts, ops: tuple[str, ...]) -> PlainMLPMatch | str:
+    """What plain MLP ``m`` (with these ``parts``) computes (a :class:`PlainMLPMatch`, by a probe), or why it is
+    not one autoopt serves."""
     fc1, fc2 = parts.fc1, parts.fc2
     for name, lin in ((parts.fc1_name, fc1), (parts.fc2_name, fc2)):
         problem = linear_problem(lin)
@@ -446,13 +514,11 @@ def match_plain_mlp(m: nn.Module) -> PlainMLPMatch | str:
                 f"{parts.fc2_name}({activation}({parts.fc1_name}(x))) (relative error {err:.2g} > {tol:g})")
     return PlainMLPMatch(activation=activation, fc1_name=parts.fc1_name, fc2_name=parts.fc2_name,
                          hidden=fc1.in_features, intermediate=fc1.out_features, out_features=fc2.out_features,
-                         has_bias=fc1.bias is not None or fc2.bias is not None, error=err)
+                         fc1_bias=fc1.bias is not None, fc2_bias=fc2.bias is not None,
+                         fc2=_dense(fc2, ops, probe=False))
 
 
 # -- q/k/v projections ------------------------------------------------------------------------------------
-
-#: the child names of the projections one fused GEMM can serve, in the order attention code calls them.
-QKV = ("q_proj", "k_proj", "v_proj")
 
 
 def qkv_parts(m: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear] | str | None:

@@ -1,0 +1,75 @@
+"""Builders: one per match kind, each making the replacement module its match describes.
+
+:func:`build` looks the builder up by the match's type in :data:`BUILDERS`. A builder gets the
+original module, its match (:mod:`autoopt.nn.match`) and ``inner``: by child name, what runs each
+linear the new module calls one by one inside it (a gated MLP's ``down_proj``, a plain MLP's fc2),
+its checked replacement or the original. It only builds: checking the replacement against the
+original, swapping it in and the report are :func:`autoopt.optimize`'s walk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import nn
+
+from autoopt.nn.match import QKV, DenseMatch, GatedMLPMatch, NormMatch, PlainMLPMatch, QKVMatch, Replacing
+from autoopt.nn.modules import (
+    AutooptGatedMLP,
+    AutooptLayerNorm,
+    AutooptLinear,
+    AutooptPlainMLP,
+    AutooptQKV,
+    AutooptRMSNorm,
+)
+
+__all__ = ["BUILDERS", "Builder", "build"]
+
+#: ``(original, match, inner) -> replacement`` (a :class:`~autoopt.nn.modules.Replacement` module); the match is of
+#: the type the builder is registered for.
+Builder = Callable[[nn.Module, Any, Mapping[str, nn.Module]], nn.Module]
+
+
+def _linear(m: nn.Module, match: DenseMatch, inner: Mapping[str, nn.Module]) -> AutooptLinear:
+    assert isinstance(m, nn.Linear)
+    return AutooptLinear(m)
+
+
+def _norm(m: nn.Module, match: NormMatch, inner: Mapping[str, nn.Module]) -> AutooptRMSNorm | AutooptLayerNorm:
+    if match.kind == "rms_norm":
+        return AutooptRMSNorm(m, eps=match.eps, unit_offset=match.unit_offset)
+    return AutooptLayerNorm(m, eps=match.eps)
+
+
+def _gated_mlp(m: nn.Module, match: GatedMLPMatch, inner: Mapping[str, nn.Module]) -> AutooptGatedMLP:
+    return AutooptGatedMLP(m, activation=match.activation, down_proj=inner["down_proj"],
+                           use_linear_op=match.linear_op)
+
+
+def _plain_mlp(m: nn.Module, match: PlainMLPMatch, inner: Mapping[str, nn.Module]) -> AutooptPlainMLP:
+    return AutooptPlainMLP(m, fc1=match.fc1_name, fc2=match.fc2_name, activation=match.activation,
+                           fc2_module=inner[match.fc2_name])
+
+
+def _qkv(attention: nn.Module, match: QKVMatch, inner: Mapping[str, nn.Module]) -> AutooptQKV:
+    """The fused q_proj (its k/v parts in ``.parts``); the attention itself is not replaced."""
+    q, k, v = (attention._modules[name] for name in QKV)
+    assert isinstance(q, nn.Linear) and isinstance(k, nn.Linear) and isinstance(v, nn.Linear)
+    return AutooptQKV(q, k, v)
+
+
+#: the builder of each match kind (QuantLinearMatch and MoEMatch add theirs here).
+BUILDERS: dict[type, Builder] = {
+    DenseMatch: _linear,
+    NormMatch: _norm,
+    GatedMLPMatch: _gated_mlp,
+    PlainMLPMatch: _plain_mlp,
+    QKVMatch: _qkv,
+}
+
+
+def build(m: nn.Module, match: Replacing, inner: Mapping[str, nn.Module]) -> nn.Module:
+    """The replacement of ``m`` that ``match`` describes, a :class:`~autoopt.nn.modules.Replacement` (not checked,
+    not swapped in)."""
+    return BUILDERS[type(match)](m, match, inner)

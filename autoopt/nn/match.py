@@ -1,0 +1,196 @@
+"""What :func:`autoopt.nn.recognize.recognize` answers about one module: one match of a closed set.
+
+A match holds what its builder (:mod:`autoopt.nn.build`) needs to make the replacement and what the
+report says of it: child names, dims, eps, the activation, no modules or tensors. :class:`NoMatch` says
+why not, as the report row shows it. The set is closed: :data:`Match` is the union, :data:`Replacing`
+the matches a builder serves.
+
+Equal matches compute the same function of the same shapes: the fields that only *name* things (a
+plain MLP's child names, the attention's description) are left out of ``==`` and the hash, so
+:func:`autoopt.optimize` checks one replacement per distinct match (with its dtype and device).
+
+Adding a kind (issue 27: quantised linears for ``optimize(weights="fp8"|"int8"|"int4")``, then MoE
+blocks): a frozen, slotted, keyword-only dataclass here with ``kind`` (its op name, added to
+:data:`OPS`), ``shape``, ``in_features``, ``fused`` and ``inner``, joined to :data:`Replacing`; its
+branch in ``recognize()``; its builder in :data:`autoopt.nn.build.BUILDERS`; its check sample in
+``optimize._SAMPLES``. ``QuantLinearMatch`` would hold in/out features, bias, the weight format and
+group size; ``MoEMatch`` the router's child name, top-k, and per expert its match in ``inner`` (each
+expert built and checked on its own before the block, as a gated MLP's ``down_proj`` is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from dataclasses import dataclass, field
+from typing import ClassVar, TypeAlias
+
+__all__ = ["ONE_BY_ONE", "OPS", "QKV", "Context", "DenseMatch", "GatedMLPMatch", "Inner", "Match", "NoMatch",
+           "NormMatch", "PlainMLPMatch", "QKVMatch", "Replacing"]
+
+#: what ``ops=`` can name: the kinds of module optimize() replaces.
+OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv")
+#: the child names of the projections one fused GEMM can serve, in the order attention code calls them.
+QKV = ("q_proj", "k_proj", "v_proj")
+#: the tail of the reason when a fused replacement of this kind is not made: the walk visits its parts.
+ONE_BY_ONE = {"gated_mlp": "; its linears are tried one by one", "plain_mlp": "; its linears are tried one by one",
+              "qkv": "; q/k/v are tried one by one"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Context:
+    """What :func:`~autoopt.nn.recognize.recognize` knows besides the module: its dotted ``path``, optimize()'s
+    ``ops`` and ``skip`` patterns, and ``replaced``: ids of the modules the walk has replaced already (a q/k/v
+    projection one of them shares is not fused again). ``replaced`` is only read."""
+
+    path: str = ""
+    ops: tuple[str, ...] = OPS
+    skip: tuple[str, ...] = ()
+    replaced: Container[int] = frozenset()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NoMatch:
+    """Why a module is not replaced, as its report row says it.
+
+    ``kind``: what it looked like (``linear``, ``norm``, ``gated_mlp``, ``attention``, ``other``,
+    ``module``); ``reason`` empty for a container with nothing to report; ``status`` ``kept`` or
+    ``skipped`` (``skip=``, already optimised); ``descend``: the walk goes on into its children (a kept
+    MLP's linears, an attention's projections); ``qkv``: for an attention, why its q/k/v were not
+    fused (the ``<path>.qkv`` row), None when there is nothing to say."""
+
+    kind: str
+    reason: str
+    shape: str = ""
+    status: str = "kept"
+    descend: bool = False
+    qkv: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DenseMatch:
+    """An ``nn.Linear``, or a Linear subclass holding only weight and bias whose forward computes
+    ``x @ W^T + b`` (Falcon's ``FalconLinear``): an ``AutooptLinear``."""
+
+    kind: ClassVar[str] = "linear"
+    fused: ClassVar[tuple[str, ...]] = ()
+    inner: ClassVar[tuple[tuple[str, DenseMatch | NoMatch], ...]] = ()
+    in_features: int
+    out_features: int
+    has_bias: bool
+
+    @property
+    def shape(self) -> str:
+        return f"{self.in_features}->{self.out_features}"
+
+
+#: a linear a fused replacement runs one by one inside it (a gated MLP's down_proj, a plain MLP's fc2), by
+#: child name: replaced where its match is a DenseMatch and its own check passes.
+Inner: TypeAlias = tuple[tuple[str, DenseMatch | NoMatch], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NormMatch:
+    """A norm over the last dimension: ``kind`` ``rms_norm`` (``unit_offset``: scaled by ``1 + weight``, Gemma)
+    or ``layer_norm`` (``has_bias`` or not); ``eps`` None means ``torch.finfo(dtype).eps``."""
+
+    fused: ClassVar[tuple[str, ...]] = ()
+    inner: ClassVar[Inner] = ()
+    kind: str
+    features: int
+    eps: float | None
+    unit_offset: bool
+    has_bias: bool
+
+    @property
+    def in_features(self) -> int:
+        return self.features
+
+    @property
+    def shape(self) -> str:
+        return f"{self.features}{' (1 + weight)' if self.unit_offset else ''}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatedMLPMatch:
+    """``down(act(gate(x)) * up(x))``, ``activation`` ``silu`` or ``gelu_tanh``: gate/up as one GEMM
+    (through autoopt's linear op when ``linear_op``, else torch's), ``down`` replaced inside it or not."""
+
+    kind: ClassVar[str] = "gated_mlp"
+    fused: ClassVar[tuple[str, ...]] = ("gate_proj", "up_proj")
+    activation: str
+    hidden: int
+    intermediate: int
+    has_bias: bool
+    linear_op: bool
+    down: DenseMatch | NoMatch
+
+    @property
+    def in_features(self) -> int:
+        return self.hidden
+
+    @property
+    def shape(self) -> str:
+        return f"{self.hidden}->2x{self.intermediate}->{self.hidden}"
+
+    @property
+    def inner(self) -> Inner:
+        return (("down_proj", self.down),)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlainMLPMatch:
+    """``fc2(act(fc1(x)))`` with ``activation`` exact GELU, tanh-GELU or ReLU, fc1 and fc2 under their own
+    child names (``c_fc``/``c_proj``, ``dense_h_to_4h``/``dense_4h_to_h``, ``fc1``/``fc2``): fc1's bias and
+    the activation in its GEMM's epilogue, ``fc2`` replaced inside it or not."""
+
+    kind: ClassVar[str] = "plain_mlp"
+    activation: str
+    fc1_name: str = field(compare=False)
+    fc2_name: str = field(compare=False)
+    hidden: int
+    intermediate: int
+    out_features: int
+    fc1_bias: bool
+    fc2_bias: bool
+    fc2: DenseMatch | NoMatch
+
+    @property
+    def in_features(self) -> int:
+        return self.hidden
+
+    @property
+    def shape(self) -> str:
+        return f"{self.hidden}->{self.intermediate}->{self.out_features}"
+
+    @property
+    def fused(self) -> tuple[str, ...]:
+        return (self.fc1_name,)
+
+    @property
+    def inner(self) -> Inner:
+        return ((self.fc2_name, self.fc2),)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QKVMatch:
+    """An attention whose ``q_proj``/``k_proj``/``v_proj`` one GEMM serves; the attention itself stays the
+    model's own (``attention``: what its report row says)."""
+
+    kind: ClassVar[str] = "qkv"
+    fused: ClassVar[tuple[str, ...]] = QKV
+    inner: ClassVar[Inner] = ()
+    attention: str = field(compare=False)
+    in_features: int
+    out_features: tuple[int, int, int]
+    has_bias: bool
+
+    @property
+    def shape(self) -> str:
+        q, k, v = self.out_features
+        return f"{self.in_features}->{q}+{k}+{v}"
+
+
+#: the matches a builder serves (:data:`autoopt.nn.build.BUILDERS`); QuantLinearMatch and MoEMatch join here.
+Replacing: TypeAlias = DenseMatch | NormMatch | GatedMLPMatch | PlainMLPMatch | QKVMatch
+#: everything recognize() can answer.
+Match: TypeAlias = Replacing | NoMatch
