@@ -13,6 +13,9 @@ where, and what would be right::
     ├── ModelError            a model description is invalid or unknown
     ├── RuntimeRuleError      a serving runtime is unknown, or its rules refuse the request
     │                         (a format, split or option it cannot run; says what would work)
+    ├── WeightFormatError     optimize(weights=) names a format that is unknown or cannot run on
+    │                         this GPU (lists the accepted ones / names what would run instead)
+    ├── RestoreError          restore() needs original weights that optimize() freed (names them)
     ├── BackendError          the kernel backend cannot run here (no torch/triton/GPU)
     ├── TraceError            a profiler trace is unreadable, not a trace, or has no GPU kernels
     └── StoreError            the results store or a results file is unusable (corrupt, not
@@ -31,10 +34,12 @@ __all__ = [
     "OpError",
     "PluginError",
     "ProfileError",
+    "RestoreError",
     "RuntimeRuleError",
     "StoreError",
     "TraceError",
     "UnknownProfileError",
+    "WeightFormatError",
 ]
 
 
@@ -103,6 +108,27 @@ class RuntimeRuleError(AutooptError, ValueError):
         self.runtime = runtime
         self.rule = rule
         super().__init__(f"{runtime}: {message}" if runtime else message)
+
+
+class WeightFormatError(AutooptError, ValueError):
+    """A weight format asked of :func:`autoopt.optimize` is unknown, or cannot run on the GPU the kernels are
+    ranked for: names the format (``format``), the GPU (``gpu``) and what would run instead (``instead``)."""
+
+    def __init__(self, message: str, *, format: str | None = None, gpu: str | None = None,
+                 instead: str | None = None) -> None:
+        self.format = format
+        self.gpu = gpu
+        self.instead = instead
+        super().__init__(message)
+
+
+class RestoreError(AutooptError, RuntimeError):
+    """:func:`autoopt.restore` cannot put the original modules back because :func:`autoopt.optimize` freed
+    their 16-bit weights when it quantized them: ``freed`` names them (nothing is changed)."""
+
+    def __init__(self, message: str, *, freed: tuple[str, ...] = ()) -> None:
+        self.freed = tuple(freed)
+        super().__init__(message)
 
 
 class BackendError(AutooptError, RuntimeError):

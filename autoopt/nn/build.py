@@ -12,9 +12,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
-from autoopt.nn.match import QKV, DenseMatch, GatedMLPMatch, NormMatch, PlainMLPMatch, QKVMatch, Replacing
+from autoopt.kernels.quant import parse_weight
+from autoopt.nn.match import (
+    QKV,
+    DenseMatch,
+    GatedMLPMatch,
+    NormMatch,
+    PlainMLPMatch,
+    QKVMatch,
+    QuantLinearMatch,
+    Replacing,
+)
 from autoopt.nn.modules import (
     AutooptGatedMLP,
     AutooptLayerNorm,
@@ -23,6 +34,7 @@ from autoopt.nn.modules import (
     AutooptQKV,
     AutooptRMSNorm,
 )
+from autoopt.nn.quant_modules import AutooptQuantGatedMLP, AutooptQuantLinear, AutooptQuantQKV, pack_rows
 
 __all__ = ["BUILDERS", "Builder", "build"]
 
@@ -42,7 +54,13 @@ def _norm(m: nn.Module, match: NormMatch, inner: Mapping[str, nn.Module]) -> Aut
     return AutooptLayerNorm(m, eps=match.eps)
 
 
-def _gated_mlp(m: nn.Module, match: GatedMLPMatch, inner: Mapping[str, nn.Module]) -> AutooptGatedMLP:
+def _gated_mlp(m: nn.Module, match: GatedMLPMatch, inner: Mapping[str, nn.Module]
+               ) -> AutooptGatedMLP | AutooptQuantGatedMLP:
+    if match.weight is not None:
+        gate, up = m.get_submodule("gate_proj"), m.get_submodule("up_proj")
+        assert isinstance(gate, nn.Linear) and isinstance(up, nn.Linear)
+        qw = pack_rows([gate.weight, up.weight], parse_weight(match.weight))
+        return AutooptQuantGatedMLP(m, activation=match.activation, qw=qw, down_proj=inner["down_proj"])
     return AutooptGatedMLP(m, activation=match.activation, down_proj=inner["down_proj"],
                            use_linear_op=match.linear_op)
 
@@ -52,20 +70,40 @@ def _plain_mlp(m: nn.Module, match: PlainMLPMatch, inner: Mapping[str, nn.Module
                            fc2_module=inner[match.fc2_name])
 
 
-def _qkv(attention: nn.Module, match: QKVMatch, inner: Mapping[str, nn.Module]) -> AutooptQKV:
+def _qkv(attention: nn.Module, match: QKVMatch, inner: Mapping[str, nn.Module]) -> AutooptQKV | AutooptQuantQKV:
     """The fused q_proj (its k/v parts in ``.parts``); the attention itself is not replaced."""
     q, k, v = (attention._modules[name] for name in QKV)
     assert isinstance(q, nn.Linear) and isinstance(k, nn.Linear) and isinstance(v, nn.Linear)
+    if match.weight is not None:
+        return AutooptQuantQKV(q, k, v, pack_rows([q.weight, k.weight, v.weight], parse_weight(match.weight)))
     return AutooptQKV(q, k, v)
 
 
-#: the builder of each match kind (QuantLinearMatch and MoEMatch add theirs here).
+#: the names under which a checkpoint's block-FP8 linear (transformers' FP8Linear) holds its packed tensors
+CHECKPOINT_FP8 = ("weight", "weight_scale_inv", "offsets")
+
+
+def _quant_linear(m: nn.Module, match: QuantLinearMatch, inner: Mapping[str, nn.Module]) -> AutooptQuantLinear:
+    """A linear quantized from its 16-bit weight, or a checkpoint's FP8 linear on its own tensors (not copied)."""
+    fmt = parse_weight(match.weight)
+    if match.source == "checkpoint":
+        from autoopt.backend.quant import QuantizedWeight
+
+        qw = QuantizedWeight.of(fmt, match.out_features, match.in_features,
+                                {"qweight": m.weight, "scales": m.weight_scale_inv})
+        return AutooptQuantLinear(m, qw, names=CHECKPOINT_FP8)
+    assert isinstance(m.weight, torch.Tensor)
+    return AutooptQuantLinear(m, pack_rows([m.weight], fmt))
+
+
+#: the builder of each match kind (MoEMatch adds its own here).
 BUILDERS: dict[type, Builder] = {
     DenseMatch: _linear,
     NormMatch: _norm,
     GatedMLPMatch: _gated_mlp,
     PlainMLPMatch: _plain_mlp,
     QKVMatch: _qkv,
+    QuantLinearMatch: _quant_linear,
 }
 
 

@@ -63,7 +63,7 @@ log = get_logger(__name__)
 __all__ = [
     "AUTOGRAD", "BROADCAST", "DTYPE", "EMPTY", "FALLBACK_REASONS", "INDEX", "INTERPRETER_BF16", "INTERPRETER_PROFILE",
     "NO_CONFIG", "NO_CUDA", "NO_GPU", "STRIDES", "TF32", "VENDOR",
-    "Choice", "bucket_m", "choices", "choose", "clear_cache", "fallback_counts", "interpreter_active",
+    "Choice", "bucket_m", "choices", "choose", "clear_cache", "fallback_counts", "gpu_for", "interpreter_active",
     "matmul_kind", "note_fallback", "profile", "reset", "set_profile", "set_vendor", "tf32_problem",
 ]
 
@@ -98,7 +98,9 @@ class Choice:
 
     ``shape`` is the bucketed shape that was ranked (see the module docstring), ``kind`` the op kind
     ranked (``gemv`` for a linear with M <= 16, ``gemm`` above; ``silu_mul`` for ``swiglu``).
-    ``fallback`` is None when a Triton kernel runs; otherwise the reason, starting with one of
+    ``weight``: the quantized weight format of a matmul (an :func:`~autoopt.kernels.quant.parse_weight`
+    spec: the op ranked is ``OpSpec(weight=...)``, served by ``quant_gemv``/``quant_gemm``), None for a
+    16-bit weight. ``fallback`` is None when a Triton kernel runs; otherwise the reason, starting with one of
     :data:`FALLBACK_REASONS`. ``elapsed_us`` is the Python time the choice took (ranking included).
     """
 
@@ -119,6 +121,7 @@ class Choice:
     vendor_us: float | None = None
     fallback: str | None = None
     elapsed_us: float = 0.0
+    weight: str | None = None
 
     @property
     def kernel(self) -> str:
@@ -130,7 +133,8 @@ class Choice:
         return replace(self, fallback=reason)
 
     def describe(self) -> str:
-        where = f"{self.op} {self.kind} {'x'.join(map(str, self.shape))} {self.dtype} on {self.device}"
+        w = f" w={self.weight}" if self.weight else ""
+        where = f"{self.op} {self.kind} {'x'.join(map(str, self.shape))} {self.dtype}{w} on {self.device}"
         if self.fallback is not None:
             return f"{where}: torch ({self.fallback})"
         assert self.config is not None
@@ -143,7 +147,7 @@ class Choice:
                 "config": self.config.to_dict() if self.config is not None else None, "gpu": self.gpu,
                 "predicted_us": self.predicted_us, "measured_us": self.measured_us, "source": self.source,
                 "reason": self.reason, "vendor_us": None if self.vendor_us is None else round(self.vendor_us, 2),
-                "fallback": self.fallback, "elapsed_us": round(self.elapsed_us, 1)}
+                "fallback": self.fallback, "elapsed_us": round(self.elapsed_us, 1), "weight": self.weight}
 
 
 # -- process-wide state ------------------------------------------------------------------------------
@@ -259,26 +263,28 @@ def tf32_problem(dtype: Any, device: Any, precision: str) -> str | None:
 
 # -- choosing --------------------------------------------------------------------------------------------
 
-def choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any) -> Choice:
+def choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any, weight: str | None = None) -> Choice:
     """The cached :class:`Choice` for ``op`` (computing ``kind`` of ``shape``, M first, unbucketed) on
-    tensors of ``dtype`` (a torch dtype) on ``device`` (a torch device); ranks on the first call."""
-    key = (op, kind, bucket_m(shape[0]), shape[1:], dtype, device)
+    tensors of ``dtype`` (a torch dtype) on ``device`` (a torch device), over a ``weight`` quantized in that
+    format (None: a 16-bit weight); ranks on the first call."""
+    key = (op, kind, bucket_m(shape[0]), shape[1:], dtype, device, weight)
     choice = _CACHE.get(key)
     if choice is None:
         with _LOCK:
             choice = _CACHE.get(key)
             if choice is None:
-                choice = _choose(op, kind, (bucket_m(shape[0]), *shape[1:]), dtype, device)
+                choice = _choose(op, kind, (bucket_m(shape[0]), *shape[1:]), dtype, device, weight)
                 _CACHE[key] = choice
     return choice
 
 
-def _choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any) -> Choice:
+def _choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any, weight: str | None) -> Choice:
     t0 = time.perf_counter()
     dev = str(device)
     dev_type = getattr(device, "type", dev.split(":")[0])
     name = _DTYPES.get(str(dtype))
-    base = Choice(op=op, kind=kind, shape=shape, dtype=name or str(dtype).removeprefix("torch."), device=dev)
+    base = Choice(op=op, kind=kind, shape=shape, dtype=name or str(dtype).removeprefix("torch."), device=dev,
+                  weight=weight)
 
     def fallback(reason: str) -> Choice:
         return replace(base, fallback=reason, elapsed_us=(time.perf_counter() - t0) * 1e6)
@@ -289,7 +295,8 @@ def _choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any)
                         "only under TRITON_INTERPRET=1)")
     if name is None:
         return fallback(f"{DTYPE} ({base.dtype}; the templates cover float16, bfloat16 and float32)")
-    if interpreting and name == "bf16" and kind in _MATMUL:
+    # the quantized kernels route their dots through fp16 under the interpreter: bf16 activations are fine there
+    if interpreting and name == "bf16" and kind in _MATMUL and weight is None:
         return fallback(f"{INTERPRETER_BF16} (the interpreter's bf16 tl.dot gives wrong results in "
                         "triton 3.9 with torch 2.13)")
     if dev_type == "cuda":
@@ -299,15 +306,23 @@ def _choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any)
         return fallback(f"{NO_GPU} (detection found no GPU for {dev}; autoopt.nn.dispatch.set_profile() "
                         "names one)")
     try:
-        ranking = rank(gpu, OpSpec(kind=kind, shape=shape, dtype=name), top=1)
+        spec = OpSpec(kind=kind, shape=shape, dtype=name, weight=weight)
+        ranking = rank(gpu, spec, top=1)
     except AutooptError as exc:
         return fallback(f"{NO_CONFIG} ({exc})")
     best = ranking.best
     chosen = replace(base, config=best.config, gpu=gpu.name, predicted_us=best.predicted_us,
                      measured_us=best.measured_us, source=best.source, reason=best.reason)
     if dev_type == "cuda" and kind in _MATMUL and _VENDOR[0]:
-        chosen = _against_vendor(chosen, gpu, OpSpec(kind=kind, shape=shape, dtype=name))
+        chosen = _against_vendor(chosen, gpu, spec)
     return replace(chosen, elapsed_us=(time.perf_counter() - t0) * 1e6)
+
+
+def gpu_for(device: Any) -> GPUProfile | None:
+    """The GPU profile choices on ``device`` (a torch device) are ranked for: :func:`set_profile`'s, else the
+    detected GPU (CUDA), else the interpreter's stand-in (:data:`INTERPRETER_PROFILE`, any other device)."""
+    dev = str(device)
+    return _gpu_for(device, getattr(device, "type", dev.split(":")[0]))
 
 
 def _against_vendor(chosen: Choice, gpu: GPUProfile, op: OpSpec) -> Choice:

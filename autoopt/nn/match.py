@@ -9,25 +9,32 @@ Equal matches compute the same function of the same shapes: the fields that only
 plain MLP's child names, the attention's description) are left out of ``==`` and the hash, so
 :func:`autoopt.optimize` checks one replacement per distinct match (with its dtype and device).
 
-Adding a kind (issue 27: quantised linears for ``optimize(weights="fp8"|"int8"|"int4")``, then MoE
-blocks): a frozen, slotted, keyword-only dataclass here with ``kind`` (its op name, added to
-:data:`OPS`), ``shape``, ``in_features``, ``fused`` and ``inner``, joined to :data:`Replacing`; its
-branch in ``recognize()``; its builder in :data:`autoopt.nn.build.BUILDERS`; its check sample in
-``optimize._SAMPLES``. ``QuantLinearMatch`` would hold in/out features, bias, the weight format and
-group size; ``MoEMatch`` the router's child name, top-k, and per expert its match in ``inner`` (each
-expert built and checked on its own before the block, as a gated MLP's ``down_proj`` is).
+Quantized weights (``optimize(weights="fp8"|"int8"|"int4"|...)``): a linear whose weight runs packed is a
+:class:`QuantLinearMatch` (an ``nn.Linear`` quantized in place, or a checkpoint's own block-FP8 linear run
+on its tensors as they are); the fused kinds carry the format in ``weight`` (the fused gate_up / qkv
+weight is quantized as one), None for 16-bit. Quantized matches are not equal-means-same: their weights,
+hence their errors, differ, so :func:`autoopt.optimize` checks each one. :meth:`QuantLinearMatch.sixteen_bit`
+and the fused kinds' ``sixteen_bit()`` give the 16-bit match the walk falls back to where a quantized
+replacement's error is over its format's bound.
+
+Adding a kind (next: MoE blocks): a frozen, slotted, keyword-only dataclass here with ``kind`` (its op
+name, added to :data:`OPS`), ``shape``, ``in_features``, ``fused`` and ``inner``, joined to
+:data:`Replacing`; its branch in ``recognize()``; its builder in :data:`autoopt.nn.build.BUILDERS`; its
+check sample in ``optimize._SAMPLES``. ``MoEMatch`` would hold the router's child name, top-k, and per
+expert its match in ``inner`` (each expert built and checked on its own before the block, as a gated
+MLP's ``down_proj`` is).
 """
 
 from __future__ import annotations
 
 from collections.abc import Container
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, TypeAlias
 
 __all__ = ["ONE_BY_ONE", "OPS", "QKV", "Context", "DenseMatch", "GatedMLPMatch", "Inner", "Match", "NoMatch",
-           "NormMatch", "PlainMLPMatch", "QKVMatch", "Replacing"]
+           "NormMatch", "PlainMLPMatch", "QKVMatch", "QuantLinearMatch", "Replacing"]
 
-#: what ``ops=`` can name: the kinds of module optimize() replaces.
+#: what ``ops=`` can name: the kinds of module optimize() replaces (quantized linears are ``linear``s).
 OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv")
 #: the child names of the projections one fused GEMM can serve, in the order attention code calls them.
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -46,6 +53,12 @@ class Context:
     ops: tuple[str, ...] = OPS
     skip: tuple[str, ...] = ()
     replaced: Container[int] = frozenset()
+    #: the weight format linears are quantized into (a parse_weight spec), None: 16-bit weights
+    weights: str | None = None
+    #: ids of linears kept 16-bit under ``weights`` (the LM head, weights shared with another tensor)
+    keep_16bit: Container[int] = frozenset()
+    #: whether the GPU has FP8 tensor cores: a checkpoint's FP8 linears run W8A8 there, weight-only elsewhere
+    w8a8: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,9 +96,37 @@ class DenseMatch:
         return f"{self.in_features}->{self.out_features}"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantLinearMatch:
+    """A linear whose weight runs packed in the format ``weight`` (a :func:`~autoopt.kernels.quant.parse_weight`
+    spec, ``group_size`` its K-group): ``source`` ``quantize`` for an ``nn.Linear`` quantized in place from its
+    16-bit weight, ``checkpoint`` for a checkpoint's block-FP8 linear (transformers' ``FP8Linear``: e4m3
+    ``weight`` and ``weight_scale_inv`` per 128 x 128 block), whose own tensors the kernels read."""
+
+    kind: ClassVar[str] = "linear"
+    fused: ClassVar[tuple[str, ...]] = ()
+    inner: ClassVar[tuple[tuple[str, DenseMatch | NoMatch], ...]] = ()
+    in_features: int
+    out_features: int
+    has_bias: bool
+    weight: str
+    group_size: int | None = None
+    source: str = "quantize"
+
+    @property
+    def shape(self) -> str:
+        return f"{self.in_features}->{self.out_features}"
+
+    def sixteen_bit(self) -> DenseMatch | None:
+        """The same linear at its 16-bit weight (None for a checkpoint's FP8 linear: it has none)."""
+        if self.source != "quantize":
+            return None
+        return DenseMatch(in_features=self.in_features, out_features=self.out_features, has_bias=self.has_bias)
+
+
 #: a linear a fused replacement runs one by one inside it (a gated MLP's down_proj, a plain MLP's fc2), by
-#: child name: replaced where its match is a DenseMatch and its own check passes.
-Inner: TypeAlias = tuple[tuple[str, DenseMatch | NoMatch], ...]
+#: child name: replaced where its match is a DenseMatch or QuantLinearMatch and its own check passes.
+Inner: TypeAlias = tuple[tuple[str, DenseMatch | QuantLinearMatch | NoMatch], ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,7 +154,8 @@ class NormMatch:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GatedMLPMatch:
     """``down(act(gate(x)) * up(x))``, ``activation`` ``silu`` or ``gelu_tanh``: gate/up as one GEMM
-    (through autoopt's linear op when ``linear_op``, else torch's), ``down`` replaced inside it or not."""
+    (through autoopt's linear op when ``linear_op``, else torch's; over the fused weight quantized in the
+    format ``weight`` when set), ``down`` replaced inside it or not."""
 
     kind: ClassVar[str] = "gated_mlp"
     fused: ClassVar[tuple[str, ...]] = ("gate_proj", "up_proj")
@@ -122,7 +164,8 @@ class GatedMLPMatch:
     intermediate: int
     has_bias: bool
     linear_op: bool
-    down: DenseMatch | NoMatch
+    down: DenseMatch | QuantLinearMatch | NoMatch
+    weight: str | None = None
 
     @property
     def in_features(self) -> int:
@@ -131,6 +174,10 @@ class GatedMLPMatch:
     @property
     def shape(self) -> str:
         return f"{self.hidden}->2x{self.intermediate}->{self.hidden}"
+
+    def sixteen_bit(self) -> GatedMLPMatch:
+        """gate_up at its 16-bit weight (down keeps its own match: it is checked on its own)."""
+        return replace(self, weight=None)
 
     @property
     def inner(self) -> Inner:
@@ -183,14 +230,19 @@ class QKVMatch:
     in_features: int
     out_features: tuple[int, int, int]
     has_bias: bool
+    #: the format the fused [Wq; Wk; Wv] is quantized into (None: 16-bit)
+    weight: str | None = None
 
     @property
     def shape(self) -> str:
         q, k, v = self.out_features
         return f"{self.in_features}->{q}+{k}+{v}"
 
+    def sixteen_bit(self) -> QKVMatch:
+        return replace(self, weight=None)
 
-#: the matches a builder serves (:data:`autoopt.nn.build.BUILDERS`); QuantLinearMatch and MoEMatch join here.
-Replacing: TypeAlias = DenseMatch | NormMatch | GatedMLPMatch | PlainMLPMatch | QKVMatch
+
+#: the matches a builder serves (:data:`autoopt.nn.build.BUILDERS`); MoEMatch joins here.
+Replacing: TypeAlias = DenseMatch | NormMatch | GatedMLPMatch | PlainMLPMatch | QKVMatch | QuantLinearMatch
 #: everything recognize() can answer.
 Match: TypeAlias = Replacing | NoMatch

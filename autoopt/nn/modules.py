@@ -23,7 +23,7 @@ from torch.nn import functional as F
 from autoopt.nn import ops as _ops
 
 __all__ = ["AutooptGatedMLP", "AutooptLayerNorm", "AutooptLinear", "AutooptPlainMLP", "AutooptQKV", "AutooptQKVPart",
-           "AutooptRMSNorm", "FusedRows", "Replacement"]
+           "AutooptRMSNorm", "FusedRows", "QKVOwner", "Replacement", "gated_activation"]
 
 # the original's forward (pre-)hook tables: the replacement shares them, so hooks keep firing.
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
@@ -200,6 +200,50 @@ class FusedRows:
         return self
 
 
+def gated_activation(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """``act(gate) * up`` of a fused gate/up output ``[..., 2I]`` (gate first): ``silu`` or ``gelu_tanh``."""
+    if activation == "silu":
+        return _ops.swiglu(gate_up)
+    i = gate_up.shape[-1] // 2
+    return _ops.gelu_tanh_mul(gate_up[..., :i], gate_up[..., i:])
+
+
+class QKVOwner:
+    """What a fused q/k/v module at ``q_proj`` does for its k/v parts (16-bit :class:`AutooptQKV`, quantized
+    :class:`~autoopt.nn.quant_modules.AutooptQuantQKV`): it stashes ``(x, qkv)`` in :meth:`stash` and each part
+    takes its columns with :meth:`from_stash` when called on that same ``x``."""
+
+    out_features: int
+
+    @property
+    def parts(self) -> tuple[Any, Any]:
+        """The k and v modules (they sit at the attention's ``k_proj`` / ``v_proj``)."""
+        return self.__dict__["k_part"], self.__dict__["v_part"]
+
+    def columns(self, part: Any) -> tuple[int, int]:
+        """``part``'s columns of the fused output."""
+        k, _ = self.parts
+        lo = self.out_features + (0 if part is k else k.out_features)
+        return lo, lo + part.out_features
+
+    def stash(self, x: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
+        """Keep ``(x, qkv)`` for the parts; q's columns."""
+        self.__dict__["_stash"] = (x, qkv)
+        return qkv[..., :self.out_features]
+
+    def from_stash(self, part: Any, x: torch.Tensor) -> torch.Tensor | None:
+        """``part``'s slice of the stashed output when ``x`` is the stashed input (the v part clears it),
+        else None."""
+        stash = self.__dict__.get("_stash")
+        if stash is None or stash[0] is not x:
+            return None
+        if part.last:
+            self.__dict__["_stash"] = None
+        lo, hi = self.columns(part)
+        out: torch.Tensor = stash[1][..., lo:hi]
+        return out
+
+
 class AutooptLinear(Replacement, nn.Linear):
     """``nn.Linear`` through :func:`autoopt.nn.ops.linear` (still an ``nn.Linear`` to ``isinstance``)."""
 
@@ -339,12 +383,7 @@ class AutooptGatedMLP(FusedRows, Replacement, nn.Module):
         w, b = self.gate_up_weight, self.gate_up_bias
         assert w is not None, "this replacement was restored (autoopt.restore): call the original module"
         gate_up = _ops.linear(x, w, b) if self.use_linear_op else F.linear(x, w, b)
-        if self.activation == "silu":
-            h = _ops.swiglu(gate_up)
-        else:
-            i = self.intermediate
-            h = _ops.gelu_tanh_mul(gate_up[..., :i], gate_up[..., i:])
-        out: torch.Tensor = self.down_proj(h)
+        out: torch.Tensor = self.down_proj(gated_activation(gate_up, self.activation))
         return out
 
     def extra_repr(self) -> str:
@@ -400,7 +439,7 @@ class AutooptPlainMLP(Replacement, nn.Module):
                 f"then {self.fc2_name}")
 
 
-class AutooptQKV(FusedRows, Replacement, nn.Module):
+class AutooptQKV(QKVOwner, FusedRows, Replacement, nn.Module):
     """An attention's ``q_proj`` computing q, k and v in one GEMM over ``[Wq; Wk; Wv]``; the attention's
     ``k_proj`` and ``v_proj`` become :class:`AutooptQKVPart` modules that return their slice of it.
 
@@ -440,19 +479,8 @@ class AutooptQKV(FusedRows, Replacement, nn.Module):
         self._build()
         self.register_load_state_dict_post_hook(_after_load)
 
-    @property
-    def parts(self) -> tuple[AutooptQKVPart, AutooptQKVPart]:
-        """The k and v modules (they sit at the attention's ``k_proj`` / ``v_proj``)."""
-        return self.__dict__["k_part"], self.__dict__["v_part"]
-
     def _linears(self) -> tuple[Any, ...]:
         return (self, *self.parts)
-
-    def columns(self, part: AutooptQKVPart) -> tuple[int, int]:
-        """``part``'s columns of the fused output."""
-        k, _ = self.parts
-        lo = self.out_features + (0 if part is k else k.out_features)
-        return lo, lo + part.out_features
 
     def restore_original(self) -> nn.Module:
         self.untie()
@@ -463,9 +491,7 @@ class AutooptQKV(FusedRows, Replacement, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.qkv_weight
         assert w is not None, "this replacement was restored (autoopt.restore): call the original module"
-        qkv = _ops.linear(x, w, self.qkv_bias)
-        self.__dict__["_stash"] = (x, qkv)
-        return qkv[..., :self.out_features]
+        return self.stash(x, _ops.linear(x, w, self.qkv_bias))
 
     def extra_repr(self) -> str:
         k, v = self.parts
@@ -494,14 +520,8 @@ class AutooptQKVPart(Replacement, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         owner: AutooptQKV = self.__dict__["owner"]
-        stash = owner.__dict__["_stash"]
-        if stash is not None and stash[0] is x:
-            if self.last:
-                owner.__dict__["_stash"] = None
-            lo, hi = owner.columns(self)
-            out: torch.Tensor = stash[1][..., lo:hi]
-            return out
-        return _ops.linear(x, self.weight, self.bias)
+        out = owner.from_stash(self, x)
+        return out if out is not None else _ops.linear(x, self.weight, self.bias)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> AutooptQKVPart:
         super()._apply(fn, recurse)

@@ -4,6 +4,7 @@
 public function                  custom op (``torch.ops.autoopt.*``)     Triton kernel (op kind ranked)
 ===============================  =====================================  ===============================
 ``linear(x, w, b, activation)``  ``linear``                              ``gemv`` M <= 16, ``gemm`` above
+``quant_linear(x, qw.., b)``     ``quant_linear``                        ``quant_gemv`` / ``quant_gemm``
 ``rms_norm(x, weight, eps)``     ``rms_norm``                            ``rmsnorm_{single,looped}``
 ``layer_norm(x, w, b, eps)``     ``layer_norm``                          ``layernorm_{single,looped}``
 ``silu_mul(gate, up)``           ``silu_mul``                            ``silu_mul``
@@ -69,6 +70,7 @@ from autoopt.nn.dispatch import (
     EMPTY,
     INDEX,
     STRIDES,
+    VENDOR,
     Choice,
     choose,
     matmul_kind,
@@ -76,7 +78,8 @@ from autoopt.nn.dispatch import (
     tf32_problem,
 )
 
-__all__ = ["ACTIVATIONS", "add", "gelu_tanh_mul", "layer_norm", "linear", "rms_norm", "silu_mul", "swiglu"]
+__all__ = ["ACTIVATIONS", "add", "dequant_linear", "gelu_tanh_mul", "layer_norm", "linear", "quant_linear", "rms_norm",
+           "silu_mul", "swiglu"]
 
 _LIB = "autoopt"
 #: the GEMM/GEMV kernels index A, W and C with 32-bit offsets (row index x row stride): larger operands
@@ -420,6 +423,150 @@ def _linear_traced(x: Tensor, weight: Tensor, act: str, mask: tuple[bool, ...], 
     return out
 
 
+# -- quantized linear ---------------------------------------------------------------------------------------
+
+#: activation dtypes of a quantized linear (the kernels' A and output dtypes)
+_QUANT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _check_quant_linear(x: Any, qweight: Any, scales: Any, offsets: Any, bias: Any, weight: Any, k: Any) -> None:
+    op = "quant_linear"
+    if (isinstance(x, Tensor) and isinstance(qweight, Tensor) and isinstance(scales, Tensor) and x.dim() >= 1
+            and qweight.dim() == 2 and isinstance(k, int) and x.shape[-1] == k and x.dtype in _QUANT_DTYPES
+            and x.device == qweight.device == scales.device and isinstance(weight, str)
+            and (offsets is None or (isinstance(offsets, Tensor) and offsets.device == x.device))
+            and (bias is None or (isinstance(bias, Tensor) and bias.shape == (qweight.shape[0],)
+                                  and bias.dtype == x.dtype and bias.device == x.device))):
+        return
+    for name, t in (("x", x), ("qweight", qweight), ("scales", scales)):
+        _tensor(op, name, t)
+    _tensor(op, "offsets", offsets, optional=True)
+    _tensor(op, "bias", bias, optional=True)
+    if not isinstance(weight, str) or not isinstance(k, int):
+        raise TypeError(f"autoopt.nn.quant_linear: weight= takes a format spec (str) and k= in_features (int), got "
+                        f"{type(weight).__name__} and {type(k).__name__}")
+    if qweight.dim() != 2:
+        raise ValueError(f"autoopt.nn.quant_linear: qweight must be 2-D (packed [N, ...]), got {tuple(qweight.shape)}")
+    if x.dim() < 1 or x.shape[-1] != k:
+        raise ValueError(f"autoopt.nn.quant_linear: x's last dim must be the weight's in_features k={k}; x has shape "
+                         f"{tuple(x.shape)}")
+    if x.dtype not in _QUANT_DTYPES:
+        raise RuntimeError(f"autoopt.nn.quant_linear: x must be bfloat16 or float16 (the quantized kernels' "
+                           f"activations), got {x.dtype}")
+    if bias is not None and tuple(bias.shape) != (qweight.shape[0],):
+        raise ValueError(f"autoopt.nn.quant_linear: bias must have shape ({qweight.shape[0]},), got "
+                         f"{tuple(bias.shape)}")
+    _same(op, x=x, bias=bias)
+    for name, t in (("qweight", qweight), ("scales", scales), ("offsets", offsets)):
+        if t is not None and t.device != x.device:
+            raise RuntimeError(f"autoopt.nn.quant_linear: expected all tensors on one device, but x is on {x.device} "
+                               f"and {name} is on {t.device}")
+
+
+def _packed(qweight: Tensor, scales: Tensor, offsets: Tensor | None, weight: str, k: int) -> Any:
+    """The :class:`~autoopt.backend.quant.QuantizedWeight` these tensors hold (not copied)."""
+    from autoopt.backend.quant import QuantizedWeight
+    from autoopt.kernels.quant import parse_weight
+
+    return QuantizedWeight(fmt=parse_weight(weight), qweight=qweight, scales=scales, offsets=offsets,
+                           n=qweight.shape[0], k=k)
+
+
+def dequant_linear(x: Tensor, qw: Any, bias: Tensor | None) -> Tensor:
+    """``x @ dequantize(W)^T + bias`` in torch, in x's dtype: the quantized linear where no kernel runs (a
+    device without one, autograd, a shape no config serves). It builds the whole dequantized weight per call."""
+    from autoopt.backend.quant import dequantize
+
+    return F.linear(x, dequantize(qw).to(x.dtype), bias)
+
+
+def _vendor_fp8(x2: Tensor, qw: Any, bias: Tensor | None) -> Tensor | None:
+    """A W8A8 ``fp8`` GEMM as :mod:`autoopt.kernels.vendor` prices it (autoopt's activation quantization, then
+    ``torch._scaled_mm`` with row-wise scales), or None where torch has no such path here."""
+    from autoopt.backend.registry import torch_baseline
+    from autoopt.kernels.ops import OpSpec
+
+    m, k = x2.shape
+    dtype = "bf16" if x2.dtype == torch.bfloat16 else "fp16"
+    run = torch_baseline({"a": x2, **qw.tensors()}, OpSpec(kind="gemm", shape=(m, qw.n, k), dtype=dtype,
+                                                           weight=qw.fmt.spec))
+    if run is None:
+        return None
+    out: Tensor = run()
+    return out if bias is None else out + bias
+
+
+def _quant_linear_impl(x: Tensor, qweight: Tensor, scales: Tensor, offsets: Tensor | None, bias: Tensor | None,
+                       weight: str, k: int) -> Tensor:
+    _check_quant_linear(x, qweight, scales, offsets, bias, weight, k)
+    qw = _packed(qweight, scales, offsets, weight, k)
+    n = qw.n
+    m = math.prod(x.shape[:-1])
+    op = "quant_linear"
+
+    def torch_op() -> Tensor:
+        return dequant_linear(x, qw, bias)
+
+    if m == 0 or n == 0:
+        return _fallback(op, f"{EMPTY} (x {tuple(x.shape)}, weight [{n}, {k}])", torch_op)
+    if max(m * k, m * n, qweight.numel()) >= _INDEX_LIMIT:
+        return _fallback(op, f"{INDEX} (M={m}, N={n}, K={k}: an operand of 2^31 or more elements)", torch_op)
+    choice = choose(op, matmul_kind(m), (m, n, k), x.dtype, x.device, weight=qw.fmt.spec)
+    a = x.reshape(m, k)
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    if choice.fallback is not None:
+        if choice.fallback.startswith(VENDOR):
+            out = _vendor_fp8(a, qw, bias)
+            if out is not None:
+                note_fallback(op, choice.fallback)
+                return out.view(*x.shape[:-1], n)
+        return _fallback(op, choice.fallback, torch_op)
+    assert choice.config is not None
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    from autoopt.backend.kernels.quant_gemm import quant_gemm_prepare
+    from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
+
+    launcher = quant_gemv_prepare if choice.config.kernel == "quant_gemv" else quant_gemm_prepare
+    launcher(a, qw, out, dict(choice.config.params), bias=None if bias is None else _unit(bias))()
+    return out.view(*x.shape[:-1], n)
+
+
+_quant_linear_op = torch.library.custom_op(
+    f"{_LIB}::quant_linear", mutates_args=(),
+    schema="(Tensor x, Tensor qweight, Tensor scales, Tensor? offsets, Tensor? bias, str weight, int k) -> Tensor",
+)(_quant_linear_impl)
+
+
+@_quant_linear_op.register_fake
+def _quant_linear_fake(x: Tensor, qweight: Tensor, scales: Tensor, offsets: Tensor | None, bias: Tensor | None,
+                       weight: str, k: int) -> Tensor:
+    _check_quant_linear(x, qweight, scales, offsets, bias, weight, k)
+    return x.new_empty((*x.shape[:-1], qweight.shape[0]))
+
+
+def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, offsets: Tensor | None = None,
+                 bias: Tensor | None = None, *, weight: str, k: int) -> Tensor:
+    """``x @ dequant(W)^T + bias`` over a weight packed by :func:`autoopt.backend.quant.quantize` in the format
+    ``weight`` (a :func:`~autoopt.kernels.quant.parse_weight` spec) from ``[N, k]``: ``qweight``, ``scales``
+    and (int4 asymmetric) ``offsets`` are its tensors. x is bf16 or fp16 ``[..., k]``; the output has x's dtype.
+
+    M <= 16 runs ``quant_gemv`` (activations never quantized), larger M ``quant_gemm`` (a W8A8 format
+    quantizes the activations per token first), each with the config ``rank()`` gives the op with this
+    ``weight``; where cuBLAS is predicted faster for a W8A8 ``fp8`` GEMM (``predict_vendor_matmul``) it runs
+    ``torch._scaled_mm`` after autoopt's activation quantization. With no kernel path (a CPU without the
+    interpreter, a GPU no template serves, autograd) it runs :func:`dequant_linear` (logged, counted).
+    """
+    if _grad_needed(x, bias):
+        _check_quant_linear(x, qweight, scales, offsets, bias, weight, k)
+        _autograd_fallback("quant_linear")
+        return dequant_linear(x, _packed(qweight, scales, offsets, weight, k), bias)
+    if _direct(x, qweight, scales, offsets, bias):
+        return _quant_linear_impl(x, qweight, scales, offsets, bias, weight, k)
+    out: Tensor = torch.ops.autoopt.quant_linear(x, qweight, scales, offsets, bias, weight, k)
+    return out
+
+
 # -- norms --------------------------------------------------------------------------------------------------
 
 def _norm(op: str, kind: str, x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
@@ -746,4 +893,4 @@ def _add_traced(x: Tensor, y: Tensor) -> Tensor:
 #: the public functions by custom-op name (tests, reports).
 OPS: dict[str, Callable[..., Tensor]] = {"linear": linear, "rms_norm": rms_norm, "layer_norm": layer_norm,
                                          "silu_mul": silu_mul, "gelu_tanh_mul": gelu_tanh_mul, "swiglu": swiglu,
-                                         "add": add}
+                                         "add": add, "quant_linear": quant_linear}

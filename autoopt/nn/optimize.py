@@ -45,6 +45,20 @@ torch-only probes, but the replacements are not run.
 ``qkv``) once and re-points the original weights at its row slices: no weight exists twice (see
 :class:`~autoopt.nn.modules.AutooptGatedMLP`); ``keep_original=True`` leaves the original tensors
 untouched and costs the fused weights' size again (``2 * intermediate * hidden`` elements per MLP).
+
+**Quantized weights** (``weights=``, :mod:`autoopt.nn.weights`): the linears, the fused gate_up and q/k/v
+weights included, are quantized in place into the format (:mod:`autoopt.nn.quant_modules`), one module
+at a time; each original 16-bit weight is freed once its quantized replacement is in place
+(``keep_original=True`` keeps it, and :func:`restore` then gives back the original modules; without it
+:func:`restore` raises :class:`~autoopt.errors.RestoreError` and changes nothing). The LM head (the
+model's output embedding) and a weight shared with another tensor stay 16-bit, as
+:mod:`autoopt.planning.quant` counts them. Every quantized replacement is checked on its own (its weights,
+hence its error, differ from any other's) against its 16-bit layer on the same two samples; its relative
+error is in its report row, and over the format's bound (:data:`autoopt.nn.compare.QUANT_BOUNDS`: fp8 6 %,
+int8 3 %, int4 15 %) ``check=True`` keeps the layer 16-bit (its 16-bit replacement, checked as usual) and
+the report says so. A checkpoint's own block-FP8 linears (transformers' ``FP8Linear``) are recognised
+whatever ``weights=`` says and run ``fp8_block`` on their own tensors, checked against their dequantized
+weight.
 """
 
 from __future__ import annotations
@@ -58,10 +72,10 @@ import torch
 from torch import nn
 
 from autoopt._log import get_logger
-from autoopt.errors import OpError
+from autoopt.errors import OpError, RestoreError, WeightFormatError
 from autoopt.nn import dispatch
 from autoopt.nn.build import build
-from autoopt.nn.compare import rel_error, sample, tolerance
+from autoopt.nn.compare import quant_bound, rel_error, sample, tolerance
 from autoopt.nn.match import (
     ONE_BY_ONE,
     OPS,
@@ -73,6 +87,7 @@ from autoopt.nn.match import (
     NormMatch,
     PlainMLPMatch,
     QKVMatch,
+    QuantLinearMatch,
     Replacing,
 )
 from autoopt.nn.modules import (
@@ -85,8 +100,16 @@ from autoopt.nn.modules import (
     FusedRows,
     Replacement,
 )
+from autoopt.nn.quant_modules import (
+    AutooptQuantGatedMLP,
+    AutooptQuantLinear,
+    AutooptQuantQKV,
+    QuantLinear,
+    QuantReplacement,
+)
 from autoopt.nn.recognize import recognize
 from autoopt.nn.report import OptimizeReport, Row
+from autoopt.nn.weights import WeightChoice, hardware_of, resolve_weights
 
 log = get_logger(__name__)
 
@@ -155,8 +178,31 @@ def _linear_choice(m: int, n: int, k: int, dtype: Any, device: Any) -> str:
     return _describe(choice, extra)
 
 
-def _kernels_at(rep: nn.Module, m: int) -> dict[str, str]:
-    """``op -> what runs it`` for ``rep`` on ``m`` rows, from the dispatch (cached; ranks if new)."""
+def _quant_choice(lin: QuantLinear, m: int, dtype: Any) -> str:
+    """What runs a quantized linear on ``m`` rows of ``dtype`` activations."""
+    w = lin.packed()[0]
+    choice = dispatch.choose("quant_linear", dispatch.matmul_kind(m), (m, lin.out_features, lin.in_features), dtype,
+                             w.device, weight=lin.weight_format)
+    if choice.fallback is not None and not choice.fallback.startswith(dispatch.VENDOR):
+        return f"torch dequantize + matmul ({choice.fallback})"
+    if choice.fallback is not None:
+        return f"torch._scaled_mm after autoopt act_quant ({choice.fallback})"
+    return _describe(choice)
+
+
+def _kernels_at(rep: nn.Module, m: int, dtype: Any = None) -> dict[str, str]:
+    """``op -> what runs it`` for ``rep`` on ``m`` rows, from the dispatch (cached; ranks if new); ``dtype``: the
+    activations' dtype of a quantized replacement."""
+    if isinstance(rep, AutooptQuantLinear):
+        return {"quant_linear": _quant_choice(rep, m, dtype)}
+    if isinstance(rep, AutooptQuantQKV):
+        return {"qkv": _quant_choice(rep.qkv, m, dtype)}
+    if isinstance(rep, AutooptQuantGatedMLP):
+        i = rep.intermediate
+        op, kind = ("swiglu", "silu_mul") if rep.activation == "silu" else ("gelu_tanh_mul", "gelu_tanh_mul")
+        return {"gate_up": _quant_choice(rep.gate_up, m, dtype),
+                op: _describe(dispatch.choose(op, kind, (m, i), dtype, rep.gate_up.packed()[0].device)),
+                "down": _inner_linear_choice(rep.down_proj, m, dtype)}
     if isinstance(rep, AutooptLinear):
         w = rep.weight
         return {"linear": _linear_choice(m, w.shape[0], w.shape[1], w.dtype, w.device)}
@@ -175,7 +221,7 @@ def _kernels_at(rep: nn.Module, m: int) -> dict[str, str]:
                else "torch (linear not in ops=)"}
         op, kind = ("swiglu", "silu_mul") if rep.activation == "silu" else ("gelu_tanh_mul", "gelu_tanh_mul")
         out[op] = _describe(dispatch.choose(op, kind, (m, i), w.dtype, w.device))
-        out["down"] = _inner_linear_choice(rep.down_proj, m)
+        out["down"] = _inner_linear_choice(rep.down_proj, m, w.dtype)
         return out
     if isinstance(rep, AutooptPlainMLP):
         fc1 = rep.fc1
@@ -187,19 +233,21 @@ def _kernels_at(rep: nn.Module, m: int) -> dict[str, str]:
     return {}
 
 
-def _inner_linear_choice(lin: nn.Module, m: int) -> str:
+def _inner_linear_choice(lin: nn.Module, m: int, dtype: Any = None) -> str:
     """What runs a fused MLP's last linear (down_proj, fc2) on ``m`` rows."""
+    if isinstance(lin, AutooptQuantLinear):
+        return _quant_choice(lin, m, dtype)
     if not isinstance(lin, AutooptLinear):
         return "torch (nn.Linear kept)"
     w = lin.weight
     return _linear_choice(m, lin.out_features, lin.in_features, w.dtype, w.device)
 
 
-def _kernels(rep: nn.Module) -> dict[str, str]:
+def _kernels(rep: nn.Module, dtype: Any = None) -> dict[str, str]:
     """What runs ``rep``'s ops at the check samples' sizes: ``op`` when one choice serves both, else
     ``op@16`` and ``op@32`` (rows)."""
     sizes = [2 * t for t in CHECK_TOKENS]
-    per = [_kernels_at(rep, m) for m in sizes]
+    per = [_kernels_at(rep, m, dtype) for m in sizes]
     out: dict[str, str] = {}
     for op in per[0]:
         descs = [p[op] for p in per]
@@ -261,7 +309,47 @@ class _Sample:
 
 _SAMPLES: dict[type, _Sample] = {DenseMatch: _Sample(), NormMatch: _Sample(offset=0.5, matmul=False),
                                  GatedMLPMatch: _Sample(seed=2), PlainMLPMatch: _Sample(seed=5),
-                                 QKVMatch: _Sample(seed=3)}
+                                 QKVMatch: _Sample(seed=3), QuantLinearMatch: _Sample()}
+#: the model's own dtypes a quantized replacement's activations take
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _quantized(match: Replacing) -> str | None:
+    """The weight format ``match`` quantizes into (None: 16-bit)."""
+    weight: str | None = getattr(match, "weight", None)
+    return weight
+
+
+def _bound(spec: str) -> float:
+    from autoopt.kernels.quant import parse_weight
+
+    return quant_bound(parse_weight(spec).name)
+
+
+class _Dequantized(nn.Module):
+    """A checkpoint's FP8 linear as torch computes it on its dequantized weight: what its replacement is checked
+    against (the original's own forward may need a GPU kernel library, and its quantization is the checkpoint's)."""
+
+    def __init__(self, rep: QuantLinear) -> None:
+        super().__init__()
+        self.__dict__["rep"] = rep  # not a child: this wrapper lives only for the check
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from autoopt.nn.ops import dequant_linear
+
+        rep: QuantLinear = self.__dict__["rep"]
+        return dequant_linear(x, rep.quantized(), rep.bias)
+
+
+@dataclass
+class _Built:
+    """A replacement built and checked: its match (the 16-bit one where a quantized one was over its bound),
+    the verdict, and the note saying why it fell back to 16 bits (empty when it did not)."""
+
+    match: Replacing
+    rep: nn.Module
+    verdict: _Checked
+    note: str = ""
 
 
 @dataclass
@@ -272,21 +360,33 @@ class _Walk:
     check: bool
     keep_original: bool
     skip: tuple[str, ...]
+    #: the format linears are quantized into (None: 16-bit), and the linears kept 16-bit under it (id -> why)
+    weights: str | None = None
+    keep_16bit: dict[int, str] = field(default_factory=dict)
+    #: whether the GPU has FP8 tensor cores (a checkpoint's FP8 linears run W8A8 there)
+    w8a8: bool = True
+    #: the model's 16-bit dtype: a quantized check's sample dtype where the module has no 16-bit tensor
+    dtype: Any = torch.bfloat16
     rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     #: (parent, child name, replacement), both weakly: a report must not keep a deleted model alive.
     patches: list[tuple[Any, str, Any]] = field(default_factory=list)
     done: dict[int, nn.Module] = field(default_factory=dict)
     #: replacements this walk put in place under a module it then descends into (the q/k/v parts)
     placed: set[int] = field(default_factory=set)
     checked: dict[tuple[Any, ...], _Checked] = field(default_factory=dict)
+    #: what ran each fused MLP's inner linear: id(replacement) -> its build
+    inner_built: dict[int, _Built] = field(default_factory=dict)
 
     # -- checking ---------------------------------------------------------------------------------
 
     def _verify(self, key: tuple[Any, ...], original: nn.Module, rep: nn.Module,
-                make: Callable[[int], torch.Tensor], tol: float) -> _Checked:
+                make: Callable[[int], torch.Tensor], tol: float, *, quantized: bool = False) -> _Checked:
         """Run ``original`` and ``rep`` on ``make(tokens)`` for each of :data:`CHECK_TOKENS`, once per
-        ``key``; the cached verdict after that. The error reported is the largest."""
-        if not self.check:
+        ``key``; the cached verdict after that. The error reported is the largest. A quantized replacement
+        is measured even with ``check=False`` (its error is what its report row is for), but only
+        ``check=True`` acts on it."""
+        if not self.check and not quantized:
             return _Checked(ok=True)
         if key in self.checked:
             return self.checked[key]
@@ -298,24 +398,60 @@ class _Walk:
                 verdict = one
                 break
             verdict.error = max(verdict.error or 0.0, one.error or 0.0)
+        if not self.check and verdict.error is not None:
+            verdict = _Checked(ok=True, error=verdict.error, tolerance=tol)
         self.checked[key] = verdict
         if not verdict.ok:
             log.warning("autoopt.optimize: keeping %s modules of %s: %s", key[0], key[1:], verdict.reason)
         return verdict
 
+    def _sample_dtype(self, m: nn.Module, rep: nn.Module) -> Any:
+        if not isinstance(rep, QuantReplacement):
+            return _weight(rep).dtype
+        return next((p.dtype for p in m.parameters() if p.dtype in _HALF), self.dtype)
+
     def _check(self, match: Replacing, m: nn.Module, rep: nn.Module, inner: dict[str, nn.Module]) -> _Checked:
-        """``rep`` against ``m`` on :data:`_SAMPLES`'s sample, once per distinct match (equal matches compute the
-        same function), inner replacements, dtype and device."""
-        w = _weight(rep)
-        key = (match.kind, match, tuple(isinstance(r, AutooptLinear) for r in inner.values()), w.dtype, w.device)
+        """``rep`` against ``m`` on :data:`_SAMPLES`'s sample: once per distinct match (equal matches compute the
+        same function), inner replacements, dtype and device; a quantized replacement (or one holding one) on its
+        own, against its format's bound (the largest of its quantized parts')."""
+        dtype, device = self._sample_dtype(m, rep), _weight(rep).device
+        specs = [s for s in (_quantized(match), *(getattr(r, "weight_format", None) for r in inner.values()))
+                 if s is not None]
+        key: tuple[Any, ...] = (match.kind, match, tuple(type(r).__name__ for r in inner.values()), dtype, device)
+        if specs:
+            key += (id(m),)
         how = _SAMPLES[type(match)]
         original, candidate = m, rep
-        if isinstance(rep, AutooptQKV):  # the three projections side by side, called in attention's order
+        if isinstance(rep, (AutooptQKV, AutooptQuantQKV)):  # the projections side by side, in attention's order
             original, candidate = _Stacked(*(m.get_submodule(c) for c in QKV)), _Stacked(rep, *rep.parts)
+        elif isinstance(rep, AutooptQuantGatedMLP):
+            # the quantized gate_up GEMM against gate and up side by side: the linear's own error, as each
+            # quantized linear reports it (down_proj was checked on its own; its error would compound here)
+            original, candidate = _Stacked(m.get_submodule("gate_proj"), m.get_submodule("up_proj")), rep.gate_up
+            specs = specs[:1]
+        elif isinstance(match, QuantLinearMatch) and match.source == "checkpoint":
+            assert isinstance(rep, QuantLinear)
+            original = _Dequantized(rep)
+        tol = max(_bound(s) for s in specs) if specs else tolerance(dtype, matmul=how.matmul)
         return self._verify(key, original, candidate,
-                            lambda t: sample(match.in_features, w.dtype, w.device, tokens=t, seed=how.seed,
-                                             offset=how.offset),
-                            tolerance(w.dtype, matmul=how.matmul))
+                            lambda t: sample(match.in_features, dtype, device, tokens=t, seed=how.seed,
+                                             offset=how.offset), tol, quantized=bool(specs))
+
+    def _build(self, m: nn.Module, match: Replacing, inner: dict[str, nn.Module]) -> _Built:
+        """``match``'s replacement of ``m``, checked; a quantized one over its format's bound gives way to the
+        16-bit replacement (``check=True``), with the note saying so."""
+        rep = build(m, match, inner)
+        verdict = self._check(match, m, rep, inner)
+        spec = _quantized(match)
+        if verdict.ok or spec is None:
+            return _Built(match=match, rep=rep, verdict=verdict)
+        sixteen = match.sixteen_bit()  # type: ignore[union-attr]
+        if sixteen is None:
+            return _Built(match=match, rep=rep, verdict=verdict)
+        note = f"kept 16-bit: {spec} {verdict.reason} (its format's bound)"
+        del rep
+        rep = build(m, sixteen, inner)
+        return _Built(match=sixteen, rep=rep, verdict=self._check(sixteen, m, rep, inner), note=note)
 
     # -- rows and swaps ---------------------------------------------------------------------------
 
@@ -327,7 +463,7 @@ class _Walk:
 
     def _place(self, parent: nn.Module, name: str, m: nn.Module, rep: nn.Module) -> None:
         """``rep`` in ``m``'s place; a fused q/k/v at the attention's q_proj, its parts at k_proj and v_proj."""
-        if not isinstance(rep, AutooptQKV):
+        if not isinstance(rep, (AutooptQKV, AutooptQuantQKV)):
             self._swap(parent, name, m, rep)
             return
         news: tuple[nn.Module, ...] = (rep, *rep.parts)
@@ -335,33 +471,58 @@ class _Walk:
             self._swap(m, child, m.get_submodule(child), new)
             self.placed.add(id(new))
 
+    def _release(self, rep: nn.Module, path: str) -> None:
+        """Free the 16-bit weights a placed quantized replacement no longer reads (``keep_original=False``)."""
+        if not self.keep_original and isinstance(rep, QuantReplacement):
+            rep.release(path)
+
     def _row(self, path: str, kind: str, status: str, module: nn.Module, reason: str = "", *,
              shape: str = "", dtype: Any = None, verdict: _Checked | None = None,
-             kernels: dict[str, str] | None = None) -> Row:
+             kernels: dict[str, str] | None = None, weight: str = "") -> Row:
         w = getattr(module, "weight", None)
         dt = dtype if dtype is not None else (w.dtype if isinstance(w, torch.Tensor) else None)
         row = Row(path=path, kind=kind, status=status, reason=reason, module=type(module).__name__, shape=shape,
                   dtype=_dtype_name(dt) if dt is not None else "", kernels=kernels or {},
                   error=verdict.error if verdict is not None else None,
-                  tolerance=verdict.tolerance if verdict is not None else None)
+                  tolerance=verdict.tolerance if verdict is not None else None, weight=weight)
         self.rows.append(row)
         return row
 
-    def _inner_linear(self, lin: nn.Module, match: DenseMatch | NoMatch) -> nn.Module:
+    def _note(self, path: str, built: _Built) -> str:
+        """The reason of a replaced row (also a report note): why it fell back to 16 bits, or why it stays
+        16-bit under ``weights=``; empty for the others."""
+        why = built.note
+        if not why and self.weights is not None and _quantized(built.match) is None:
+            why = self.keep_16bit.get(id(built.rep.__dict__.get("_autoopt_original")), "")
+        if why:
+            self.notes.append(f"{path}: {why}")
+        return why
+
+    def _inner_linear(self, lin: nn.Module, match: DenseMatch | QuantLinearMatch | NoMatch) -> nn.Module:
         """A fused MLP's last linear (down_proj, fc2): its replacement where ``match`` is one and its own check
-        (cached per shape) passes, else ``lin`` itself. It runs inside the MLP either way."""
+        (cached per shape for 16-bit ones) passes, else ``lin`` itself. It runs inside the MLP either way."""
         if isinstance(match, NoMatch):
             return lin
         if id(lin) in self.done:
             return self.done[id(lin)]
-        rep = build(lin, match, {})
-        return rep if self._check(match, lin, rep, {}).ok else lin
+        built = self._build(lin, match, {})
+        if not built.verdict.ok:
+            return lin
+        self.inner_built[id(built.rep)] = built
+        return built.rep
 
-    def _inner_row(self, path: str, lin: nn.Module, rep: nn.Module, match: DenseMatch | NoMatch) -> None:
+    def _inner_row(self, path: str, lin: nn.Module, rep: nn.Module, match: DenseMatch | QuantLinearMatch | NoMatch
+                   ) -> None:
         """The row of a fused MLP's last linear at ``path``, once the MLP is replaced."""
-        if isinstance(rep, AutooptLinear):
+        built = self.inner_built.get(id(rep))
+        if built is not None:
             self.done.setdefault(id(lin), rep)
-            self._row(path, "linear", "replaced", lin, shape=match.shape, kernels=_kernels(rep))
+            dtype = self._sample_dtype(lin, rep)
+            self._row(path, "linear", "replaced", lin, self._note(path, built), shape=match.shape, dtype=dtype,
+                      verdict=built.verdict, kernels=_kernels(rep, dtype), weight=_quantized(built.match) or "")
+            self._release(rep, path)
+        elif isinstance(rep, Replacement):  # placed before (a shared module)
+            self._row(path, "linear", "replaced", lin, "shared with another path", shape=match.shape)
         else:
             reason = match.reason if isinstance(match, NoMatch) else "check failed for this shape"
             self._row(path, "linear", "kept", lin, reason, shape=match.shape)
@@ -388,7 +549,8 @@ class _Walk:
             self.patches.append((weakref.ref(parent), name, weakref.ref(shared)))
             self._row(path, shared.kind, "replaced", m, "shared with another path")
             return True
-        match = recognize(m, context=Context(path=path, ops=self.ops, skip=self.skip, replaced=self.done))
+        match = recognize(m, context=Context(path=path, ops=self.ops, skip=self.skip, replaced=self.done,
+                                             weights=self.weights, keep_16bit=self.keep_16bit, w8a8=self.w8a8))
         if isinstance(match, NoMatch):
             return self.keep(m, path, match)
         if isinstance(match, QKVMatch):  # the attention stays the model's; its q/k/v become one GEMM under it
@@ -410,31 +572,35 @@ class _Walk:
         """Build ``match``'s replacement of ``m``, check it and swap it in (True), or keep ``m`` with the reason."""
         inner = {child: self._inner_linear(m.get_submodule(child), sub) for child, sub in match.inner}
         fused = {child: m.get_submodule(child) for child in match.fused}  # the originals, before q/k/v are swapped
-        rep = build(m, match, inner)
-        verdict = self._check(match, m, rep, inner)
-        where, dtype = (f"{path}.qkv" if isinstance(match, QKVMatch) else path), _weight(rep).dtype
+        built = self._build(m, match, inner)
+        match, rep, verdict = built.match, built.rep, built.verdict
+        where = f"{path}.qkv" if isinstance(match, QKVMatch) else path
+        dtype = self._sample_dtype(m, rep)
         if not verdict.ok:
             if isinstance(rep, FusedRows):
                 rep.untie()  # drops the stacked copy
             self._row(where, match.kind, "kept", m, verdict.reason + ONE_BY_ONE.get(match.kind, ""),
-                      shape=match.shape, dtype=dtype, verdict=verdict)
+                      shape=match.shape, dtype=dtype, verdict=verdict, weight=_quantized(match) or "")
             return False
         if isinstance(rep, FusedRows) and not self.keep_original:
             rep.tie()
         self._place(parent, name, m, rep)
-        self._row(where, match.kind, "replaced", m, shape=_replaced_shape(match), dtype=dtype, verdict=verdict,
-                  kernels=_kernels(rep))
+        self._row(where, match.kind, "replaced", m, self._note(where, built), shape=_replaced_shape(match),
+                  dtype=dtype, verdict=verdict, kernels=_kernels(rep, dtype), weight=_quantized(match) or "")
         for child, lin in fused.items():
             self._row(f"{path}.{child}", "linear", "fused", lin, _fused_reason(path, match, rep),
-                      shape=f"{lin.in_features}->{lin.out_features}")
+                      shape=f"{lin.in_features}->{lin.out_features}", weight=_quantized(match) or "")
         for child, sub in match.inner:
             self._inner_row(f"{path}.{child}", m.get_submodule(child), inner[child], sub)
+        self._release(rep, where)
         return True
 
 
 def _weight(rep: nn.Module) -> torch.Tensor:
-    """A replacement's first weight: the check's sample takes its dtype and device (its weights share them)."""
-    return next(rep.parameters())
+    """A replacement's first weight (a packed one's first buffer): the check's sample takes its device (and,
+    16-bit, its dtype)."""
+    t = next(rep.parameters(), None)
+    return t if t is not None else next(rep.buffers())
 
 
 def _replaced_shape(match: Replacing) -> str:
@@ -446,36 +612,143 @@ def _fused_reason(path: str, match: Replacing, rep: nn.Module) -> str:
     if isinstance(match, PlainMLPMatch):
         bias = "its bias and " if match.fc1_bias else ""
         return f"runs in {path}'s fc1 GEMM, {bias}the {match.activation} in the epilogue"
+    spec = _quantized(match)
     tied = isinstance(rep, FusedRows) and rep.tied
     if isinstance(match, QKVMatch):
-        return f"runs in {path}'s qkv GEMM ({'a slice of qkv_weight' if tied else 'qkv_weight is a copy'})"
-    return f"runs in {path}'s gate_up GEMM ({'halves of gate_up' if tied else 'gate_up is a copy'})"
+        how = f"one {spec} weight" if spec else ("a slice of qkv_weight" if tied else "qkv_weight is a copy")
+        return f"runs in {path}'s qkv GEMM ({how})"
+    how = f"one {spec} weight" if spec else ("halves of gate_up" if tied else "gate_up is a copy")
+    return f"runs in {path}'s gate_up GEMM ({how})"
 
 
 class _Stacked(nn.Module):
-    """Three projections as one function of x (their outputs side by side), for the q/k/v check: called in
-    the order attention calls them, so the fused replacement answers k and v from its stash."""
+    """Projections as one function of x (their outputs side by side), for the q/k/v and gate/up checks: called
+    in the order attention calls them, so the fused replacement answers k and v from its stash."""
 
-    def __init__(self, q: nn.Module, k: nn.Module, v: nn.Module) -> None:
+    def __init__(self, *mods: nn.Module) -> None:
         super().__init__()
-        self.__dict__["mods"] = (q, k, v)  # not children: this wrapper lives only for the check
+        self.__dict__["mods"] = mods  # not children: this wrapper lives only for the check
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([m.forward(x) for m in self.__dict__["mods"]], dim=-1)
 
 
+def _freed(reps: Iterable[nn.Module]) -> list[str]:
+    """What optimize() freed under these replacements (their inner ones included): what blocks a restore."""
+    out: list[str] = []
+    for rep in reps:
+        for mod in rep.modules():
+            freed = mod.freed if isinstance(mod, QuantReplacement) else None
+            if freed is not None and freed not in out:
+                out.append(freed)
+    return out
+
+
+def _refuse_restore(reps: Iterable[nn.Module]) -> None:
+    """RestoreError (before anything is restored) where a replacement's 16-bit weights were freed."""
+    freed = _freed(reps)
+    if freed:
+        shown = "; ".join(freed[:3]) + (f"; and {len(freed) - 3} more" if len(freed) > 3 else "")
+        raise RestoreError(f"autoopt.restore(): cannot put back {len(freed)} module(s) whose 16-bit weights "
+                           f"optimize() freed when it quantized them: {shown}. optimize(..., keep_original=True) "
+                           "keeps them for restore(); nothing was restored.", freed=tuple(freed))
+
+
 def _restore_patches(patches: list[tuple[Any, str, Any]]) -> int:
-    n = 0
-    for parent_ref, name, rep_ref in reversed(patches):
-        parent, rep = parent_ref(), rep_ref()
-        if parent is not None and rep is not None and parent._modules.get(name) is rep:
-            parent._modules[name] = rep.restore_original()
-            n += 1
-    return n
+    live = [(parent, name, rep) for parent_ref, name, rep_ref in reversed(patches)
+            if (parent := parent_ref()) is not None and (rep := rep_ref()) is not None
+            and parent._modules.get(name) is rep]
+    _refuse_restore(rep for _, _, rep in live)
+    for parent, name, rep in live:
+        parent._modules[name] = rep.restore_original()
+    return len(live)
+
+
+def _keep_16bit(root: nn.Module) -> dict[int, str]:
+    """The linears ``weights=`` leaves 16-bit (id -> why): the model's output embedding (the LM head: counted at
+    the checkpoint dtype by :mod:`autoopt.planning.quant`, kept so by vLLM and ModelOpt), and a linear whose weight
+    another module also holds (a tied head): quantizing it would keep the 16-bit tensor for the other."""
+    out: dict[int, str] = {}
+    owners: dict[int, set[int]] = {}
+    for mod in root.modules():
+        for p in mod.parameters(recurse=False):
+            if p.numel():
+                owners.setdefault(p.untyped_storage().data_ptr(), set()).add(id(mod))
+    for name, mod in root.named_modules():
+        w = getattr(mod, "weight", None)
+        if isinstance(mod, nn.Linear) and isinstance(w, torch.Tensor) and w.numel() \
+                and len(owners.get(w.untyped_storage().data_ptr(), ())) > 1:
+            out[id(mod)] = f"16-bit: {name}'s weight is shared with another module (quantizing would keep both)"
+    head = getattr(root, "get_output_embeddings", None)
+    try:
+        lm = head() if callable(head) else None
+    except Exception:  # a model whose method needs more than itself: no head known
+        lm = None
+    if isinstance(lm, nn.Linear):
+        out.setdefault(id(lm), "16-bit: the LM head stays in the checkpoint dtype (as autoopt.planning.quant "
+                               "counts it; vLLM and ModelOpt keep it so); skip= others to keep them too")
+    return out
+
+
+def _model_dtype(root: nn.Module) -> Any:
+    """The 16-bit dtype most of the model's float parameters have (bfloat16 when it has none)."""
+    from collections import Counter
+
+    counts = Counter(p.dtype for p in root.parameters() if p.dtype in _HALF)
+    return counts.most_common(1)[0][0] if counts else torch.bfloat16
+
+
+def _tensor_bytes(root: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers, each storage once (tied slices, shared tensors)."""
+    seen: dict[int, int] = {}
+    for t in (*root.parameters(), *root.buffers()):
+        if t.numel() and t.device.type != "meta":
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def _profile_gpu(profile: Any, device: Any) -> tuple[Any, Any]:
+    """(the profile object, its GPU) for ``profile`` (a profile, a name/file, or None: the dispatch's for
+    ``device``)."""
+    from autoopt.hardware.profile import GPUProfile, HardwareProfile
+
+    if profile is None:
+        return None, dispatch.gpu_for(device)
+    if isinstance(profile, str):
+        from autoopt.hardware.library import load_profile
+
+        profile = load_profile(profile)
+    if isinstance(profile, HardwareProfile):
+        return profile, profile.gpu
+    if isinstance(profile, GPUProfile):
+        return profile, profile
+    raise TypeError(f"autoopt.optimize(): profile= takes a HardwareProfile, a GPUProfile, a profile name or None, "
+                    f"got {type(profile).__name__}")
+
+
+def _weights(root: nn.Module, weights: str | None, profile: Any, gpu: Any, device: Any, batch: int,
+             context: int | None) -> WeightChoice:
+    """``weights=`` resolved (:mod:`autoopt.nn.weights`), checked against the GPU and the model's dtypes."""
+    given = profile if profile is not None else dispatch.profile()
+    if given is None and getattr(device, "type", "cpu") != "cuda":
+        given = dispatch.INTERPRETER_PROFILE
+    choice = resolve_weights(weights, gpu=gpu, model=root, hardware=hardware_of(gpu, given), batch=batch,
+                             context=context)
+    if choice.spec is not None:
+        dtypes = {m.weight.dtype for m in root.modules()
+                  if isinstance(m, nn.Linear) and isinstance(m.weight, torch.Tensor)}
+        if dtypes and not dtypes & set(_HALF):
+            raise WeightFormatError(f"autoopt.optimize(weights={weights!r}) quantizes bfloat16/float16 weights; this "
+                                    f"model's linears are {', '.join(sorted(map(_dtype_name, dtypes)))}: "
+                                    "model.to(torch.bfloat16) first. The model is unchanged.", format=choice.spec,
+                                    gpu=choice.gpu)
+    return choice
 
 
 def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] | None = None, check: bool = True,
-             keep_original: bool = False, skip: str | Iterable[str] = ()) -> OptimizeReport:
+             keep_original: bool = False, skip: str | Iterable[str] = (), weights: str | None = None,
+             batch: int = 1, context: int | None = None) -> OptimizeReport:
     """Swap ``model``'s linears, norms and MLPs (gated and plain) for autoopt kernels, in place; returns the report.
 
     ``profile``: the hardware the kernel configs are ranked for (a profile, a known profile name or
@@ -484,29 +757,42 @@ def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] 
     ``ops``: the kinds to replace, a subset of :data:`OPS` (all by default); without ``linear`` the
     gated MLP's two GEMMs and a plain MLP's fc2 run through torch (its fc1 + activation GEMM is the
     ``plain_mlp`` op itself). ``check``: compare each distinct replacement with its
-    original on a sample first, keeping the original on a mismatch. ``keep_original``: leave the
-    gate/up weights untouched and hold a copy in ``gate_up`` (doubles those weights' memory).
-    ``skip``: module-path patterns (``fnmatch``) to leave alone, e.g. ``"lm_head"``.
+    original on a sample first, keeping the original on a mismatch (and, for a quantized replacement
+    over its format's bound, the 16-bit weight). ``keep_original``: leave the original weights untouched
+    (the gate/up weights and a copy in ``gate_up``; with ``weights=``, the 16-bit weights beside the packed
+    ones, so :func:`restore` works). ``skip``: module-path patterns (``fnmatch``) to leave alone, e.g. ``"lm_head"``.
+    ``weights``: quantize the linears in place (:mod:`autoopt.nn.weights`: ``"fp8"``, ``"fp8-wo"``, ``"int8"``,
+    ``"int4"``, ``"int4-asym"`` ...; ``"auto"``: recommend()'s format for this model and GPU at ``batch`` and
+    ``context``; None / ``"bf16"`` / ``"fp16"``: keep the 16-bit weights).
 
     Call it after moving the model to its device and dtype and before ``torch.compile``. The
     replacements run only their forward through the kernels when no input needs grad (inference);
-    with grad enabled the ops run torch. Raises TypeError for a non-module, OpError for an unknown op.
+    with grad enabled the ops run torch. Raises TypeError for a non-module, OpError for an unknown op,
+    WeightFormatError for a format that is unknown or cannot run on the GPU (before touching the model).
     """
     root = _unwrap(model, "optimize")
     if not isinstance(check, bool) or not isinstance(keep_original, bool):
         raise TypeError("autoopt.optimize(): check= and keep_original= take a bool")
-    walk = _Walk(ops=_ops_set(ops), check=check, keep_original=keep_original, skip=_patterns(skip))
-    if profile is not None:
-        dispatch.set_profile(profile)
     if isinstance(root, Replacement):
         raise TypeError("autoopt.optimize(): this module is an autoopt replacement already; pass the model")
+    ops_set, patterns = _ops_set(ops), _patterns(skip)
+    device = next((p.device for p in root.parameters()), torch.device("cpu"))
+    loaded, gpu = _profile_gpu(profile, device)
+    choice = _weights(root, weights, loaded, gpu, device, batch, context)
+    walk = _Walk(ops=ops_set, check=check, keep_original=keep_original, skip=patterns, weights=choice.spec,
+                 keep_16bit=_keep_16bit(root) if choice.spec is not None else {},
+                 w8a8=bool(gpu.features.fp8) if gpu is not None else True, dtype=_model_dtype(root))
+    if loaded is not None:
+        dispatch.set_profile(loaded)
+    before = _tensor_bytes(root)
     walk.visit(root, "")
     live = {id(r): r for _, _, ref in walk.patches if (r := ref()) is not None}
     extra = sum(r.extra_bytes() for r in live.values())
     report = OptimizeReport(rows=walk.rows, ops=walk.ops, check=walk.check, keep_original=walk.keep_original,
                             extra_bytes=extra, backend=_backend(walk.rows),
                             choices=[c.to_dict() for c in dispatch.choices()],
-                            restore=_restorer(walk.patches), model=root)
+                            restore=_restorer(walk.patches), model=root, weights=choice.to_dict(),
+                            notes=walk.notes, memory_bytes=(before, _tensor_bytes(root)))
     log.info("autoopt.optimize: %s", report.summary())
     return report
 
@@ -517,18 +803,21 @@ def _restorer(patches: list[tuple[Any, str, Any]]) -> Callable[[], int]:
 
 def restore(model: nn.Module) -> int:
     """Put back every original module that :func:`optimize` replaced in ``model`` (the same module
-    objects, with their own weight storage again); returns how many were put back."""
+    objects, with their own weight storage again); returns how many were put back. RestoreError, with
+    nothing restored, where optimize() quantized a module and freed its 16-bit weights
+    (``keep_original=False``)."""
     root = _unwrap(model, "restore")
-    count = 0
+    found: list[tuple[nn.Module, str, Replacement]] = []
 
     def visit(parent: nn.Module) -> None:
-        nonlocal count
         for name, child in list(parent._modules.items()):
             if isinstance(child, Replacement):
-                parent._modules[name] = child.restore_original()
-                count += 1
+                found.append((parent, name, child))
             elif child is not None:
                 visit(child)
 
     visit(root)
-    return count
+    _refuse_restore(rep for _, _, rep in found if isinstance(rep, nn.Module))
+    for parent, name, rep in found:
+        parent._modules[name] = rep.restore_original()
+    return len(found)

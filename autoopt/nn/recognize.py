@@ -35,6 +35,18 @@ A class name proves nothing (every model family names its RMSNorm differently, a
   (above) reading the same ``in_features`` in one dtype and device, each with a bias or none with one.
   Fusing them changes no arithmetic (each output column is the same dot product), so there is no
   behavioural probe beyond the check ``optimize`` runs.
+- **a checkpoint's block-FP8 linear** (transformers' ``FP8Linear`` as its finegrained-FP8 integration
+  loads DeepSeek-V3 and the Qwen3 ``-FP8`` checkpoints): a linear holding an e4m3 ``weight [N, K]`` and a
+  float32 ``weight_scale_inv [ceil(N/128), ceil(K/128)]`` (one scale per 128 x 128 block, ``w = q * s``:
+  autoopt's ``fp8_block`` scales), a ``block_size`` of 128 x 128 where it says one, dynamic activation
+  scales (no ``activation_scale``). Recognised by those tensors, not the class name, whatever ``weights=``
+  says: a :class:`~autoopt.nn.match.QuantLinearMatch` of source ``checkpoint``, run on its own tensors
+  (``fp8_block``, W8A8 where the GPU has FP8 tensor cores, else ``fp8_block-wo``).
+
+With ``weights=`` (:attr:`~autoopt.nn.match.Context.weights`) a linear, a gated MLP's gate/up and down, and an
+attention's fused q/k/v are matched with that format (a linear as a
+:class:`~autoopt.nn.match.QuantLinearMatch`), except the linears in ``Context.keep_16bit``; a plain MLP is
+not fused (the quantized GEMM has no activation epilogue): its linears are quantized one by one.
 
 Probes run under ``torch.no_grad()`` on random inputs from a private generator (the global RNG is
 never touched), in the module's own dtype and device.
@@ -64,6 +76,7 @@ from autoopt.nn.match import (
     NormMatch,
     PlainMLPMatch,
     QKVMatch,
+    QuantLinearMatch,
 )
 from autoopt.nn.modules import Replacement
 
@@ -74,6 +87,7 @@ __all__ = [
     "PLAIN_ACTIVATIONS",
     "PlainMLPParts",
     "activation_of",
+    "checkpoint_fp8_problem",
     "gated_mlp_parts",
     "linear_problem",
     "match_plain_mlp",
@@ -111,7 +125,7 @@ def recognize(m: nn.Module, *, context: Context) -> Match:
     if kind == "gated_mlp" or (kind == "plain_mlp" and not attention):
         return _mlp(m, kind, parts, context)
     if kind == "linear":
-        return _dense(parts, context.ops)
+        return _linear(parts, context)
     if kind == "norm":
         return _norm(m, parts, context.ops)
     if attention:
@@ -172,10 +186,15 @@ def _mlp(m: nn.Module, kind: str, parts: Any, context: Context) -> GatedMLPMatch
     """A gated or plain MLP (``kind``) as a match (probed), or why not: then its linears are tried one by one."""
     if kind not in context.ops:
         return NoMatch(kind=kind, reason=f"{kind} not in ops=", descend=True)
+    if kind == "plain_mlp" and context.weights is not None:
+        return NoMatch(kind=kind, reason=f"weights={context.weights}: the quantized GEMM has no activation epilogue, "
+                       "so fc1 is not fused with it; its linears are quantized one by one", descend=True)
     found = _gated_mlp(m, parts, context.ops) if kind == "gated_mlp" else _plain_mlp(m, parts, context.ops)
     if not isinstance(found, str):
         hooked = next((c for c in found.fused if _has_hooks(m._modules[c])), None)
         if hooked is None:
+            if isinstance(found, GatedMLPMatch):
+                return _quantized_mlp(found, parts, context)
             return found
         # the fused GEMM reads its weight and never calls it
         found = f"{context.path}.{hooked} has forward hooks (the fused GEMM would not call them)"
@@ -195,7 +214,93 @@ def _attention(m: nn.Module, context: Context) -> QKVMatch | NoMatch:
     assert not isinstance(parts, str)
     q, k, v = parts
     return QKVMatch(attention=note, in_features=q.in_features, out_features=(q.out_features, k.out_features,
-                    v.out_features), has_bias=q.bias is not None)
+                    v.out_features), has_bias=q.bias is not None, weight=_format_for(context, q, k, v))
+
+
+def _format_for(context: Context, *linears: nn.Linear) -> str | None:
+    """The format ``linears`` are quantized into together: ``context.weights`` where every one of them has a
+    16-bit weight and none is kept 16-bit, else None."""
+    if context.weights is None or "linear" not in context.ops:
+        return None
+    if any(id(lin) in context.keep_16bit or lin.weight.dtype not in _HALF for lin in linears):
+        return None
+    return context.weights
+
+
+#: the weight dtypes a quantized format is made from
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _quantize_dense(found: DenseMatch | QuantLinearMatch | NoMatch, lin: nn.Linear, context: Context
+                    ) -> DenseMatch | QuantLinearMatch | NoMatch:
+    """``found`` (a linear's match) in ``context.weights`` where that applies to ``lin``."""
+    spec = _format_for(context, lin) if isinstance(found, DenseMatch) else None
+    if spec is None or isinstance(found, NoMatch):
+        return found
+    return QuantLinearMatch(in_features=found.in_features, out_features=found.out_features, has_bias=found.has_bias,
+                            weight=spec, group_size=_group(spec))
+
+
+def _group(spec: str) -> int | None:
+    from autoopt.kernels.quant import parse_weight
+
+    return parse_weight(spec).group_size
+
+
+def _quantized_mlp(found: GatedMLPMatch, parts: Any, context: Context) -> GatedMLPMatch:
+    """A gated MLP's match with its gate/up (fused) and down in ``context.weights`` where that applies."""
+    gate, up, down, _ = parts
+    if context.weights is None:
+        return found
+    from dataclasses import replace
+
+    return replace(found, weight=_format_for(context, gate, up), down=_quantize_dense(found.down, down, context))
+
+
+def _linear(m: nn.Linear, context: Context) -> DenseMatch | QuantLinearMatch | NoMatch:
+    """A linear: a checkpoint's block-FP8 linear (run on its own tensors), else a dense one, quantized into
+    ``context.weights`` where that applies."""
+    problem = checkpoint_fp8_problem(m)
+    if problem is None:
+        if "linear" not in context.ops:
+            return NoMatch(kind="linear", reason="linear not in ops=", shape=f"{m.in_features}->{m.out_features}")
+        spec = "fp8_block" if context.w8a8 else "fp8_block-wo"
+        return QuantLinearMatch(in_features=m.in_features, out_features=m.out_features, has_bias=m.bias is not None,
+                                weight=spec, group_size=_group(spec), source="checkpoint")
+    if problem:
+        return NoMatch(kind="linear", reason=problem, shape=f"{m.in_features}->{m.out_features}")
+    return _quantize_dense(_dense(m, context.ops), m, context)
+
+
+def checkpoint_fp8_problem(m: nn.Module) -> str | None:
+    """For a linear holding a checkpoint's FP8 weight (an e4m3 ``weight`` and a ``weight_scale_inv``): None when
+    autoopt's ``fp8_block`` kernels can run it on those tensors, else why not. ``""`` when ``m`` holds no such
+    weight (not a checkpoint FP8 linear at all)."""
+    w, s = getattr(m, "weight", None), getattr(m, "weight_scale_inv", None)
+    if not isinstance(w, torch.Tensor) or w.dtype != torch.float8_e4m3fn or not isinstance(s, torch.Tensor):
+        return ""
+    name = type(m).__name__
+    n, k = getattr(m, "out_features", None), getattr(m, "in_features", None)
+    if w.dim() != 2 or (n, k) != tuple(w.shape):
+        return f"{name}: e4m3 weight of shape {tuple(w.shape)} is not [out_features, in_features]"
+    if w.device.type == "meta":
+        return "weights on the meta device (not loaded yet)"
+    want = (-(-w.shape[0] // 128), -(-w.shape[1] // 128))
+    if s.dtype != torch.float32 or tuple(s.shape) != want:
+        return (f"{name}: weight_scale_inv is {str(s.dtype).removeprefix('torch.')} {tuple(s.shape)}; autoopt's "
+                f"fp8_block kernels read float32 scales per 128 x 128 block, {want}")
+    block = getattr(m, "block_size", None)
+    if block is not None and tuple(block) != (128, 128):
+        return f"{name}: block_size {tuple(block)}; autoopt's fp8_block kernels read 128 x 128 blocks"
+    if getattr(m, "activation_scale", None) is not None:
+        return (f"{name}: a static activation_scale; autoopt's fp8_block GEMM quantizes activations dynamically "
+                "(per token per 128)")
+    b = getattr(m, "bias", None)
+    if b is not None and (not isinstance(b, torch.Tensor) or b.dtype not in _HALF):
+        return f"{name}: bias of dtype {getattr(b, 'dtype', type(b).__name__)} (the kernels add a bf16/fp16 bias)"
+    if "forward" in m.__dict__:
+        return f"{name} has its forward patched on the instance"
+    return None
 
 
 def _qkv_blocker(parts: tuple[nn.Linear, nn.Linear, nn.Linear] | str, context: Context) -> str | None:

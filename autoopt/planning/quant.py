@@ -3,7 +3,8 @@
 Bits per weight, with what is modelled:
 - BF16/FP16: 16.
 - FP8 (e4m3, W8A8): 8 + one fp32 scale per output channel = 8 + 32/K (K = in_features).
-- INT8 (W8A16 weight-only): 8 + one fp16 scale per output channel = 8 + 16/K.
+- INT8 (W8A16 weight-only): 8 + one fp32 scale per output channel = 8 + 32/K (what autoopt's kernels
+  store: :mod:`autoopt.kernels.quant`).
 - Q8_0 (llama.cpp): blocks of 32 int8 + fp16 scale = 34 B / 32 = 8.5.
 - Q6_K: 256-weight super-blocks of 210 B = 6.5625.
 - Q5_K_M: mix of Q5_K (176 B / 256 = 5.5) with Q6_K on half of attn_v/ffn_down: ~5.7 whole-model average.
@@ -17,7 +18,12 @@ Formats only a serving runtime offers (``extra``: never in the runtime-less defa
 - NF4 (bitsandbytes, block 64): 4 + int8 absmax per 64 + fp32 per 256 blocks = 4.127.
 - LLM.int8 (bitsandbytes): 8 + fp32 per-row scale.
 - Q4_0 (GGUF): 18 B per 32 weights = 4.5 bits.
-- FP8 weight-only (Marlin on Ampere): 8 + fp32 per-channel scale, dequantized in the kernel.
+- FP8 weight-only (Marlin on Ampere; autoopt's ``fp8-wo``): 8 + fp32 per-channel scale, dequantized in the kernel.
+- INT4 (autoopt's ``int4``, W4A16): 4 + one bf16 scale per 128 weights of a row = 4 + 16/128 = 4.125
+  (``int4-g128``; :mod:`autoopt.kernels.quant` counts the padded last group exactly).
+
+The fp8, fp8-weight-only, int8 and int4 entries are autoopt's own kernels' formats: their bits are
+:meth:`autoopt.kernels.quant.WeightFormat.bits_per_weight` (tests/test_quant.py holds them equal).
 
 Which weights a format covers: GPU formats (FP8, INT8, MXFP4, NVFP4) quantize the
 Linear layers only; embeddings, LM head and norms stay in the checkpoint dtype
@@ -96,8 +102,8 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     _f(name="fp8", bits=8, channel_scale_bits=32, mode="native", compute_dtype="fp8", requires="fp8",
        note="e4m3 weights and activations, fp32 per-channel weight scales"),
     _f(name="q8_0", bits=8.5, mode="weight-only", whole_model=True, note="GGUF: 32-weight blocks, fp16 scale"),
-    _f(name="int8", bits=8, channel_scale_bits=16, mode="weight-only",
-       note="W8A16, fp16 per-channel scales"),
+    _f(name="int8", bits=8, channel_scale_bits=32, mode="weight-only",
+       note="W8A16, fp32 per-channel scales"),
     _f(name="q6_k", bits=6.5625, mode="weight-only", whole_model=True, note="GGUF: 256-weight super-blocks"),
     _f(name="q5_k_m", bits=5.7, mode="weight-only", whole_model=True, approx=True,
        note="GGUF mix: Q5_K (5.5) + Q6_K on half of attn_v/ffn_down"),
@@ -121,6 +127,8 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
        note="GPTQ int4, group 128: fp16 scale + packed 4-bit zero"),
     _f(name="nf4", bits=4 + 8 / 64 + 32 / (64 * 256), mode="weight-only", extra=True,
        note="bitsandbytes NF4, block 64, double-quantized absmax"),
+    _f(name="int4", bits=4 + 16 / 128, mode="weight-only", extra=True,
+       note="W4A16, bf16 scale per 128 weights of a row (autoopt int4-g128)"),
 )}
 _ORIGINAL_BITS = {"fp32": 32.0, "bf16": 16.0, "fp16": 16.0, "fp8": 8.0}
 #: the lowest precision the automatic choice goes to (4-bit formats keep quality acceptable for 7B+ models).

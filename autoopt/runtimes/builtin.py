@@ -107,12 +107,16 @@ BUILTIN_RUNTIMES: tuple[dict[str, Any], ...] = (
     },
     {
         "name": "autoopt", "display": "autoopt (its own Triton kernels)",
-        "sources": ("ARCHITECTURE.md",),
+        "sources": ("ARCHITECTURE.md", "autoopt/kernels/quant.py", "templates/quant.py"),
+        # what autoopt.optimize(weights=...) runs: its own quantized kernels (W8A8 fp8 on FP8 tensor cores,
+        # weight-only fp8/int8/int4 from Ampere on, where bf16 activations run); on the CPU a quantized
+        # layer runs torch on its dequantized weight (correct, slow): weight-only formats only there
         "formats": (
             {"format": "fp32", "cpu": True}, {"format": "bf16", "cpu": True}, {"format": "fp16", "cpu": True},
-            {"format": "fp8", "min_cc": 8.9}, {"format": "fp8-weight-only"}, {"format": "int8", "cpu": True},
-            {"format": "q8_0", "cpu": True}, {"format": "q6_k", "cpu": True}, {"format": "q5_k_m", "cpu": True},
-            {"format": "q4_k_m", "cpu": True}, {"format": "nvfp4", "min_cc": 10.0}, {"format": "mxfp4", "min_cc": 10.0},
+            {"format": "fp8", "min_cc": 8.9, "note": "W8A8: e4m3 weights, per-token e4m3 activations"},
+            {"format": "fp8-weight-only", "arg": "fp8-wo", "min_cc": 8.0},
+            {"format": "int8", "min_cc": 8.0, "cpu": True, "note": "W8A16, fp32 per-channel scales"},
+            {"format": "int4", "min_cc": 8.0, "cpu": True, "note": "W4A16, group 128"},
         ),
         "kv_dtypes": ({"dtype": "bf16", "arg": "bf16"}, {"dtype": "fp16", "arg": "fp16"},
                       {"dtype": "fp8", "arg": "fp8", "min_cc": 8.9}, {"dtype": "fp32", "arg": "fp32"}),

@@ -1,0 +1,275 @@
+"""The quantized replacements :func:`autoopt.optimize` swaps in for ``weights="fp8"|"int8"|"int4"|...``.
+
+Each runs its matmul through :func:`autoopt.nn.ops.quant_linear` on a weight packed by
+:func:`autoopt.backend.quant.quantize` (or, for a checkpoint's block-FP8 linear, on that linear's own
+e4m3 weight and ``weight_scale_inv``, untouched):
+
+- :class:`AutooptQuantLinear`: one linear (``qweight``, ``scales``, ``offsets`` buffers; the original's bias
+  Parameter);
+- :class:`AutooptQuantGatedMLP`: a gated MLP whose gate and up weights are quantized as one fused
+  ``[2I, H]`` weight (its ``gate_up`` child), with the fused activation and its ``down_proj``
+  (quantized or not, checked on its own);
+- :class:`AutooptQuantQKV` at an attention's ``q_proj`` (its parts at ``k_proj`` / ``v_proj``): q/k/v as
+  one quantized ``[Nq + Nk + Nv, H]`` weight.
+
+**Memory.** A replacement is built beside the original (the original's 16-bit weights still there, the
+check compares the two), then swapped in; with ``keep_original=False`` (the default) the walk then calls
+:meth:`QuantReplacement.release`: the original's 16-bit weight Parameters are emptied (their storage
+freed even if something else still holds the Parameter) and the original module is dropped, so the
+model's linear weights end at the format's bytes plus scales, one module at a time (the peak is the
+16-bit model plus one layer's packed weights). :func:`autoopt.restore` then cannot bring the original
+back and says so (:class:`~autoopt.errors.RestoreError`). ``keep_original=True`` keeps the originals (and
+their memory) for a restore that gives back identical modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from autoopt.errors import RestoreError
+from autoopt.nn import ops as _ops
+from autoopt.nn.modules import QKVOwner, Replacement, _param, gated_activation
+
+__all__ = ["AutooptQuantGatedMLP", "AutooptQuantLinear", "AutooptQuantQKV", "AutooptQuantQKVPart", "QuantLinear",
+           "QuantReplacement", "pack_rows"]
+
+
+def pack_rows(weights: Sequence[torch.Tensor], fmt: Any) -> Any:
+    """The :class:`~autoopt.backend.quant.QuantizedWeight` of ``weights`` stacked along rows, in ``fmt``.
+
+    Formats with a scale per output row (fp8, int8, int4: each row quantized on its own) quantize each
+    weight and stack the packed rows, which is the same as quantizing the stack and never builds the
+    16-bit stack; a block format (fp8_block: 128-row blocks) quantizes the stack."""
+    from autoopt.backend.quant import QuantizedWeight, quantize
+
+    with torch.no_grad():
+        if len(weights) == 1:
+            return quantize(weights[0], fmt)
+        if fmt.name == "fp8_block":
+            return quantize(torch.cat([w.detach() for w in weights]), fmt)
+        parts = [quantize(w, fmt) for w in weights]
+        tensors = {name: torch.cat([p.tensors()[name] for p in parts]) for name in parts[0].tensors()}
+    return QuantizedWeight.of(fmt, sum(p.n for p in parts), parts[0].k, tensors)
+
+
+class QuantLinear(nn.Module):
+    """``x @ dequant(W)^T + bias`` over a packed weight, through :func:`autoopt.nn.ops.quant_linear`.
+
+    The packed tensors are buffers (``qweight``, ``scales``, ``offsets``: they move with ``.to()`` and are in
+    the state_dict), or, for a checkpoint's own FP8 linear, its Parameters under their own names
+    (``weight``, ``weight_scale_inv``: the same objects, so the state_dict is the checkpoint's)."""
+
+    #: the attribute names of (packed weight, scales, offsets)
+    names: tuple[str, str, str]
+    bias: torch.Tensor | None
+
+    def __init__(self, qw: Any, bias: nn.Parameter | None, *, names: tuple[str, str, str] | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = qw.k, qw.n
+        self.weight_format: str = qw.fmt.spec
+        self.names = names or ("qweight", "scales", "offsets")
+        for name, t in zip(self.names, (qw.qweight, qw.scales, qw.offsets), strict=True):
+            if isinstance(t, nn.Parameter):
+                self.register_parameter(name, t)
+            else:
+                self.register_buffer(name, t)
+        self.register_parameter("bias", bias)
+
+    def packed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        w, s, z = (getattr(self, n) for n in self.names)
+        return w, s, z
+
+    def quantized(self) -> Any:
+        """The packed weight as a :class:`~autoopt.backend.quant.QuantizedWeight` (the same tensors)."""
+        from autoopt.backend.quant import QuantizedWeight
+        from autoopt.kernels.quant import parse_weight
+
+        w, s, z = self.packed()
+        return QuantizedWeight(fmt=parse_weight(self.weight_format), qweight=w, scales=s, offsets=z,
+                               n=self.out_features, k=self.in_features)
+
+    def packed_bytes(self) -> int:
+        """Bytes of the packed weight, scales and offsets (the bias not counted)."""
+        return sum(t.numel() * t.element_size() for t in self.packed() if t is not None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, s, z = self.packed()
+        return _ops.quant_linear(x, w, s, z, self.bias, weight=self.weight_format, k=self.in_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}->{self.out_features}, {self.weight_format}, bias={self.bias is not None}"
+
+
+class QuantReplacement(Replacement):
+    """What the quantized replacements add to :class:`~autoopt.nn.modules.Replacement`: the 16-bit weights they
+    free (:meth:`release`), and a :meth:`restore_original` that says what was freed instead of failing."""
+
+    def sixteen_bit(self) -> tuple[nn.Parameter, ...]:
+        """The original's 16-bit weight (and bias) Parameters this replacement no longer reads."""
+        raise NotImplementedError
+
+    def release(self, path: str) -> None:
+        """Free the original's 16-bit weights (emptied in place: their storage goes even where something else
+        holds the Parameter) and drop the original; :attr:`freed` then names them for :func:`autoopt.restore`."""
+        assert isinstance(self, nn.Module)
+        kept = {id(p) for p in self.parameters()}
+        params = [p for p in self.sixteen_bit() if id(p) not in kept]  # not a bias the replacement still adds
+        if not params:
+            return  # nothing 16-bit (a checkpoint's FP8 linear): the original stays restorable
+        shapes = []
+        with torch.no_grad():
+            for p in params:
+                shapes.append(f"{str(p.dtype).removeprefix('torch.')} {list(p.shape)}")
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.__dict__["_autoopt_freed"] = f"{path} ({', '.join(shapes)})"
+        self.__dict__["_autoopt_original"] = None
+
+    @property
+    def freed(self) -> str | None:
+        """What :meth:`release` freed (the module's path and its weights' dtypes and shapes), None if nothing."""
+        freed: str | None = self.__dict__.get("_autoopt_freed")
+        return freed
+
+    def restore_original(self) -> nn.Module:
+        if self.freed is not None:
+            raise RestoreError(f"cannot restore {self.freed}: optimize() freed its 16-bit weights when it "
+                               "quantized it; optimize(..., keep_original=True) keeps them for restore()",
+                               freed=(self.freed,))
+        return super().restore_original()
+
+
+class AutooptQuantLinear(QuantReplacement, QuantLinear):
+    """An ``nn.Linear`` (or a checkpoint's FP8 linear) running on its packed weight."""
+
+    kind = "linear"
+
+    def __init__(self, original: nn.Module, qw: Any, *, names: tuple[str, str, str] | None = None) -> None:
+        QuantLinear.__init__(self, qw, _param(original, "bias", optional=True), names=names)
+        self._adopt(original)
+
+    def sixteen_bit(self) -> tuple[nn.Parameter, ...]:
+        original = self.original
+        w = original._parameters.get("weight")
+        return (w,) if isinstance(w, nn.Parameter) and w.dtype.itemsize > 1 else ()
+
+    def extra_bytes(self) -> int:
+        """The packed weight, while the original 16-bit one is kept beside it (``keep_original=True``)."""
+        return self.packed_bytes() if self.freed is None and self.sixteen_bit() else 0
+
+
+class AutooptQuantGatedMLP(QuantReplacement, nn.Module):
+    """``down(act(gate(x)) * up(x))`` with gate and up as one quantized GEMM (the ``gate_up`` child, a
+    :class:`QuantLinear` over ``[Wgate; Wup]``), the fused activation, then ``down_proj`` (its checked
+    replacement, quantized or not, or the original). The original's ``act_fn`` is kept as a child."""
+
+    kind = "gated_mlp"
+
+    def __init__(self, original: nn.Module, *, activation: str, qw: Any, down_proj: nn.Module) -> None:
+        super().__init__()
+        gate, up = original.gate_proj, original.up_proj
+        assert isinstance(gate, nn.Linear) and isinstance(up, nn.Linear)
+        bias: nn.Parameter | None = None
+        if gate.bias is not None and up.bias is not None:
+            bias = nn.Parameter(torch.cat([gate.bias.detach(), up.bias.detach()]), requires_grad=False)
+        self.gate_up = QuantLinear(qw, bias)
+        self.down_proj = down_proj
+        self.act_fn = original.act_fn
+        self.activation = activation
+        self.intermediate = gate.out_features
+        self._adopt(original)
+
+    def sixteen_bit(self) -> tuple[nn.Parameter, ...]:
+        original = self.original
+        return tuple(p for name in ("gate_proj", "up_proj") for p in original.get_submodule(name).parameters())
+
+    def restore_original(self) -> nn.Module:
+        original = QuantReplacement.restore_original(self)
+        if isinstance(self.down_proj, Replacement):
+            self.down_proj.restore_original()  # the original MLP's own down_proj, up to date
+        return original
+
+    def extra_bytes(self) -> int:
+        return self.gate_up.packed_bytes() if self.freed is None else 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(gated_activation(self.gate_up(x), self.activation))
+        return out
+
+    def extra_repr(self) -> str:
+        return (f"gate_up {self.gate_up.in_features}->2x{self.intermediate} {self.gate_up.weight_format}, "
+                f"{self.activation}")
+
+
+class AutooptQuantQKV(QKVOwner, QuantReplacement, nn.Module):
+    """An attention's ``q_proj`` computing q, k and v in one quantized GEMM (its ``qkv`` child over
+    ``[Wq; Wk; Wv]``); ``k_proj`` and ``v_proj`` become :class:`AutooptQuantQKVPart` modules that return their
+    slice (as :class:`~autoopt.nn.modules.AutooptQKV` does at 16 bits)."""
+
+    kind = "qkv"
+
+    def __init__(self, q: nn.Linear, k: nn.Linear, v: nn.Linear, qw: Any) -> None:
+        super().__init__()
+        self.in_features, self.out_features = q.in_features, q.out_features
+        bias: nn.Parameter | None = None
+        if q.bias is not None and k.bias is not None and v.bias is not None:
+            bias = nn.Parameter(torch.cat([t.detach() for t in (q.bias, k.bias, v.bias)]), requires_grad=False)
+        self.qkv = QuantLinear(qw, bias)
+        self._adopt(q)
+        self.__dict__["_stash"] = None
+        self.__dict__["k_part"] = AutooptQuantQKVPart(k, self, last=False)
+        self.__dict__["v_part"] = AutooptQuantQKVPart(v, self, last=True)
+        self.__dict__["_originals"] = (q, k, v)
+
+    def sixteen_bit(self) -> tuple[nn.Parameter, ...]:
+        return tuple(p for lin in self.__dict__["_originals"] for p in lin.parameters())
+
+    def release(self, path: str) -> None:
+        super().release(path)
+        self.__dict__["_originals"] = ()
+        for part in self.parts:
+            part.__dict__["_autoopt_freed"] = self.freed
+            part.__dict__["_autoopt_original"] = None
+
+    def extra_bytes(self) -> int:
+        return self.qkv.packed_bytes() if self.freed is None else 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.stash(x, self.qkv(x))
+
+    def extra_repr(self) -> str:
+        k, v = self.parts
+        return (f"qkv {self.in_features}->{self.out_features}+{k.out_features}+{v.out_features}, "
+                f"{self.qkv.weight_format}")
+
+
+class AutooptQuantQKVPart(QuantReplacement, nn.Module):
+    """``k_proj`` or ``v_proj`` of an :class:`AutooptQuantQKV`: its slice of the fused output when called on the
+    tensor ``q_proj`` just saw, else its columns of the fused GEMM run again for this input."""
+
+    kind = "qkv"
+
+    def __init__(self, original: nn.Linear, owner: AutooptQuantQKV, *, last: bool) -> None:
+        super().__init__()
+        self.in_features, self.out_features = original.in_features, original.out_features
+        self.last = last
+        self.__dict__["owner"] = owner  # not a child: the owner sits at q_proj
+        self._adopt(original)
+
+    def sixteen_bit(self) -> tuple[nn.Parameter, ...]:
+        return ()  # the owner frees the three projections' weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        owner: AutooptQuantQKV = self.__dict__["owner"]
+        out = owner.from_stash(self, x)
+        if out is not None:
+            return out
+        lo, hi = owner.columns(self)
+        full: torch.Tensor = owner.qkv(x)
+        return full[..., lo:hi]
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features}->{self.out_features}, a slice of q_proj's fused quantized qkv GEMM"
