@@ -347,3 +347,23 @@ def test_a_quant_linear_runs_under_torch_compile(torch_fallback):
         eager = seq(x)
         compiled = torch.compile(seq, backend="eager", fullgraph=True)(x)
     assert torch.equal(eager, compiled)
+
+
+# -- the CLI: bench --model ... --weights ------------------------------------------------------------------------------------
+
+def test_bench_model_weights_quantizes_the_optimize_variant(tmp_path, capsys, torch_fallback):
+    from autoopt.cli import main
+
+    out = tmp_path / "e2e.json"
+    assert main(["bench", "--model", "llama-3-8b", "--weights", "int8", "--format", "json", "--out", str(out)]) == 0
+    import json
+
+    data = json.loads(out.read_text())
+    report = data["variants"]["optimize"]["optimize_report"]
+    assert data["weights"] == "int8" and report["weights"]["format"] == "int8"
+    assert any(r["weight"] == "int8" for r in report["rows"])
+    assert data["variants"]["optimize"]["agreement_vs_eager"]["rel_err"] < 2 * compare.QUANT_BOUNDS["int8"]
+    capsys.readouterr()
+    assert main(["bench", "--model", "llama-3-8b", "--weights", "int3"]) == 2
+    assert "accepted: auto" in capsys.readouterr().err
+    assert main(["bench", "--suite", "llm", "--weights", "int8"]) == 2

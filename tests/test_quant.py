@@ -50,7 +50,7 @@ def test_weight_only_formats_are_labelled():
 
 def test_runtime_only_formats_stay_out_of_the_default_pool():
     extras = {n for n, f in FORMATS.items() if f.extra}
-    assert {"awq", "gptq", "nf4", "w8a8_int8", "bnb_int8", "q4_0", "fp8-weight-only"} == extras
+    assert {"awq", "gptq", "nf4", "w8a8_int8", "bnb_int8", "q4_0", "fp8-weight-only", "int4"} == extras
     assert not extras & {f.name for f in available_formats(H100, get_model("llama-3-8b"))}
 
 
@@ -86,3 +86,25 @@ def test_unknown_format_is_named():
     with pytest.raises(ModelError) as exc:
         get_format("int3")
     assert exc.value.field == "weight_dtype"
+
+
+@pytest.mark.parametrize(("plan", "spec"), [("fp8", "fp8"), ("fp8-weight-only", "fp8-wo"), ("int8", "int8"),
+                                            ("int4", "int4")])
+@pytest.mark.parametrize("k", [128, 4096, 14336])
+def test_autoopts_own_formats_count_what_its_kernels_store(plan, spec, k):
+    """recommend()'s bits per weight for the formats optimize(weights=) runs are autoopt.kernels.quant's exact ones
+    (int8's scales are fp32 as the kernels store them; int4 a bf16 scale per 128)."""
+    from autoopt.kernels.quant import parse_weight
+
+    assert FORMATS[plan].bits_per_weight(k, 4096) == pytest.approx(parse_weight(spec).bits_per_weight(k, 4096))
+
+
+def test_the_autoopt_runtime_offers_what_optimize_runs():
+    from autoopt.runtimes import get_runtime
+
+    rt = get_runtime("autoopt")
+    assert set(rt.formats_for(H100)) == {"fp32", "bf16", "fp16", "fp8", "fp8-weight-only", "int8", "int4"}
+    assert "fp8" not in rt.formats_for(RTX3070) and {"fp8-weight-only", "int4"} <= set(rt.formats_for(RTX3070))
+    # speed on a GPU without FP8 tensor cores: the fewest bits autoopt runs, int4
+    rec = choose_format(RTX3070, get_model("llama-3-8b"), preference="speed", names=rt.formats_for(RTX3070))
+    assert rec.format.name == "int4"

@@ -29,6 +29,9 @@ def register(sub: Subparsers) -> None:
     sp.add_argument("--out", metavar="FILE", help="write the results as JSON")
     sp.add_argument("--plot", metavar="FILE", help="write a roofline chart (PNG)")
     sp.add_argument("--model", help="end to end on a catalog model: eager, torch.compile, autoopt.optimize, both")
+    sp.add_argument("--weights", metavar="FORMAT",
+                    help="with --model: the autoopt.optimize variants quantize the weights into FORMAT "
+                         "(optimize(weights=...): fp8, fp8-wo, int8, int4, int4-asym, auto)")
     add_fleet_args(sp)
     sp.set_defaults(func=cmd_bench)
 
@@ -126,12 +129,12 @@ def _bench_model(args: argparse.Namespace) -> int:
 
     gpu = torch.cuda.is_available()
     if gpu:
-        result = run(args.model, profile=chosen_profile(args.profile))
+        result = run(args.model, profile=chosen_profile(args.profile), weights=args.weights)
     else:
         print("autoopt: no CUDA GPU: running a tiny config of the same family on the CPU (the code path only; "
               "its times say nothing about the real model)", file=sys.stderr)
         result = run(args.model, device="cpu", tiny=True, variants=("eager", "optimize"), prefill=((1, 32),),
-                     decode_batches=(1,), new_tokens=8, prompts=4, reps=1)
+                     decode_batches=(1,), new_tokens=8, prompts=4, reps=1, weights=args.weights)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     rows = [(v, json.dumps(r["prefill_ms"]), json.dumps(r["decode_ms_per_token"]),
@@ -147,6 +150,8 @@ def _bench_model(args: argparse.Namespace) -> int:
 
 def _check_model_run(args: argparse.Namespace) -> None:
     """Refuse --model with the --op/--suite options, a model not in the catalog, or no torch/transformers."""
+    if args.weights and not args.model:
+        raise UsageError("bench: --weights quantizes the model of --model (autoopt.optimize(weights=...))")
     if args.gpus is not None or args.ray is not None:
         raise UsageError("bench: --gpus and --ray spread --op/--suite benchmarks, not --model")
     if args.top != 1:

@@ -33,8 +33,10 @@ _TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "n
          "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}
 
 
-def build_model(name: str, *, dtype: str = "bf16", device: str = "cuda", tiny: bool = False) -> Any:
-    """A transformers causal LM with the catalog model's published architecture and random weights."""
+def build_model(name: str, *, dtype: str = "bf16", device: str = "cuda", tiny: bool = False,
+                layers: int | None = None) -> Any:
+    """A transformers causal LM with the catalog model's published architecture and random weights
+    (``layers``: that many decoder layers instead of the published count)."""
     import torch
     import transformers
 
@@ -48,6 +50,8 @@ def build_model(name: str, *, dtype: str = "bf16", device: str = "cuda", tiny: b
     cfg = {k: v for k, v in entries[name]["config"].items() if k not in ("architectures", "torch_dtype")}
     if tiny:
         cfg.update(_TINY)
+    if layers is not None:
+        cfg["num_hidden_layers"] = layers
     config = transformers.AutoConfig.for_model(**cfg)
     config.head_dim = config.hidden_size // config.num_attention_heads
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -313,11 +317,14 @@ def _predicted(name: str, profile: Any, prefill: Sequence[tuple[int, int]], deco
 def run(name: str = "llama-3-8b", *, device: str = "cuda", tiny: bool = False, variants: Sequence[str] = VARIANTS,
         prefill: Sequence[tuple[int, int]] = ((1, 2048), (8, 512)), decode_batches: Sequence[int] = (1, 16),
         new_tokens: int = 128, prompts: int = 64, reps: int = 5, profile: Any = None,
-        parts: Sequence[str] = PARTS, on_variant: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        parts: Sequence[str] = PARTS, on_variant: Callable[[dict[str, Any]], None] | None = None,
+        weights: str | None = None) -> dict[str, Any]:
     """Measure every variant of ``name`` in this process; returns a JSON-ready dict (see module docstring).
 
     ``parts`` (a subset of :data:`PARTS`) says what to measure; ``on_variant`` is called with the
-    result so far after each variant (a long GPU run saves as it goes).
+    result so far after each variant (a long GPU run saves as it goes). ``weights``: the optimize variants
+    quantize the linears (``optimize(weights=...)``, the 16-bit weights kept so the next variant gets them
+    back; the model is then bf16 on the CPU too, as quantizing takes 16-bit weights).
     """
     import torch
 
@@ -328,15 +335,17 @@ def run(name: str = "llama-3-8b", *, device: str = "cuda", tiny: bool = False, v
     if bad:
         raise AutooptError(f"unknown e2e variants or parts {bad}; variants: {', '.join(VARIANTS)}; "
                            f"parts: {', '.join(PARTS)}")
-    model = build_model(name, device=device, tiny=tiny, dtype="bf16" if device.startswith("cuda") else "fp32")
+    model = build_model(name, device=device, tiny=tiny,
+                        dtype="bf16" if device.startswith("cuda") or weights else "fp32")
     result: dict[str, Any] = {"model": name, "tiny": tiny, "device": device, "parts": list(parts), "variants": {},
-                              "config": {k: getattr(model.config, k) for k in _TINY}}
+                              "config": {k: getattr(model.config, k) for k in _TINY}, "weights": weights}
     if profile is not None:
         result["predicted"] = _predicted(name, profile, prefill, decode_batches)
     checks = _Agreement(model, prompts, device, result) if "agreement" in parts else None
     for variant in variants:
         t0 = time.perf_counter()
-        report = optimize(model) if variant.startswith("optimize") else None
+        report = (optimize(model, weights=weights, keep_original=weights is not None)
+                  if variant.startswith("optimize") else None)
         compiled = variant.endswith("compile")
         row = _measure(model, device=device, compiled=compiled, prefill=prefill, decode_batches=decode_batches,
                        new_tokens=new_tokens, reps=reps, parts=parts)

@@ -1,0 +1,298 @@
+"""Quantized weights end to end (issue 27), in one process: transformers at bf16, autoopt.optimize(weights=F) and
+torchao's same formats on a Llama-3-8B-architecture model with random bf16 weights.
+
+The model is built from the catalog's published config (``autoopt.nn.e2e.build_model``: nothing is downloaded;
+``--layers N`` keeps the first N decoder layers' shape with fewer of them). Each variant is built fresh, the
+previous one freed (16 GB at bf16 plus a quantized copy would not both fit a 40 GB card, and peaks must not
+mix):
+
+- ``bf16``: transformers as it comes;
+- ``autoopt F`` for F in ``--formats`` (default fp8, int4): ``autoopt.optimize(model, weights=F)`` (its report's
+  per-linear errors, backend and memory go into the row);
+- ``torchao F`` for the same formats where ``import torchao`` works: ``quantize_`` with
+  ``Float8DynamicActivationFloat8WeightConfig()`` (fp8) or
+  ``Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d")`` (int4), on every linear but
+  ``lm_head`` (autoopt keeps the LM head 16-bit too, as ``autoopt.planning.quant`` counts it).
+
+Per variant, in this order (the cheap numbers first, so a variant that fails late keeps them):
+
+- ``measured_weight_bytes``: ``torch.cuda.memory_allocated()`` once the model is built and quantized (nothing
+  else is allocated then), ``measured_peak_build_bytes`` the peak while building and quantizing;
+- ``measured_logits_vs_bf16``: last-position logits of 8 random 64-token prompts against the bf16 variant's
+  (relative Frobenius error, top-1 agreement);
+- ``measured_graphed_decode_ms``: one decode step (forward over a static cache + argmax, batch 1, 128 tokens of
+  context) captured in one CUDA graph and replayed (``autoopt.nn.e2e._graphed_decode_ms``, eager forward), and
+  ``measured_pct_of_weight_read_floor``: the time to read every weight a decode step reads (the weight bytes
+  less the embedding table, of which a step reads one row) at the measured copy bandwidth, over that step;
+- ``measured_prefill_1x2048_ms``: one eager forward over 1 x 2048 tokens (median of 3);
+- ``measured_generate_ms_per_token``: three ``model.generate()`` runs of ``--new-tokens`` tokens, batch 1, greedy,
+  with a static KV cache (transformers' ``StaticCache``, what ``cache_implementation="static"`` builds; built
+  once so every length shares one compiled step) and transformers' own ``torch.compile`` of the decode step;
+  each run's time less a 1-token generation's (prefill and set-up cancel), per token;
+- ``measured_peak_run_bytes``: the peak over all of the above.
+
+Beside them ``predicted_decode_step_ms`` (and ``_graphed``): ``recommend()``'s decode step for the same model
+(the same layer count), batch 1, 128 + new tokens of context, in the variant's format, runtime ``autoopt``.
+Every number's key says ``measured_`` or ``predicted_``. A failing variant records its error and the harness
+goes on; the JSON (device, driver, torch, triton, transformers, torchao versions, the copy bandwidth) is
+rewritten after every variant. ``--budget-s`` (default 330) skips the variants that would start after it, so a
+full 32-layer run stays under 6 minutes on an H100 (each compiled ``generate()`` costs ~1 minute of compiling;
+``--layers 8`` runs every variant well inside it)::
+
+    PYTHONPATH=. python benchmarks/quant_e2e.py --out $OUT/quant_e2e.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MODEL = "llama-3-8b"
+FORMATS = ("fp8", "int4")
+#: recommend()'s name of each format (autoopt.planning.quant)
+PLAN_NAMES = {"bf16": "bf16", "fp8": "fp8", "fp8-wo": "fp8-weight-only", "int8": "int8", "int4": "int4"}
+PROMPT = 128
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="JSON file to write (rewritten after every variant)")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the published 32)")
+    ap.add_argument("--formats", default=",".join(FORMATS), help="weight formats, comma separated (default "
+                                                                  "%(default)s)")
+    ap.add_argument("--new-tokens", type=int, default=128, help="tokens per generate() run (default %(default)s)")
+    ap.add_argument("--graph-steps", type=int, default=64, help="CUDA-graph replays timed (default %(default)s)")
+    ap.add_argument("--no-torchao", action="store_true", help="skip torchao even when it imports")
+    ap.add_argument("--no-compile", action="store_true", help="generate() eager (no torch.compile): a quick run")
+    ap.add_argument("--budget-s", type=float, default=330.0,
+                    help="start no variant after this many seconds (default %(default)s)")
+    return ap.parse_args(argv)
+
+
+# -- variants ----------------------------------------------------------------------------------------------------
+
+def variants(formats: list[str], torchao: bool) -> list[tuple[str, str, str | None]]:
+    """(label, implementation, format) in the order they run: the bf16 reference first."""
+    out: list[tuple[str, str, str | None]] = [("transformers bf16", "transformers", None)]
+    out += [(f"autoopt {f}", "autoopt", f) for f in formats]
+    out += [(f"torchao {f}", "torchao", f) for f in formats if torchao and f in ("fp8", "int4")]
+    return out
+
+
+def quantize(model: Any, impl: str, fmt: str | None, row: dict[str, Any]) -> None:
+    """Quantize ``model`` in place as ``impl`` does ``fmt``; what it said goes into ``row``."""
+    if fmt is None:
+        return
+    t0 = time.perf_counter()
+    if impl == "autoopt":
+        from autoopt.nn.optimize import optimize
+
+        report = optimize(model, weights=fmt)
+        errors = sorted(report.errors().values())
+        row["optimize"] = {"weights": report.weights, "backend": report.backend, "counts": report.counts(),
+                           "notes": report.notes, "memory_bytes": report.memory_bytes,
+                           "measured_linear_rel_err_vs_bf16": {"n": len(errors), "max": errors[-1] if errors else None,
+                                                               "median": statistics.median(errors) if errors else None}}
+    else:
+        from torch import nn
+        from torchao.quantization import (
+            Float8DynamicActivationFloat8WeightConfig,
+            Int4WeightOnlyConfig,
+            quantize_,
+        )
+
+        config = (Float8DynamicActivationFloat8WeightConfig() if fmt == "fp8"
+                  else Int4WeightOnlyConfig(group_size=128, int4_packing_format="tile_packed_to_4d"))
+        quantize_(model, config, filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn != "lm_head")
+        row["torchao_config"] = repr(config)[:300]
+    row["measured_quantize_s"] = round(time.perf_counter() - t0, 2)
+
+
+def logits_of(model: Any, prompts: Any) -> Any:
+    import torch
+
+    with torch.inference_mode():
+        return model(prompts, use_cache=False, logits_to_keep=1).logits[:, -1].float().cpu()
+
+
+def agreement(ref: Any, got: Any) -> dict[str, float]:
+    return {"rel_err": round(float((got - ref).norm() / ref.norm()), 5),
+            "top1_agreement": float((got.argmax(-1) == ref.argmax(-1)).float().mean())}
+
+
+def generate_ms_per_token(model: Any, new_tokens: int, compiled: bool) -> dict[str, Any]:
+    """Three generate() runs' ms/token (each less a 1-token generation's time), with the compile warm-up timed."""
+    from autoopt.nn.e2e import _Generation, _median_ms
+
+    gen = _Generation(model, 1, PROMPT, new_tokens, "cuda", compiled)
+    t0 = time.perf_counter()
+    gen(new_tokens)
+    _sync()
+    warm_s = time.perf_counter() - t0
+    short = _median_ms(lambda: gen(1), "cuda", 3)
+    runs = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        gen(new_tokens)
+        _sync()
+        runs.append(((time.perf_counter() - t0) * 1e3 - short) / (new_tokens - 1))
+    return {"measured_generate_ms_per_token": [round(r, 4) for r in runs],
+            "measured_generate_ms_per_token_median": round(statistics.median(runs), 4),
+            "measured_generate_1_token_ms": round(short, 3), "measured_first_generate_s": round(warm_s, 1),
+            "compiled": compiled}
+
+
+def _sync() -> None:
+    import torch
+
+    torch.cuda.synchronize()
+
+
+def step(row: dict[str, Any], name: str, fn: Callable[[], Any]) -> Any:
+    """Run one measurement; a failure is recorded under ``errors`` and the variant goes on."""
+    try:
+        return fn()
+    except Exception as exc:  # data, not a crash: the next measurement and variant still run
+        row.setdefault("errors", {})[name] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+        row.setdefault("tracebacks", {})[name] = traceback.format_exc()[-1500:]
+        return None
+
+
+def measure(model: Any, row: dict[str, Any], args: argparse.Namespace, reference: Any, prompts: Any,
+            copy_gbs: float) -> Any:
+    """Everything the module docstring lists, into ``row``; returns the variant's logits."""
+    import torch
+
+    from autoopt.nn.e2e import _graphed_decode_ms, _prefill_ms
+
+    gc.collect()
+    row["measured_weight_bytes"] = int(torch.cuda.memory_allocated())
+    row["measured_peak_build_bytes"] = int(torch.cuda.max_memory_allocated())
+    embed = model.get_input_embeddings().weight
+    read = row["measured_weight_bytes"] - embed.numel() * embed.element_size()
+    got = step(row, "logits", lambda: logits_of(model, prompts))
+    if got is not None and reference is not None:
+        row["measured_logits_vs_bf16"] = agreement(reference, got)
+    graphed = step(row, "graphed", lambda: _graphed_decode_ms(model, 1, PROMPT, args.graph_steps))
+    if graphed:
+        floor_ms = read / (copy_gbs * 1e9) * 1e3
+        row["measured_graphed_decode_ms"] = round(graphed, 4)
+        row["weight_read_floor_ms"] = round(floor_ms, 4)
+        row["measured_pct_of_weight_read_floor"] = round(100 * floor_ms / graphed, 1)
+    prefill = step(row, "prefill", lambda: _prefill_ms(model.forward, model.config.vocab_size, 1, 2048, "cuda", 3))
+    if prefill:
+        row["measured_prefill_1x2048_ms"] = round(prefill, 3)
+    timing = step(row, "generate", lambda: generate_ms_per_token(model, args.new_tokens, not args.no_compile))
+    if timing:
+        row.update(timing)
+    row["measured_peak_run_bytes"] = int(torch.cuda.max_memory_allocated())
+    return got
+
+
+def predicted(model: Any, profile: Any, fmt: str | None, new_tokens: int) -> dict[str, Any]:
+    """recommend()'s decode step for this model (its layer count) in ``fmt``, plain and CUDA-graphed."""
+    from autoopt.planning.recommendation import recommend
+
+    out: dict[str, Any] = {}
+    for key, graphs in (("predicted_decode_step_ms", False), ("predicted_decode_step_ms_graphed", True)):
+        rec = recommend(profile, model, batch=1, prompt_len=PROMPT, gen_len=new_tokens, phase="decode",
+                        weight_dtype=PLAN_NAMES.get(fmt or "bf16", fmt), max_devices=1, runtime="autoopt",
+                        cuda_graphs=graphs)
+        out[key] = round(rec.predicted["decode_step_us"] / 1e3, 4)
+    return out
+
+
+def run_variant(row: dict[str, Any], impl: str, fmt: str | None, args: argparse.Namespace, profile: Any,
+                reference: Any, prompts: Any, copy_gbs: float) -> Any:
+    """One variant on a model built fresh (freed when this returns); its logits."""
+    import torch
+
+    from autoopt.nn.e2e import build_model
+
+    torch.cuda.reset_peak_memory_stats()
+    model = build_model(MODEL, dtype="bf16", device="cuda", layers=args.layers)
+    row.update(step(row, "predicted", lambda: predicted(model, profile, fmt, args.new_tokens)) or {})
+    quantize(model, impl, fmt, row)
+    return measure(model, row, args, reference, prompts, copy_gbs)
+
+
+def environment() -> dict[str, Any]:
+    from benchmarks.quant_kernels import environment as base
+
+    env = base()
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except Exception as exc:
+        env["transformers"] = f"not importable: {type(exc).__name__}"
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("quant_e2e: no CUDA device; this harness measures a model on a GPU", file=sys.stderr)
+        return 2
+    from autoopt.hardware.detection import detect
+    from benchmarks.hw_limit import copy_gbs
+
+    t_start = time.time()
+    profile = detect()
+    formats = [f for f in args.formats.split(",") if f]
+    report: dict[str, Any] = {"env": environment(), "gpu": profile.gpu.name if profile.gpu else None,
+                              "profile_match": profile.gpu.profile if profile.gpu else None, "argv": sys.argv[1:],
+                              "model": MODEL, "layers": args.layers, "new_tokens": args.new_tokens,
+                              "variants": {}}
+    report["measured_copy_gbs"] = round(copy_gbs(), 1)
+    torch.cuda.empty_cache()
+    torchao = report["env"].get("torchao") is not None and not args.no_torchao
+    out = Path(args.out)
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    prompts = None
+    reference = None
+    for label, impl, fmt in variants(formats, torchao):
+        row: dict[str, Any] = {"impl": impl, "format": fmt}
+        report["variants"][label] = row
+        if time.time() - t_start > args.budget_s:
+            row["skipped"] = f"time budget: {args.budget_s:.0f} s spent before it started (--budget-s, --layers)"
+            continue
+        t0 = time.time()
+        if prompts is None:
+            prompts = torch.randint(0, 128256, (8, 64), generator=gen).to("cuda")
+        try:
+            got = run_variant(row, impl, fmt, args, profile, reference, prompts, report["measured_copy_gbs"])
+            if fmt is None:
+                reference = got
+        except Exception as exc:  # a variant that cannot be built or quantized: recorded, the next one runs
+            row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
+            row["traceback"] = traceback.format_exc()[-2000:]
+        finally:
+            gc.collect()
+            torch._dynamo.reset()
+            torch.cuda.empty_cache()
+        row["wall_s"] = round(time.time() - t0, 1)
+        report["elapsed_s"] = round(time.time() - t_start, 1)
+        out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        print(f"{label}: {json.dumps({k: v for k, v in row.items() if k.startswith(('measured_', 'predicted_'))})}",
+              file=sys.stderr, flush=True)
+    report["elapsed_s"] = round(time.time() - t_start, 1)
+    out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
