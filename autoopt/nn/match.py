@@ -80,9 +80,8 @@ class NoMatch:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DenseMatch:
-    """An ``nn.Linear``, or a Linear subclass holding only weight and bias whose forward computes
-    ``x @ W^T + b`` (Falcon's ``FalconLinear``): an ``AutooptLinear``."""
+class _LinearShape:
+    """What every linear's match holds: its features and whether it has a bias (one GEMM, nothing inside it)."""
 
     kind: ClassVar[str] = "linear"
     fused: ClassVar[tuple[str, ...]] = ()
@@ -97,25 +96,21 @@ class DenseMatch:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class QuantLinearMatch:
+class DenseMatch(_LinearShape):
+    """An ``nn.Linear``, or a Linear subclass holding only weight and bias whose forward computes
+    ``x @ W^T + b`` (Falcon's ``FalconLinear``): an ``AutooptLinear``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantLinearMatch(_LinearShape):
     """A linear whose weight runs packed in the format ``weight`` (a :func:`~autoopt.kernels.quant.parse_weight`
     spec, ``group_size`` its K-group): ``source`` ``quantize`` for an ``nn.Linear`` quantized in place from its
     16-bit weight, ``checkpoint`` for a checkpoint's block-FP8 linear (transformers' ``FP8Linear``: e4m3
     ``weight`` and ``weight_scale_inv`` per 128 x 128 block), whose own tensors the kernels read."""
 
-    kind: ClassVar[str] = "linear"
-    fused: ClassVar[tuple[str, ...]] = ()
-    inner: ClassVar[tuple[tuple[str, DenseMatch | NoMatch], ...]] = ()
-    in_features: int
-    out_features: int
-    has_bias: bool
     weight: str
     group_size: int | None = None
     source: str = "quantize"
-
-    @property
-    def shape(self) -> str:
-        return f"{self.in_features}->{self.out_features}"
 
     def sixteen_bit(self) -> DenseMatch | None:
         """The same linear at its 16-bit weight (None for a checkpoint's FP8 linear: it has none)."""
