@@ -367,3 +367,20 @@ def test_bench_model_weights_quantizes_the_optimize_variant(tmp_path, capsys, to
     assert main(["bench", "--model", "llama-3-8b", "--weights", "int3"]) == 2
     assert "accepted: auto" in capsys.readouterr().err
     assert main(["bench", "--suite", "llm", "--weights", "int8"]) == 2
+
+
+def test_quantizes_layer_by_layer_freeing_each_original_as_it_goes(torch_fallback, monkeypatch):
+    """The memory peak stays the 16-bit model's plus one module's packed weights: each module is quantized, placed
+    and its 16-bit weights freed before the next is quantized (at most a gated MLP's down_proj and gate_up are
+    packed and not yet freed at once)."""
+    from autoopt.nn import build as build_module
+    from autoopt.nn.quant_modules import QuantReplacement
+
+    packed, released, pending = [], [], []
+    pack, release = build_module.pack_rows, QuantReplacement.release
+    monkeypatch.setattr(build_module, "pack_rows", lambda ws, fmt: (packed.append(1), pending.append(
+        len(packed) - len(released)), pack(ws, fmt))[-1])
+    monkeypatch.setattr(QuantReplacement, "release", lambda self, path: (released.append(path), release(self, path)))
+    model = build("llama")
+    optimize(model, weights="int4")
+    assert len(packed) == len(released) == 4 * LAYERS and max(pending) <= 2

@@ -8,6 +8,7 @@ Triton kernel applies it runs the torch op and says why once through ``logging``
     y = ann.linear(x, weight, bias)           # GEMM for M > 16, GEMV for M <= 16
     h = ann.rms_norm(x, weight, eps=1e-6)
     a = ann.swiglu(gate_up)                   # silu(gate_up[..., :I]) * gate_up[..., I:]
+    y = ann.quant_linear(x, q.qweight, q.scales, q.offsets, b, weight="int4-g128", k=K)  # a packed weight
 
 ``autoopt.nn.ops`` holds the ops, ``autoopt.nn.dispatch`` the per-shape config choice. The names
 below load lazily: ``import autoopt.nn`` imports neither torch nor triton, the first op does.
@@ -21,6 +22,7 @@ from autoopt._lazy import lazy_attributes
 
 _LAZY = {
     "linear": "autoopt.nn.ops",
+    "quant_linear": "autoopt.nn.ops",
     "rms_norm": "autoopt.nn.ops",
     "layer_norm": "autoopt.nn.ops",
     "silu_mul": "autoopt.nn.ops",
@@ -42,6 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from autoopt.nn.ops import gelu_tanh_mul as gelu_tanh_mul
     from autoopt.nn.ops import layer_norm as layer_norm
     from autoopt.nn.ops import linear as linear
+    from autoopt.nn.ops import quant_linear as quant_linear
     from autoopt.nn.ops import rms_norm as rms_norm
     from autoopt.nn.ops import silu_mul as silu_mul
     from autoopt.nn.ops import swiglu as swiglu

@@ -35,6 +35,15 @@ always taking autoopt's kernel costs 1.14x and 1.18x (``benchmarks/results/vendo
 :func:`set_vendor` turns the comparison off (autoopt's kernels everywhere). Under Triton's
 interpreter there is no cuBLAS to compare with: the kernels run, so CI proves them.
 
+**Quantized weights.** ``quant_linear`` (:func:`autoopt.nn.ops.quant_linear`) asks with ``weight=`` its
+format: the op ranked is ``OpSpec(kind, shape, dtype, weight=...)``, which only the quantized templates
+serve (``quant_gemv`` for M <= 16, ``quant_gemm`` above), so the config that runs is the one ``rank()``
+and ``recommend()`` price. Their dots run in fp16 under the interpreter, so bf16 activations are not a
+fallback there. For a W8A8 ``fp8`` GEMM on a GPU with a cuBLAS fit the comparison above prices
+``torch._scaled_mm`` after autoopt's activation quantization (``predict_vendor_matmul``); the other formats
+have no vendor path. A key with no kernel (a CPU without the interpreter, a GPU no template serves) falls
+back: the op then runs torch on the dequantized weight.
+
 The GPU profile is detected once per process (:func:`autoopt.hardware.detection.detect`) for CUDA
 tensors; under Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) the stand-in
 :data:`INTERPRETER_PROFILE` is ranked for. :func:`set_profile` overrides both (and clears the cache).
