@@ -108,3 +108,16 @@ def test_the_autoopt_runtime_offers_what_optimize_runs():
     # speed on a GPU without FP8 tensor cores: the fewest bits autoopt runs, int4
     rec = choose_format(RTX3070, get_model("llama-3-8b"), preference="speed", names=rt.formats_for(RTX3070))
     assert rec.format.name == "int4"
+
+
+def test_the_autoopt_runtime_prices_the_quantized_kernels_optimize_runs():
+    """Under runtime="autoopt" a format autoopt's kernels run is priced as optimize(weights=) runs it: each layer
+    GEMM as OpSpec(weight=...) over the quantized templates, the LM head 16-bit."""
+    from autoopt.planning.recommendation import recommend
+
+    rec = recommend("h100-sxm", "llama-3-8b", phase="decode", weight_dtype="int4", runtime="autoopt", max_devices=1)
+    kernels = {o.name: o.kernel for o in rec.ops if o.kind in ("gemv", "gemm")}
+    assert {kernels[n] for n in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")} == {"quant_gemv"}
+    assert kernels["lm_head"] == "gemv" and "(autoopt int4)" in rec.ops[0].mode
+    plain = recommend("h100-sxm", "llama-3-8b", phase="decode", weight_dtype="int4", max_devices=1)
+    assert "quant_gemv" not in {o.kernel for o in plain.ops}  # other runtimes: priced as before

@@ -136,7 +136,8 @@ MIN_BITS = 4.0
 
 
 def get_format(name: str) -> QuantFormat:
-    key = name.strip().lower().replace("-", "_")
+    key = name.strip().lower()
+    key = key if key in FORMATS else key.replace("-", "_")  # fp8-weight-only is spelled with hyphens
     key = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "e4m3": "fp8"}.get(key, key)
     if key not in FORMATS:
         raise ModelError(f"unknown weight format {name!r}; known: {', '.join(FORMATS)}", field="weight_dtype")

@@ -9,7 +9,10 @@ timing), as a pipeline of steps, each a function below:
 2. **per-layer costs** (:func:`_layer_costs`): price every op of each distinct layer in
    every activation mode with :func:`autoopt.search.ranking.rank` (cached per GPU and
    op) or the roofline. Each layer runs its GEMMs with bf16 activations or, where the
-   format is native FP8/FP4, with fp8 activations;
+   format is native FP8/FP4, with fp8 activations. Under the ``autoopt`` runtime a format its
+   own kernels run (fp8, fp8-weight-only, int8, int4) prices each layer GEMM as the op
+   ``autoopt.optimize(weights=...)`` runs, ``OpSpec(weight=...)`` ranked over the quantized
+   templates (the LM head stays 16-bit, as optimize() keeps it);
 3. **chain plan** (:func:`_chain_plan`): choose a mode per layer (:mod:`autoopt.planning.chain`);
    neighbouring layers in different modes pay a cast of the hidden state (read + write
    at the GPU's bandwidth). The exact DP plan is used; with ``compare_wfc`` (the CLI asks
@@ -259,7 +262,7 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
         # nothing fits on the GPUs: layers on the CPU (autoopt runs them there too) before giving up
         fit = _fit(hw, spec, wl, preference=preference, weight_dtype=weight_dtype, max_devices=max_devices,
                    include_cpu=True, shape=shape)
-    costs = _layer_costs(spec, wl, fit, preference=preference, top=top)
+    costs = _layer_costs(spec, wl, fit, preference=preference, top=top, runtime=rt.name if rt else None)
     plan, alternative = _chain_plan(spec, wl, fit, costs, compare_wfc=compare_wfc)
     head = _head_ops(spec, wl, fit, costs, plan, top=top)
     ops, impls = _op_choices(fit, costs, plan, head)
@@ -550,13 +553,15 @@ class _Phase:
 class _Mode:
     """An activation mode a layer can run in (fp8 or 16-bit activations, with the chosen weights)."""
 
-    __slots__ = ("act_bytes", "gemm_dtype", "name", "weight_ratio")
+    __slots__ = ("act_bytes", "gemm_dtype", "name", "weight", "weight_ratio")
 
-    def __init__(self, *, name: str, gemm_dtype: str, act_bytes: int, weight_ratio: float) -> None:
+    def __init__(self, *, name: str, gemm_dtype: str, act_bytes: int, weight_ratio: float,
+                 weight: str | None = None) -> None:
         self.name = name
         self.gemm_dtype = gemm_dtype  # what the GEMMs are ranked at
         self.act_bytes = act_bytes  # bytes per element of the hidden state carried between layers
         self.weight_ratio = weight_ratio  # weight bytes of the format / weight bytes at the ranked dtype
+        self.weight = weight  # the layer GEMMs' quantized weight (OpSpec.weight), None: ranked at gemm_dtype
 
 
 class _OpTime:
@@ -604,9 +609,10 @@ class _LayerCosts:
         self.notes = notes
 
 
-def _layer_costs(spec: ModelSpec, wl: Workload, fit: _Fit, *, preference: str, top: int) -> _LayerCosts:
-    """Price each distinct (layer kind, device) in every mode the format, GPU and preference allow."""
-    modes, notes = _modes(fit.quant.format, fit.stage_of[0].gpu, preference)
+def _layer_costs(spec: ModelSpec, wl: Workload, fit: _Fit, *, preference: str, top: int,
+                 runtime: str | None = None) -> _LayerCosts:
+    """Price each distinct (layer kind, device) in every mode the format, GPU, preference and runtime allow."""
+    modes, notes = _modes(fit.quant.format, fit.stage_of[0].gpu, preference, runtime)
     phases = _phases(wl)
     kinds = tuple(spec.layer_kind(i) for i in range(spec.num_layers))
     priced: dict[tuple[str, str], tuple[_LayerCost, ...]] = {}
@@ -629,8 +635,23 @@ def _phases(wl: Workload) -> tuple[_Phase, ...]:
                            graphed=wl.cuda_graphs)
 
 
-def _modes(fmt: QuantFormat, gpu: GPUProfile | None, preference: str) -> tuple[tuple[_Mode, ...], tuple[str, ...]]:
+#: recommend()'s format -> the weight (autoopt.kernels.quant spec) its GEMMs run under the autoopt runtime:
+#: what autoopt.optimize(weights=...) quantizes into (W8A8 fp8 quantizes its activations inside the GEMM op,
+#: so the hidden state between layers stays 16-bit)
+AUTOOPT_WEIGHTS = {"fp8": "fp8", "fp8-weight-only": "fp8-wo", "int8": "int8", "int4": "int4"}
+
+
+def _modes(fmt: QuantFormat, gpu: GPUProfile | None, preference: str, runtime: str | None = None
+           ) -> tuple[tuple[_Mode, ...], tuple[str, ...]]:
     """The modes the layers may run in, and a note when the preference ruled one out."""
+    base = "fp16" if gpu is not None and not gpu.features.bf16 else "bf16"
+    if runtime == "autoopt" and fmt.name in AUTOOPT_WEIGHTS and gpu is not None:
+        weight = AUTOOPT_WEIGHTS[fmt.name]
+        notes: tuple[str, ...] = ()
+        if weight == "fp8" and preference == "quality":
+            weight, notes = "fp8-wo", ("quality: activations stay 16-bit (fp8-wo: no fp8 activation quantization)",)
+        return (_Mode(name=f"w:{fmt.name} a:{base} (autoopt {weight})", gemm_dtype=base, act_bytes=2,
+                      weight_ratio=1.0, weight=weight),), notes
     if fmt.mode == "native" and gpu is not None and gpu.features.fp8:
         # fp4 GEMMs are ranked as fp8 (OpSpec has no fp4 GEMM kind); bytes scaled to the format's bits.
         a16 = _Mode(name=f"w:{fmt.name} a:bf16 (weight-only)", gemm_dtype="bf16", act_bytes=2,
@@ -639,7 +660,6 @@ def _modes(fmt: QuantFormat, gpu: GPUProfile | None, preference: str) -> tuple[t
             return (a16,), ("quality: activations stay bf16 (no fp8 activation quantization)",)
         a8 = _Mode(name=f"w:{fmt.name} a:fp8", gemm_dtype="fp8", act_bytes=1, weight_ratio=fmt.bits / 8)
         return (a8, a16), ()
-    base = "fp16" if gpu is not None and not gpu.features.bf16 else "bf16"
     ratio = (fmt.bits_per_weight(4096) / 16) if fmt.mode != "original" else fmt.bits / 16
     return (_Mode(name=f"w:{fmt.name} a:{base}", gemm_dtype=base, act_bytes=2, weight_ratio=ratio),), ()
 
@@ -653,7 +673,7 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
     for p in phases:
         us = 0.0
         for op in spec.layer_ops(i, batch=batch, q_len=p.q_len, context=p.context, dtype=mode.gemm_dtype):
-            t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed)
+            t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed, quantized=True)
             us += t.us * t.op.count
             ops.append(t)
         phase_us[p.name] = us
@@ -836,16 +856,19 @@ def _totals(fit: _Fit, costs: _LayerCosts, plan: ChainSolution, head: tuple[_OpT
 GRAPH_LAUNCH_US = 1.0
 
 
-def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int, *, graphed: bool = False) -> _OpTime:
-    """rank()'s best config where a template covers the op on this GPU (GEMMs at the mode's dtype),
-    else the roofline of the op's FLOPs and bytes. ``graphed``: the op runs inside a replayed CUDA graph,
+def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int, *, graphed: bool = False,
+             quantized: bool = False) -> _OpTime:
+    """rank()'s best config where a template covers the op on this GPU (GEMMs at the mode's dtype, a layer
+    GEMM (``quantized``) over the mode's quantized weight where it has one), else the roofline of the op's
+    FLOPs and bytes. ``graphed``: the op runs inside a replayed CUDA graph,
     so a ranked op's standalone launch becomes :data:`GRAPH_LAUNCH_US` (one launch an op: a split-K
     reduce's second launch stays standalone-priced) and a roofline-priced op, which has no launch term,
     gains one."""
     if op.op is not None and dev.gpu is not None:
         spec = op.op
-        if spec.is_matmul and spec.dtype != mode.gemm_dtype:
-            spec = OpSpec(kind=spec.kind, shape=spec.shape, dtype=mode.gemm_dtype)
+        weight = mode.weight if quantized and spec.is_matmul and spec.layout == "nk" else None
+        if spec.is_matmul and (spec.dtype != mode.gemm_dtype or weight is not None):
+            spec = OpSpec(kind=spec.kind, shape=spec.shape, dtype=mode.gemm_dtype, weight=weight)
         best = _rank(dev.gpu, spec, top)
         if not isinstance(best, AutooptError):
             us, bound = best.predicted_us, best.bound
@@ -876,7 +899,7 @@ def _rank(gpu: GPUProfile, op: OpSpec, top: int) -> Candidate | AutooptError:
 
     if _RECORD is not None:
         _RECORD.append((gpu, op))
-    key = (gpu_key(gpu), op.kind, op.shape, op.dtype, top)
+    key = (gpu_key(gpu), op.kind, op.shape, op.dtype, op.weight, top)
     hit = _RANK_CACHE.get(key)
     if hit is None:
         from autoopt.search.rank_cache import best
