@@ -8,8 +8,8 @@ kernels under Triton's interpreter, W8A8 fp8 included.
 
 Logit bounds: each quantized linear's error is within its format's bound (``QUANT_BOUNDS``: fp8 6 %, int8 3 %,
 int4 15 %); the logits come out of 2 layers x (attention, MLP) = 4 quantized stages in series, whose
-independent errors add in quadrature, so the logits are held to sqrt(4) = 2 x the format's bound (measured:
-fp8 4.4 %, int8 1.3 %, int4 18-19 %, at most 0.65 x that limit).
+independent errors add in quadrature, so the logits are held to sqrt(4) = 2 x the format's bound (measured on
+these models: fp8 4.0-5.9 %, int8 1.3-1.5 %, int4 17-23 %: at most 0.75 x that limit).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ transformers = pytest.importorskip("transformers")
 
 from torch import nn  # noqa: E402
 
-import autoopt  # noqa: E402
 from autoopt.errors import AutooptError, RestoreError, WeightFormatError  # noqa: E402
 from autoopt.kernels.quant import parse_weight  # noqa: E402
 from autoopt.nn import compare, dispatch  # noqa: E402
@@ -94,7 +93,8 @@ def expected_bytes(model, spec: str) -> int:
             total += fmt.weight_bytes(m.out_features, m.in_features)
             total += m.bias.numel() * m.bias.element_size() if m.bias is not None else 0
         elif not isinstance(m, nn.Linear) or m is head:
-            total += sum(t.numel() * t.element_size() for t in (*m.parameters(recurse=False), *m.buffers(recurse=False)))
+            own = (*m.parameters(recurse=False), *m.buffers(recurse=False))
+            total += sum(t.numel() * t.element_size() for t in own)
     return total
 
 
@@ -163,7 +163,7 @@ def test_the_quantized_kernels_run_the_model(family, spec, size):
                                                                        for c in quant_choices)
 
 
-# -- keep_original / restore ---------------------------------------------------------------------------------------------
+# -- keep_original / restore -------------------------------------------------------------------------------------------
 
 def test_keep_original_restores_identical_logits(torch_fallback):
     model = build("qwen2")
@@ -212,10 +212,10 @@ def test_check_keeps_16bit_where_the_error_is_over_the_bound(torch_fallback, mon
     # check=False: the errors are still measured and reported, but nothing falls back
     model = build("llama")
     report = optimize(model, weights="int4", check=False)
-    assert len(report.errors()) == 4 * LAYERS and not report.notes[:-1]
+    assert len(report.errors()) == 4 * LAYERS and all("LM head" in n for n in report.notes)
 
 
-# -- bad input --------------------------------------------------------------------------------------------------------------
+# -- bad input ---------------------------------------------------------------------------------------------------------
 
 def snapshot(model):
     return ({n: (type(m), m) for n, m in model.named_modules()},
@@ -254,7 +254,7 @@ def test_an_unknown_format_lists_the_accepted_ones():
     assert_unchanged(model, snap)
 
 
-# -- weights="auto": recommend()'s format ------------------------------------------------------------------------------------
+# -- weights="auto": recommend()'s format ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("profile", "want"), [("h100-sxm", "fp8"), ("a100-sxm-80gb", None)])
 def test_auto_takes_the_format_recommend_chooses_and_says_why(profile, want, torch_fallback):
@@ -272,7 +272,7 @@ def test_auto_takes_the_format_recommend_chooses_and_says_why(profile, want, tor
     assert bool(report.errors()) == (want is not None)
 
 
-# -- a checkpoint's own block-FP8 linears (transformers' FP8Linear) ------------------------------------------------------------
+# -- a checkpoint's own block-FP8 linears (transformers' FP8Linear) ----------------------------------------------------
 
 def fp8_checkpoint_model():
     """A tiny Llama whose linears transformers' finegrained-FP8 integration turned into its FP8Linear modules
@@ -349,7 +349,7 @@ def test_a_quant_linear_runs_under_torch_compile(torch_fallback):
     assert torch.equal(eager, compiled)
 
 
-# -- the CLI: bench --model ... --weights ------------------------------------------------------------------------------------
+# -- the CLI: bench --model ... --weights ------------------------------------------------------------------------------
 
 def test_bench_model_weights_quantizes_the_optimize_variant(tmp_path, capsys, torch_fallback):
     from autoopt.cli import main

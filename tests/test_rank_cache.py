@@ -55,9 +55,9 @@ def _header(path: Path) -> dict:
 def _ops(path: Path) -> list[OpSpec]:
     ops = []
     for line in zlib.decompress(path.read_bytes()).decode().splitlines()[1:]:
-        kind, shape, dtype, layout, out_dtype = line.partition("\t")[0].split(" ")
+        kind, shape, dtype, layout, out_dtype, *weight = line.partition("\t")[0].split(" ")
         ops.append(OpSpec(kind=kind, shape=tuple(int(x) for x in shape.split("x")), dtype=dtype, layout=layout,
-                          out_dtype=out_dtype))
+                          out_dtype=out_dtype, weight=weight[0].removeprefix("w=") if weight else None))
     return ops
 
 
