@@ -2,10 +2,11 @@
 
 Reads the ``autoopt quant_*`` rows of ``benchmarks/results/h100/quant_kernels.json`` (or ``--results``),
 predicts each timed config with the template that owns it (``quant-gemv``, ``quant-gemm``,
-``quant-dequant-cublas``) on the H100 profile, and prints per (kind, format) and overall the median and
-worst |ln(predicted / measured)| and the median ratio. Rows whose kernel source changed since the run
-(``--skip-changed``, default: the int4 decode GEMV, rewritten after that run) are reported apart.
-Nothing runs on a GPU.
+``quant-dequant-cublas``) on the H100 profile, and prints per (kernel, format) and overall the median
+and worst |ln(predicted / measured)| and the median ratio. Rows whose kernel changed since the run (the
+int4 decode GEMV: its and/or became one LOP3) are reported apart unless ``--keep-changed``. Nothing
+runs on a GPU. Committed runs: ``quant_kernels.json`` (the first), ``quant_kernels_qperf.json`` (after
+the dequantize + cuBLAS path and the refit).
 
     PYTHONPATH=. python benchmarks/replay_quant.py
 """
@@ -53,7 +54,7 @@ def replay(rows: list[dict[str, Any]], skip: set[tuple[str, str]]) -> dict[str, 
         if (kind, fmt.name) in skip:
             changed.append(err)
             continue
-        groups.setdefault(f"{kind} {fmt.spec}", []).append(err)
+        groups.setdefault(f"{kernel} {fmt.spec}", []).append(err)
     out: dict[str, Any] = {}
     every = [e for errs in groups.values() for e in errs]
     for key, errs in [*sorted(groups.items()), ("all unchanged", every), ("changed since the run", changed)]:
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = json.loads(Path(args.results).read_text())["rows"]
     for key, v in replay(rows, set() if args.keep_changed else CHANGED).items():
-        print(f"{key:28s} {v}")
+        print(f"{key:36s} {v}")
     return 0
 
 

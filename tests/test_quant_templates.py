@@ -140,22 +140,20 @@ def test_pruned_top5_equals_the_exhaustive_top5(op):
     assert pruned == full
 
 
-def test_int4_decode_dequantization_runs_on_the_integer_pipe_at_24_percent_of_a_clock_per_16_weights():
-    # 1.5 INT32 ops a weight (int32 words: 4 shifts + 8 LOP3 per 8 codes) on 64 INT32 lanes bind before
-    # 2.75 issue slots on 128 (datasheet rates)
+def test_int4_decode_dequantization_runs_on_the_integer_pipe_at_40_percent_of_a_clock_per_16_weights():
+    # 2.5 INT32 ops a weight on 64 INT32 lanes bind before 3.65 issue slots on 128 (datasheet rates)
     work = dequant_work(parse_weight("int4"), fma=True)
-    assert cycles_per_weight(H100, work) == pytest.approx(1.5 / 64)
+    assert cycles_per_weight(H100, work) == pytest.approx(2.5 / 64)
     # one int->float conversion a weight instead (16 a clock) would cost 1.6x as much
     assert cycles_per_weight(H100, DequantWork(int_ops=2.0, cvt_ops=1.0, fp_ops=1.0)) == pytest.approx(1 / 16)
 
 
-def test_decode_dequantization_is_priced_and_under_the_weight_stream_for_int4():
-    # the word-wise dequantization (1.5 INT32 a weight) takes 0.3-0.6 of the DRAM time at full issue
+def test_decode_dequantization_is_priced_and_close_to_binding_for_int4():
     best = rank(H100, OpSpec(kind="gemv", shape=(1, 28672, 4096), weight="int4")).best
     p = best.config.params
     tiles_per_sm = -(-28672 // p["BLOCK_N"] // p["SPLIT_K"]) / 132
     alu_us = best.breakdown["dequant_iter_us"] * tiles_per_sm * 4096 / p["BLOCK_K"]
-    assert 0.3 * best.breakdown["dram_us"] < alu_us < 0.6 * best.breakdown["dram_us"]
+    assert 0.5 * best.breakdown["dram_us"] < alu_us < best.breakdown["dram_us"]
 
 
 def test_w8a8_gemm_adds_its_activation_quantization_launch():

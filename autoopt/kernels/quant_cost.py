@@ -92,12 +92,12 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
     # Every path first takes the byte out of its loaded 32-bit word (a PRMT/SHF: 1 op a byte).
     if fma:
         if fmt.name == "int4":
-            # int32 words, 8 codes each (quant_gemv.int4_words_dot): per word 4 shifts + 8 LOP3 (the and/or
-            # under fp32 1.0, read from sm_90 SASS: one LOP3 a nibble once 1.0 is a kernel argument) ->
-            # 1.5 INT32 a weight (was 2.5 + a byte extraction); one FFMA a weight, and per word one FADD
-            # (the activations' part) and one FFMA (the group scale) -> 1.25 FP32. The activations'
-            # gathers and sums are shared by the rows a thread holds (priced by the template)
-            return DequantWork(int_ops=1.5, fp_ops=1.25)
+            # per byte: extract 1, per nibble shift + and/or 2 (the and/or is one LOP3 since fp32 1.0 is a
+            # kernel argument: quant_gemv.int4_as_float; with two literals ptxas emitted two) -> 5 per 2
+            # weights; one FFMA a weight; per group and row ~4 FP ops of scaling and ~2 shuffle-adds of the
+            # reduction over at least 32 weights -> ~0.15. Measured on the H100 the int4 GEMV runs at ~0.6x
+            # this price (quant_kernels.json): the loads in flight bind, not the ALU (a lead, see the report)
+            return DequantWork(int_ops=2.5, fp_ops=1.15)
         # int8: extract, shift, xor (1 + (q+128)/256); e4m3: extract (sign-extending), shift, and: 3 INT32
         # ops; one FFMA; per-row/group scaling amortised over >= 128 weights (~0.05)
         return DequantWork(int_ops=3.0, fp_ops=1.05)

@@ -37,13 +37,13 @@ from autoopt.backend.kernels import interpreter_active
 from autoopt.backend.kernels.gemm import splitk_reduce_prepare
 
 __all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "int4_as_float", "int4_as_half",
-           "int4_tile_dot", "int4_words_dot", "quant_gemv_prepare", "row_tiles", "weight_views"]
+           "int4_tile_dot", "quant_gemv_prepare", "row_tiles", "weight_views"]
 
 #: the kernels' FMT constexpr per format name
 FMT_CODES = {"fp8": 0, "fp8_block": 1, "int8": 2, "int4": 3}
 #: 2^120: e4m3 bits at fp32 bits 26..20 read as w * 2^-120
 _E4M3_UNBIAS = 2.0 ** 120
-#: fp32 1.0's bits, passed to the kernel as an argument (see ``_nib``)
+#: fp32 1.0's bits, passed to the kernel as an argument (see ``int4_as_float``)
 _ONE_BITS = 0x3F800000
 
 
@@ -55,61 +55,12 @@ def e4m3_bits_scaled(v):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def int4_as_float(b, SHIFT: tl.constexpr):  # type: ignore[no-untyped-def]
-    """fp32 ``1 + q/16`` of the nibble of ``b`` (int32 of the byte) at bit ``SHIFT`` (0: low, 4: high)."""
-    return (((b << (19 - SHIFT)) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _x_at(x_ptr, k, K, EVEN_X: tl.constexpr):  # type: ignore[no-untyped-def]
-    if EVEN_X:
-        return tl.load(x_ptr + k).to(tl.float32)
-    return tl.load(x_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _nib(t, MASK: tl.constexpr, one):  # type: ignore[no-untyped-def]
-    """fp32 ``1 + q * 2^(L-23)`` of the nibble of ``t`` under ``MASK`` (bits L..L+3): one LOP3 when ``one``
-    (fp32 1.0's bits, 0x3F800000) is a kernel argument; a literal would make ptxas emit an AND and an OR
-    (a LOP3 takes one immediate; seen in the sm_90 SASS: 2 LOP3 a nibble)."""
-    return ((t & MASK) | one).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def int4_words_dot(v, x_ptr, k_lo, K, one, G: tl.constexpr, EVEN_X: tl.constexpr):  # type: ignore[no-untyped-def]
-    """Per int32 word of int4 codes ``v`` (``[BLOCK_N, GT, GW]``, 8 codes: byte i's low nibble is K index
-    ``k_lo + i``, its high nibble ``k_lo + G/2 + i``): ``(2^-7 * sum q * x over the word's 8 codes, sum x
-    over each group slice [GT])``.
-
-    No code is extracted or converted: each nibble is ANDed in place under fp32 1.0's exponent (one LOP3),
-    landing at mantissa bits 12..15 (``f = 1 + q 2^-11``) or 16..19 (``f = 1 + q 2^-7``); four shifts of
-    the word (``<< 8``, ``>> 8``, ``<< 12``, ``>> 16``) bring the other six nibbles there: 12 INT32 ops
-    for 8 codes (1.5 a weight), then one FFMA a weight against ``x' = 16 x`` (bits 12..15) or ``x``
-    (16..19), so every product is ``x' + q x 2^-7``; the activations' part ``sum x'`` (per tile, shared by
-    every row) is subtracted once per word. The product keeps >= 12 bits of ``q x`` below the rounding
-    of ``x'`` (2^-24 |16 x| against 2^-7 |q x|), far under the bf16 output's 2^-9."""
-    HALF: tl.constexpr = G // 2
-    lo0 = _x_at(x_ptr, k_lo, K, EVEN_X)
-    lo1 = _x_at(x_ptr, k_lo + 1, K, EVEN_X)
-    lo2 = _x_at(x_ptr, k_lo + 2, K, EVEN_X)
-    lo3 = _x_at(x_ptr, k_lo + 3, K, EVEN_X)
-    hi0 = _x_at(x_ptr, k_lo + HALF, K, EVEN_X)
-    hi1 = _x_at(x_ptr, k_lo + HALF + 1, K, EVEN_X)
-    hi2 = _x_at(x_ptr, k_lo + HALF + 2, K, EVEN_X)
-    hi3 = _x_at(x_ptr, k_lo + HALF + 3, K, EVEN_X)
-    sx_word = lo0 + lo1 + lo2 + lo3 + hi0 + hi1 + hi2 + hi3
-    xs = 16.0 * (lo0 + hi0 + hi1 + hi2 + hi3) + (lo1 + lo2 + lo3)  # sum of x' over the word
-    v8l = v << 8
-    v8r = v >> 8
-    p = _nib(v, 0xF000, one) * (16.0 * hi1)[None, :, :]  # bits 12..15: byte 1 high
-    p += _nib(v, 0xF0000, one) * lo2[None, :, :]  # bits 16..19: byte 2 low
-    p += _nib(v8l, 0xF000, one) * (16.0 * hi0)[None, :, :]  # bits 4..7 -> 12..15
-    p += _nib(v8l, 0xF0000, one) * lo1[None, :, :]  # bits 8..11 -> 16..19
-    p += _nib(v8r, 0xF000, one) * (16.0 * hi2)[None, :, :]  # bits 20..23 -> 12..15
-    p += _nib(v8r, 0xF0000, one) * lo3[None, :, :]  # bits 24..27 -> 16..19
-    p += _nib(v << 12, 0xF000, one) * (16.0 * lo0)[None, :, :]  # bits 0..3 -> 12..15
-    p += _nib(v >> 16, 0xF000, one) * (16.0 * hi3)[None, :, :]  # bits 28..31 -> 12..15
-    return p - xs[None, :, :], tl.sum(sx_word, axis=1)
+def int4_as_float(b, SHIFT: tl.constexpr, one):  # type: ignore[no-untyped-def]
+    """fp32 ``1 + q/16`` of the nibble of ``b`` (int32 of the byte) at bit ``SHIFT`` (0: low, 4: high).
+    ``one`` is fp32 1.0's bits (0x3F800000) given as a kernel argument: with both the mask and 1.0 as
+    literals ptxas emits an AND and an OR (a LOP3 takes one immediate: read in the sm_90 SASS, two LOP3 a
+    nibble); with 1.0 in a register it is one LOP3 (``(x & mask) | one``)."""
+    return (((b << (19 - SHIFT)) & 0x780000) | one).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -190,7 +141,6 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
     # bytes of W one K-tile covers, and of a whole (padded) row
     TILE_B: tl.constexpr = BLOCK_K // 2 if FMT == 3 else BLOCK_K
     ROW_B = (NG * G) // 2 if FMT == 3 else K
-    ROW_W = (NG * G) // 8  # int4 FMA path: int32 words of a (padded) row
     tile0 = pid_k * tiles_per_split
     w_rows = w_ptr + offs_wn * stride_wn
 
@@ -221,57 +171,53 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                 acc = scale * (256.0 * row - 384.0 * tl.sum(sx, axis=0))
             else:
                 acc = scale * 1.329227995784916e36 * row  # 2^120
-        elif FMT == 3:  # int4: [BLOCK_N, GT, GW] int32 words, GT groups of GW words (8 codes a word)
-            GW: tl.constexpr = (BLOCK_K if BLOCK_K < G else G) // 8
-            GT: tl.constexpr = BLOCK_K // 8 // GW
-            HW: tl.constexpr = G // 8  # words of one group in a row
-            pt = tl.arange(0, GT)[:, None] * GW + tl.arange(0, GW)[None, :]  # [GT, GW] word offsets in a tile
-            acc3 = tl.zeros((BLOCK_N, GT, GW), dtype=tl.float32)
-            acc2 = tl.zeros((BLOCK_N, GT), dtype=tl.float32)
+        else:  # int4 / fp8_block: [BLOCK_N, GT, GB] tiles, GT groups of GB bytes
+            GB: tl.constexpr = (BLOCK_K if BLOCK_K < G else G) // (2 if FMT == 3 else 1)
+            GT: tl.constexpr = TILE_B // GB
+            HB: tl.constexpr = G // 2 if FMT == 3 else G  # bytes of one group in a row
+            pt = tl.arange(0, GT)[:, None] * GB + tl.arange(0, GB)[None, :]  # [GT, GB] byte offsets in a tile
             for kt in range(0, tiles_per_split):
-                word0 = (tile0 + kt) * (BLOCK_K // 8)
-                pw = word0 + pt
-                grp = (word0 + tl.arange(0, GT) * GW) // HW  # [GT] the group of each slice
-                w_ptrs = w_rows[:, None, None] + pw[None, :, :]
+                byte0 = (tile0 + kt) * TILE_B
+                pb = byte0 + pt
+                grp = (byte0 + tl.arange(0, GT) * GB) // HB  # [GT] the group of each slice
+                w_ptrs = w_rows[:, None, None] + pb[None, :, :]
                 if EVEN_W:
-                    v = tl.load(w_ptrs, eviction_policy="evict_first")
+                    b = tl.load(w_ptrs, eviction_policy="evict_first")
                 else:
-                    v = tl.load(w_ptrs, mask=(pw < ROW_W)[None, :, :], other=0, eviction_policy="evict_first")
-                k_lo = (pw // HW) * G + 4 * (pw % HW)  # [GT, GW] K of the word's first low nibble
-                d, sx = int4_words_dot(v, x_ptr, k_lo, K, one_bits, G, EVEN_X)
+                    b = tl.load(w_ptrs, mask=(pb < ROW_B)[None, :, :], other=0, eviction_policy="evict_first")
+                v = b.to(tl.int32)
                 g_ok = grp < NG
-                s = tl.load(s_ptr + offs_wn[:, None] * stride_sn + grp[None, :], mask=g_ok[None, :],
-                            other=0.0).to(tl.float32)
-                acc3 += (128.0 * s)[:, :, None] * d
-                if HAS_Z:
-                    z = tl.load(z_ptr + offs_wn[:, None] * stride_sn + grp[None, :], mask=g_ok[None, :],
-                                other=0.0).to(tl.float32)
-                    acc2 += (z - 8.0 * s) * sx[None, :]
+                if FMT == 3:
+                    k_lo = (pb // HB) * G + pb % HB
+                    k_hi = k_lo + HB
+                    if EVEN_X:
+                        x_lo = tl.load(x_ptr + k_lo).to(tl.float32)
+                        x_hi = tl.load(x_ptr + k_hi).to(tl.float32)
+                    else:
+                        x_lo = tl.load(x_ptr + k_lo, mask=k_lo < K, other=0.0).to(tl.float32)
+                        x_hi = tl.load(x_ptr + k_hi, mask=k_hi < K, other=0.0).to(tl.float32)
+                    p = tl.sum(int4_as_float(v, 0, one_bits) * x_lo[None, :, :]
+                               + int4_as_float(v, 4, one_bits) * x_hi[None, :, :], axis=2)
+                    sxg = tl.sum(x_lo + x_hi, axis=1)
+                    s_ptrs = s_ptr + offs_wn[:, None] * stride_sn + grp[None, :]
+                    s = tl.load(s_ptrs, mask=g_ok[None, :], other=0.0).to(tl.float32)
+                    if HAS_Z:
+                        z = tl.load(z_ptr + offs_wn[:, None] * stride_sn + grp[None, :], mask=g_ok[None, :],
+                                    other=0.0).to(tl.float32)
+                        acc += tl.sum(16.0 * s * p + (z - 24.0 * s) * sxg[None, :], axis=1)
+                    else:
+                        acc += tl.sum(s * (16.0 * p - 24.0 * sxg[None, :]), axis=1)
                 else:
-                    acc2 -= 8.0 * s * sx[None, :]
-            acc = tl.sum(tl.sum(acc3, axis=2), axis=1) + tl.sum(acc2, axis=1)
-        else:  # fp8_block: [BLOCK_N, GT, GB] tiles, GT groups of GB bytes
-            GB: tl.constexpr = BLOCK_K if BLOCK_K < G else G
-            GT1: tl.constexpr = BLOCK_K // GB
-            pt1 = tl.arange(0, GT1)[:, None] * GB + tl.arange(0, GB)[None, :]  # [GT, GB] byte offsets in a tile
-            for kt in range(0, tiles_per_split):
-                byte0 = (tile0 + kt) * BLOCK_K
-                pb = byte0 + pt1
-                grp1 = (byte0 + tl.arange(0, GT1) * GB) // G  # [GT] the 128-block of each slice
-                w_ptrs1 = w_rows[:, None, None] + pb[None, :, :]
-                if EVEN_W:
-                    b = tl.load(w_ptrs1, eviction_policy="evict_first")
-                else:
-                    b = tl.load(w_ptrs1, mask=(pb < K)[None, :, :], other=0, eviction_policy="evict_first")
-                if EVEN_X:
-                    x = tl.load(x_ptr + pb).to(tl.float32)
-                else:
-                    x = tl.load(x_ptr + pb, mask=pb < K, other=0.0).to(tl.float32)
-                p = tl.sum(e4m3_bits_scaled(b.to(tl.int32)) * x[None, :, :], axis=2)
-                s_ptrs = s_ptr + (offs_wn // G)[:, None] * stride_sn + grp1[None, :]
-                s = tl.load(s_ptrs, mask=(grp1 < NG)[None, :], other=0.0).to(tl.float32)
-                acc += tl.sum(s * p, axis=1)
-            acc = acc * 1.329227995784916e36  # 2^120
+                    if EVEN_X:
+                        x = tl.load(x_ptr + pb).to(tl.float32)
+                    else:
+                        x = tl.load(x_ptr + pb, mask=pb < K, other=0.0).to(tl.float32)
+                    p = tl.sum(e4m3_bits_scaled(v) * x[None, :, :], axis=2)
+                    s_ptrs = s_ptr + (offs_wn // G)[:, None] * stride_sn + grp[None, :]
+                    s = tl.load(s_ptrs, mask=g_ok[None, :], other=0.0).to(tl.float32)
+                    acc += tl.sum(s * p, axis=1)
+            if FMT == 1:
+                acc = acc * 1.329227995784916e36  # 2^120
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_wn).to(tl.float32) * (pid_k == 0).to(tl.float32)
         tl.store(c_ptr + pid_k * stride_cs + offs_n, acc.to(c_ptr.dtype.element_ty), mask=offs_n < N)
@@ -329,8 +275,7 @@ def row_tiles(fmt_name: str, k: int, kp: int, bk: int, split_k: int) -> tuple[in
 def weight_views(qw: Any, *, fma: bool) -> tuple[Any, Any, Any]:
     """(W as the kernels read it, scales, offsets or the scales again as a placeholder): fp8 as int8
     (sign-extended codes), int8 as uint8 on the FMA path (zero-extended: the 1 + (q+128)/256 trick)
-    and as int8 on the dot path, int4 as int32 words on the FMA path (8 codes a word; a row holds
-    whole 16-byte half-groups) and as stored bytes on the dot path."""
+    and as int8 on the dot path, int4 as stored."""
     import torch
 
     w = qw.qweight
@@ -338,8 +283,6 @@ def weight_views(qw: Any, *, fma: bool) -> tuple[Any, Any, Any]:
         w = w.view(torch.int8)
     elif qw.fmt.name == "int8" and fma:
         w = w.view(torch.uint8)
-    elif qw.fmt.name == "int4" and fma:
-        w = w.view(torch.int32)
     return w, qw.scales, qw.offsets if qw.offsets is not None else qw.scales
 
 
