@@ -6,8 +6,10 @@ For Llama-3-8B's linears at decode (M = 1: qkv 6144x4096, o 4096x4096, gate_up 2
 
 - quantizes random bf16 weights (W ~ N(0, 1/K), the backend's inputs) in place and records the packed
   bytes against the format's theoretical bytes;
-- runs the cost model's top ``--top`` configs (``rank(..., measured=False)``) of ``quant_gemv`` /
-  ``quant_gemm``, each first on a NaN-poisoned output and checked against the dequantized-weight
+- runs the cost model's top ``--top`` configs (``rank(..., measured=False)``) of every kernel that
+  serves the op (``quant_gemv``; at prefill ``quant_gemm``, the Triton dequantize-in-the-loop GEMM, and
+  ``quant_dequant_cublas``, dequantize to bf16 then cuBLAS, for weight-only formats), each first on a
+  NaN-poisoned output and checked against the dequantized-weight
   reference (``registry.tolerance``): a latency is reported only for a kernel whose output matched;
 - times it with ``triton.testing.do_bench`` (median; inputs rotated over enough copies to exceed
   3x the L2, besides do_bench's own L2 flush), and reports achieved GB/s (the op's exact bytes over
@@ -25,9 +27,10 @@ applied to an ``nn.Linear``). The copy bandwidth is measured (a 1 GiB device-to-
 Every number is labelled by its key: ``measured_*`` (timed or computed on this GPU) or
 ``predicted_*`` (the cost model). A failing case records its error and the harness goes on. The
 JSON (device, driver, torch, triton, torchao versions) is rewritten after every shape, so a run cut
-short keeps what it measured. About 3 minutes on an H100 with the defaults:
+short keeps what it measured. The summary gives, per part and format, each kernel's top-1 and
+``autoopt rank() pick`` (the overall first, whatever its kernel). About 1-2 minutes on an H100:
 
-    PYTHONPATH=. python benchmarks/quant_kernels.py --out $OUT/quant_kernels.json
+    PYTHONPATH=. python benchmarks/quant_kernels.py --out $OUT/quant_kernels.json --top 3 --rep-ms 60
 """
 
 from __future__ import annotations
@@ -153,11 +156,12 @@ def autoopt_rows(lin: Linear, spec: str, gpu: Any, copy_gbs: float, args: argpar
     inputs = {"a": lin.x, **q.tensors()}
     ref = registry.reference(inputs, op).float()
     tol = registry.tolerance(op)
-    ranking = rank(gpu, op, top=args.top, measured=False)
-    for i, cand in enumerate(ranking.candidates):
+    ranking = rank(gpu, op, top=max(4 * args.top, 12), measured=False)
+    for overall, kernel_rank, cand in per_kernel(ranking.candidates, args.top):
         row = {"linear": lin.name, "m": lin.m, "n": lin.n, "k": lin.k, "impl": f"autoopt {cand.config.kernel}",
-               "format": fmt.spec, "rank": i + 1, "config": dict(cand.config.params), "path": cand.config.path,
-               "predicted_us": round(cand.predicted_us, 3), "predicted_bound": cand.bound, **packed,
+               "format": fmt.spec, "rank": kernel_rank, "overall_rank": overall, "config": dict(cand.config.params),
+               "path": cand.config.path, "predicted_us": round(cand.predicted_us, 3), "predicted_bound": cand.bound,
+               **packed,
                "target_pct_of_weight_read_floor": 100 * TARGETS[spec] if kind == "gemv" and spec in TARGETS else None}
 
         def run(row: dict[str, Any], cand: Any = cand) -> None:
@@ -181,6 +185,19 @@ def autoopt_rows(lin: Linear, spec: str, gpu: Any, copy_gbs: float, args: argpar
             row["rotated_copies"] = len(fns)
             rates(row, bench_us(fns, args.rep_ms), op.min_bytes, q.nbytes, copy_gbs)
         attempt(rows, row, run)
+
+
+def per_kernel(candidates: Any, top: int) -> list[tuple[int, int, Any]]:
+    """(overall rank, rank within its kernel, candidate): the first ``top`` of every kernel among the
+    ranked candidates (prefill: the Triton dequantize-in-the-loop GEMM and dequantize + cuBLAS both)."""
+    seen: dict[str, int] = {}
+    out = []
+    for i, cand in enumerate(candidates):
+        n = seen.get(cand.config.kernel, 0)
+        if n < top:
+            seen[cand.config.kernel] = n + 1
+            out.append((i + 1, n + 1, cand))
+    return out
 
 
 def torch_rows(lin: Linear, gpu: Any, copy_gbs: float, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
@@ -313,8 +330,11 @@ def summarize(rows: list[dict[str, Any]], copy_gbs: float) -> dict[str, Any]:
     timed = [r for r in rows if r.get("measured_us") and r.get("rank", 1) == 1]
     for r in timed:
         part = "decode" if r["m"] <= 16 else "prefill"
-        key = f"{r['impl'].split(' ')[0] if r['impl'].startswith('autoopt') else r['impl']} {r['format']}"
-        out.setdefault(part, {}).setdefault(key, []).append(r)
+        out.setdefault(part, {}).setdefault(f"{r['impl']} {r['format']}", []).append(r)
+    for r in rows:  # what rank() picks: the overall first, whichever kernel it is
+        if r.get("measured_us") and r.get("overall_rank") == 1:
+            part = "decode" if r["m"] <= 16 else "prefill"
+            out.setdefault(part, {}).setdefault(f"autoopt rank() pick {r['format']}", []).append(r)
     summary: dict[str, Any] = {}
     for part, groups in out.items():
         for key, mine in groups.items():
@@ -329,7 +349,7 @@ def summarize(rows: list[dict[str, Any]], copy_gbs: float) -> dict[str, Any]:
     errors = []
     for r in rows:
         peers = TORCHAO_PEER.get(r.get("format", ""), ())
-        if not r.get("impl", "").startswith("autoopt") or r.get("rank") != 1 or not peers:
+        if not r.get("impl", "").startswith("autoopt") or r.get("overall_rank", r.get("rank")) != 1 or not peers:
             continue
         theirs = {p["format"]: p.get("measured_rel_err_vs_bf16_layer") for p in rows
                   if p.get("impl", "").startswith("torchao") and p["linear"] == r["linear"] and p["m"] == r["m"]

@@ -31,12 +31,20 @@ from autoopt.kernels.cost import constants, floor_us, matmul_work, peak_flops, p
 from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
 from autoopt.kernels.pruning import BoundedSpace, Tally
 from autoopt.kernels.quant import WeightFormat
-from autoopt.kernels.quant_cost import DequantWork, act_quant_us, cycles_per_weight, dequant_work, fp32_lanes
+from autoopt.kernels.quant_cost import (
+    BLOCK_FP8_SERIAL_FACTOR,
+    DequantWork,
+    act_quant_us,
+    cycles_per_weight,
+    dequant_work,
+    fp32_lanes,
+)
 from autoopt.kernels.template import Prediction, Template
+from autoopt.kernels.vendor import predict_vendor_matmul
 from autoopt.templates.gemm import block_problems, blocks, config_problems, matmul_path, mma_kind
 from autoopt.templates.gemv import STAGES, WARPS, GemvTemplate, block_rules
 
-__all__ = ["QuantGemmTemplate", "QuantGemvTemplate"]
+__all__ = ["QuantDequantCublasTemplate", "QuantGemmTemplate", "QuantGemvTemplate"]
 
 GEMV_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
@@ -138,6 +146,17 @@ def _tile_alu_us(gpu: GPUProfile, work: DequantWork, bn: int, bk: int) -> float:
     return bn * bk * cycles_per_weight(gpu, work) / _clock_mhz(gpu)
 
 
+def _valid_configs(t: Template, kernel: str, gpu: GPUProfile, op: OpSpec, tally: Tally) -> Iterator[KernelConfig]:
+    """``t``'s space, counted in ``tally``; invalid configs rejected there (their first problem), never yielded."""
+    for cfg in t.space(gpu, op):
+        tally.considered += 1
+        problems = t.validate(gpu, op, cfg)
+        if problems:
+            tally.reject(kernel, problems[0])
+            continue
+        yield cfg
+
+
 class _QuantTemplate(Template):
     """What both templates share: ops with a packed weight only, NVIDIA tensor-core GPUs, and the space as
     one bounded root per tile (:meth:`node`, bounded by :meth:`node_bound`) over its valid configs."""
@@ -161,12 +180,7 @@ class _QuantTemplate(Template):
         space/validate would); tests/test_quant_templates.py checks every bound against the predictions."""
         tally = Tally()
         groups: dict[tuple[int, ...], tuple[float, list[KernelConfig]]] = {}
-        for cfg in self.space(gpu, op):
-            tally.considered += 1
-            problems = self.validate(gpu, op, cfg)
-            if problems:
-                tally.reject(self.kernel, problems[0])
-                continue
+        for cfg in _valid_configs(self, self.kernel, gpu, op, tally):
             key = self.node(cfg)
             if key not in groups:
                 groups[key] = (self.node_bound(gpu, op, key), [])
@@ -380,7 +394,7 @@ class QuantGemmTemplate(_QuantTemplate):
             peak = peak_flops(gpu, "fp8")
             c = constants()
             mma = 2.0 * bm * bn * bk / (peak * c.tc_efficiency / C.limits(gpu).sm_count) * 1e6 if peak else 0.0
-            return mma + scale
+            return (mma + scale) * BLOCK_FP8_SERIAL_FACTOR
         work = dequant_work(fmt, fma=False, wgmma=path == "wgmma")
         extra = {"int4": 2 * bm / bk + bm / bn, "fp8_block": 2 * bm / bk}.get(fmt.name, 0.0)
         work = replace(work, fp_ops=work.fp_ops + extra)
@@ -412,3 +426,81 @@ class QuantGemmTemplate(_QuantTemplate):
         alu = min(self._alu_us(gpu, op, bm, bn, bk, path) for path in ("standard", "wgmma"))
         return _bound(gpu, op, bm, bn, bk, 1, alu)
 
+
+
+#: the dequantization kernel's one config (``quant_dequant.py``): a [16, 256] tile, 2 warps. Of six tiles
+#: timed on an H100 (benchmarks/results/h100/quant_perf_probe.json, M = 2048, the five Llama-3-8B
+#: linears), the steadiest: int4 total 4957 us ([32, 256] x4 warps: 5046; [8, 1024]: 4814 but 175 us
+#: on o where the others took 114)
+DEQUANT_PARAMS = {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 2}
+
+
+class QuantDequantCublasTemplate(Template):
+    """Prefill over a weight-only packed weight as a dequantization pass into a 16-bit scratch ``[N, K]``
+    and cuBLAS's GEMM on it (``autoopt/backend/kernels/quant_dequant.py``).
+
+    Cost: the pass as a stream (packed weight and scales read once, ``2 N K`` bytes written, at the
+    streaming kernels' DRAM efficiency, plus a launch) plus :func:`~autoopt.kernels.vendor.predict_vendor_matmul`
+    of the bf16/fp16 GEMM (cuBLAS's roofline fitted on the H100/H200). Offered only where that fit exists,
+    for 16-bit activations, and for formats that leave activations alone (a W8A8 GEMM computes a
+    different product). One config: the pass is bandwidth-bound whatever its tile. On an H100 probe
+    (``benchmarks/results/h100/quant_perf_probe.json``: int4 and int8 on the five Llama-3-8B linears at
+    M = 2048) this price was within median |ln(pred/measured)| ~0.06 of the measured path (worst: o int4,
+    one tile, 0.35); the bf16 GEMM alone ran 0.9x-1.07x its vendor prediction."""
+
+    name = "quant-dequant-cublas"
+    ops = ("gemm",)
+    kernel = "quant_dequant_cublas"
+    quantized_weights = True
+
+    def applies(self, gpu: GPUProfile, op: OpSpec) -> bool:
+        fmt = op.weight_format
+        return (op.kind in self.ops and fmt is not None and not fmt.quantizes_activations
+                and op.dtype in ("bf16", "fp16") and (op.out_dtype or op.dtype) == op.dtype
+                and _nvidia_tensor_cores(gpu) and self._gemm_us(gpu, op) is not None)
+
+    @staticmethod
+    def _gemm_us(gpu: GPUProfile, op: OpSpec) -> float | None:
+        return predict_vendor_matmul(gpu, OpSpec(kind="gemm", shape=op.shape, dtype=op.dtype))
+
+    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+        yield KernelConfig(kernel=self.kernel, template=self.name, path="standard", params=dict(DEQUANT_PARAMS))
+
+    def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
+        out = config_problems(config, tuple(DEQUANT_PARAMS), self.kernel)
+        if out:
+            return out
+        p = config.params
+        out += C.check_threads(C.limits(gpu), config.num_warps)
+        for key in ("BLOCK_N", "BLOCK_K"):
+            if p[key] < 16 or p[key] & (p[key] - 1):
+                out.append(f"{key}={p[key]} must be a power of two >= 16")
+        if config.path != "standard":
+            out.append(f"path {config.path!r} is not the dequantize + cuBLAS kernel's ('standard')")
+        return out
+
+    @staticmethod
+    def dequant_us(gpu: GPUProfile, op: OpSpec) -> float:
+        """The dequantization pass: packed bytes read + the 16-bit weight written, as a stream."""
+        c = constants()
+        _, n, k = op.shape
+        moved = _fmt(op).weight_bytes(n, k) + n * k * DTYPE_BYTES[op.dtype]
+        bw = _bw(gpu)
+        return c.launch_us + (moved / (bw * c.stream_dram_efficiency) * 1e6 if bw else 0.0)
+
+    def bounded_space(self, gpu: GPUProfile, op: OpSpec) -> BoundedSpace | None:
+        """Each valid config is its own root, bounded by its prediction (exact: two closed forms)."""
+        tally = Tally()
+        roots: list[tuple[float, Any]] = [(self.predict(gpu, op, cfg).us, cfg)
+                                          for cfg in _valid_configs(self, self.kernel, gpu, op, tally)]
+        return tally.space(roots)
+
+    def predict(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> Prediction:
+        gemm = self._gemm_us(gpu, op)
+        assert gemm is not None  # applies() requires the fit
+        deq = self.dequant_us(gpu, op)
+        total = gemm + deq
+        return Prediction(us=total, bound="compute" if gemm > deq else "memory",
+                          roofline_pct=min(100.0, 100.0 * floor_us(gpu, op) / total),
+                          reason=f"dequantize W to a 16-bit scratch {deq:.3g} us + cuBLAS GEMM {gemm:.3g} us",
+                          breakdown={"dequant_us": deq, "vendor_gemm_us": gemm})

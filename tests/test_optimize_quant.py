@@ -384,3 +384,29 @@ def test_quantizes_layer_by_layer_freeing_each_original_as_it_goes(torch_fallbac
     model = build("llama")
     optimize(model, weights="int4")
     assert len(packed) == len(released) == 4 * LAYERS and max(pending) <= 2
+
+
+@pytest.mark.parametrize("spec", ["int4-asym", "int8", "fp8-wo"])
+def test_a_prefill_rank_gives_to_dequantize_and_cublas_runs_that_path(spec):
+    """Where rank() picks ``quant_dequant_cublas`` (large-M weight-only prefills on the H100), quant_linear runs it:
+    forced here on a small shape by putting that config in the dispatch's choice."""
+    if not dispatch.interpreter_active():
+        pytest.skip("Triton's interpreter is off (a GPU reaches this path at its own prefill shapes)")
+    from dataclasses import replace
+
+    from autoopt.backend.quant import quantize
+    from autoopt.kernels.config import KernelConfig
+    from autoopt.nn import ops
+
+    torch.manual_seed(0)
+    qw = quantize(torch.randn(256, 192) / 192 ** 0.5, spec)
+    x, cpu = torch.randn(40, 192).to(torch.bfloat16), torch.device("cpu")
+    spec = qw.fmt.spec
+    choice = dispatch.choose("quant_linear", "gemm", (40, 256, 192), torch.bfloat16, cpu, weight=spec)
+    config = KernelConfig(kernel="quant_dequant_cublas", template="quant-dequant-cublas",
+                          params={"BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4})
+    key = ("quant_linear", "gemm", 64, (256, 192), torch.bfloat16, cpu, spec)  # dispatch.choose's key
+    dispatch._CACHE[key] = replace(choice, config=config)
+    out = ops.quant_linear(x, qw.qweight, qw.scales, qw.offsets, None, weight=spec, k=192)
+    assert rel(out.float(), ops.dequant_linear(x, qw, None).float()) < 1e-2
+    assert not dispatch.fallback_counts()

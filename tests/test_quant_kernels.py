@@ -221,3 +221,40 @@ def test_a_plain_kernel_is_never_given_a_quantized_weight_nor_the_reverse():
     plain = evaluate(OpSpec(kind="gemv", shape=(1, 64, 64), dtype="fp16"), gemv_cfg(1, 32))
     assert quant.label == plain.label == "rejected"
     assert "reads a plain fp16 weight" in quant.reason and "reads a quantized weight" in plain.reason
+
+
+# -- dequantize + cuBLAS (prefill, weight-only formats) -------------------------------------------
+
+def dequant_cfg(bn: int = 16, bk: int = 256) -> KernelConfig:
+    return KernelConfig(kernel="quant_dequant_cublas", template="quant-dequant-cublas",
+                        params=dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=2))
+
+
+@pytest.mark.parametrize("spec", ["int4", "int4-asym", "int4-g32", "int8", "fp8-wo", "fp8_block-wo"])
+@pytest.mark.parametrize("bk", [64, 256])
+def test_dequant_cublas_matches_the_dequantized_reference(spec, bk):
+    # K = 200: a padded int4 group and a ragged K tile; N = 100 over BLOCK_N = 16
+    assert_correct(OpSpec(kind="gemm", shape=(33, 100, 200), dtype="bf16", weight=spec), dequant_cfg(bk=bk))
+
+
+@pytest.mark.parametrize("spec", ["int4-asym", "fp8_block-wo"])
+def test_dequant_writes_dequantize_exactly_in_fp32(spec):
+    from autoopt.backend.kernels.quant_dequant import dequant_prepare
+
+    w = torch.randn(130, 300, generator=torch.Generator().manual_seed(7)).bfloat16().to(DEVICE)
+    q = quantize(w, spec)
+    out = torch.full((130, 300), float("nan"), device=DEVICE)
+    dequant_prepare(q, out, dict(BLOCK_N=16, BLOCK_K=128, num_warps=2))()
+    assert torch.allclose(out, dequantize(q).to(DEVICE), rtol=1e-6, atol=0)
+
+
+def test_dequant_cublas_adds_the_bias_and_rejects_w8a8():
+    op = OpSpec(kind="gemm", shape=(33, 100, 256), dtype="fp16", weight="int4")
+    inputs = registry.make_inputs(op, DEVICE, seed=3)
+    inputs["bias"] = torch.randn(100, generator=torch.Generator().manual_seed(4)).half().to(DEVICE)
+    out = registry.alloc_out(op, DEVICE)
+    registry.launch(inputs, dequant_cfg(), out, op)
+    assert relative_error(out, registry.reference(inputs, op)) <= registry.tolerance(op)
+    w8a8 = OpSpec(kind="gemm", shape=(33, 100, 256), dtype="bf16", weight="fp8")
+    res = evaluate(w8a8, dequant_cfg(), validate=lambda o, c: validate_config(GPU, o, c))
+    assert res.label == "rejected"

@@ -30,11 +30,30 @@ DECODE = [(1, 4096, 4096), (1, 28672, 4096), (3, 6144, 4096), (16, 4096, 14336)]
 def test_rank_returns_valid_configs_priced_above_the_physical_floor(spec, kind, shape):
     op = OpSpec(kind=kind, shape=shape, weight=spec)
     r = rank(H100, op, top=3)
-    assert r.templates == (f"quant-{kind}",) and 1 <= len(r.candidates) <= 3
+    # weight-only prefill formats are also offered dequantize + cuBLAS
+    extra = ("quant-dequant-cublas",) if kind == "gemm" and not op.weight_format.quantizes_activations else ()
+    assert r.templates == (f"quant-{kind}", *extra) and 1 <= len(r.candidates) <= 3
     floor = floor_us(H100, op)
     for c in r.candidates:
-        assert c.config.kernel == f"quant_{kind}" and validate_config(H100, op, c.config) == []
+        assert c.config.kernel in (f"quant_{kind}", "quant_dequant_cublas")
+        assert validate_config(H100, op, c.config) == []
         assert c.predicted_us >= floor and 0 < c.roofline_pct <= 100
+
+
+@pytest.mark.parametrize("spec", ["int4", "int4-asym", "int8"])
+def test_rank_prefers_dequantize_then_cublas_at_large_m_and_prices_it_as_its_parts(spec):
+    # measured on an H100 (quant_kernels.json, quant_perf_probe.json): gate_up int4 at M = 2048 ran
+    # 2072 us in the Triton GEMM, 737-804 us as dequantize + cuBLAS
+    op = OpSpec(kind="gemm", shape=(2048, 28672, 4096), weight=spec)
+    best = rank(H100, op, top=1).best
+    assert best.config.kernel == "quant_dequant_cublas"
+    plain = predict_vendor_matmul(H100, OpSpec(kind="gemm", shape=op.shape))
+    assert plain is not None and plain < best.predicted_us < 1.25 * plain
+
+
+def test_dequantize_then_cublas_is_never_offered_a_w8a8_format():
+    r = rank(H100, OpSpec(kind="gemm", shape=(2048, 4096, 4096), weight="fp8_block"), top=3)
+    assert "quant-dequant-cublas" not in r.templates
 
 
 def test_rank_takes_the_op_syntax_as_a_mapping():
@@ -50,7 +69,8 @@ def test_a_packed_decode_weight_is_predicted_faster_than_bf16(spec, ratio):
 
 
 def test_plain_templates_never_get_a_quantized_weight_and_quant_ones_never_a_plain_one():
-    assert rank(H100, OpSpec(kind="gemm", shape=(256, 4096, 4096), weight="int8")).templates == ("quant-gemm",)
+    assert rank(H100, OpSpec(kind="gemm", shape=(256, 4096, 4096), weight="int8")).templates == (
+        "quant-gemm", "quant-dequant-cublas")
     assert "quant-gemm" not in rank(H100, OpSpec(kind="gemm", shape=(256, 4096, 4096))).templates
     cfg = rank(H100, OpSpec(kind="gemv", shape=(1, 64, 64))).best.config
     assert validate_config(H100, OpSpec(kind="gemv", shape=(1, 64, 64), weight="int4"), cfg)

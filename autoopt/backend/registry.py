@@ -3,7 +3,8 @@
 Kernel names (``KernelConfig.kernel``) and the op kinds they serve:
 ``gemm``, ``gemm_tma`` (gemm, gemv), ``gemv`` (gemv), ``silu_mul``, ``add``, ``gelu_tanh_mul``,
 ``{rmsnorm,layernorm,softmax}_{single,looped}``, ``rmsnorm_split``, ``rmsnorm_coop``; over a quantized
-weight (``OpSpec.weight``): ``quant_gemv`` (gemv), ``quant_gemm`` (gemm). The plain matmul kernels also
+weight (``OpSpec.weight``): ``quant_gemv`` (gemv), ``quant_gemm`` and ``quant_dequant_cublas`` (gemm:
+dequantize W to a 16-bit scratch, then cuBLAS; weight-only formats). The plain matmul kernels also
 run with a fused bias + activation epilogue (a ``"bias"`` input, ``prepare(..., activation=)``): the same
 config on the variant kernels of ``kernels/epilogue.py``, not ranked or measured apart. Inputs are fresh
 random tensors (never zeros: zeros hide unwritten outputs and can run faster). The reference is float64 on
@@ -94,6 +95,8 @@ KERNELS: dict[str, KernelEntry] = {
     "rmsnorm_coop": KernelEntry(name="rmsnorm_coop", kinds=("rmsnorm",), module=f"{_KERNELS}.norm_coop"),
     "quant_gemv": KernelEntry(name="quant_gemv", kinds=("gemv",), module=f"{_KERNELS}.quant_gemv", quantized=True),
     "quant_gemm": KernelEntry(name="quant_gemm", kinds=("gemm",), module=f"{_KERNELS}.quant_gemm", quantized=True),
+    "quant_dequant_cublas": KernelEntry(name="quant_dequant_cublas", kinds=("gemm",),
+                                        module=f"{_KERNELS}.quant_dequant", quantized=True),
 }
 
 
@@ -241,13 +244,16 @@ def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
         raise ConfigError(f"unknown backend kernel {config.kernel!r}; expected one of {', '.join(KERNELS)}")
     params = dict(config.params)
     name = config.kernel
-    if name in ("quant_gemv", "quant_gemm"):
+    if name in ("quant_gemv", "quant_gemm", "quant_dequant_cublas"):
         if op is None:
             raise ConfigError(f"kernel {name!r} needs the op (its weight format) to bind its inputs")
         qw = quantized_weight(inputs, op)
         if name == "quant_gemv":
             from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
             return quant_gemv_prepare(inputs["a"], qw, out, params, bias=inputs.get("bias"))
+        if name == "quant_dequant_cublas":
+            from autoopt.backend.kernels.quant_dequant import quant_dequant_cublas_prepare
+            return quant_dequant_cublas_prepare(inputs["a"], qw, out, params, bias=inputs.get("bias"))
         from autoopt.backend.kernels.quant_gemm import quant_gemm_prepare
         return quant_gemm_prepare(inputs["a"], qw, out, params, bias=inputs.get("bias"))
     if name in ("gemm", "gemm_tma", "gemv"):

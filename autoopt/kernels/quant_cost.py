@@ -27,8 +27,8 @@ from autoopt.kernels.constants import constants
 from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
 from autoopt.kernels.quant import FP8_BLOCK, WeightFormat
 
-__all__ = ["DEQUANT_RATES", "DequantRates", "DequantWork", "act_quant_us", "cycles_per_weight", "dequant_work",
-           "fp32_lanes"]
+__all__ = ["BLOCK_FP8_SERIAL_FACTOR", "DEQUANT_RATES", "DOT_MEASURED_FACTOR", "DequantRates", "DequantWork",
+           "act_quant_us", "cycles_per_weight", "dequant_work", "fp32_lanes"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,6 +50,20 @@ class DequantRates:
 
 
 DEQUANT_RATES = DequantRates()
+
+#: Measured over hand-counted work of the Triton dequantize-in-the-K-loop GEMM (``quant_gemm.py``, dot
+#: path), fitted on the 15 timed configs per format of the first H100 run
+#: (``benchmarks/results/h100/quant_kernels.json``, M = 2048, Llama-3-8B's five linears; replayed by
+#: ``benchmarks/replay_quant.py``): the hand counts priced gate_up int4 at 842 us, it ran 2072-2886 us.
+#: The factor stands for what the count misses (the dequantized tile's trip through registers and
+#: shared memory beside wgmma, loads the pipeliner does not stage, spills at 128 x 256 tiles), not an
+#: instruction count: int4 symmetric x6 (median |ln(pred/measured)| 1.01 -> 0.07), asymmetric x7
+#: (1.19 -> 0.09), int8 x1.5 (0.28 -> 0.03). e4m3 weight-only was not timed: x1, a lead.
+DOT_MEASURED_FACTOR = {"int4": 6.0, "int4-asym": 7.0, "int8": 1.5}
+#: Block-FP8 W8A8: each K-tile's dot completes before its scaling (a serial chain per tile). The hand
+#: count (the tile's MMA at tc_efficiency + the scaling FMAs) under-priced it 2.65x on the same run
+#: (gate_up 492 us predicted, 1301-1410 measured); x3.0 fits the 15 configs (median |ln| 0.97 -> 0.03).
+BLOCK_FP8_SERIAL_FACTOR = 3.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,9 +92,11 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
     # Every path first takes the byte out of its loaded 32-bit word (a PRMT/SHF: 1 op a byte).
     if fma:
         if fmt.name == "int4":
-            # per byte: extract 1, per nibble shift + and/or (one LOP3) 2 -> 5 per 2 weights; one FFMA a
-            # weight; per group and row ~4 FP ops of scaling and ~2 shuffle-adds of the reduction over
-            # at least 32 weights -> ~0.15
+            # per byte: extract 1, per nibble shift + and/or 2 (the and/or is one LOP3 since fp32 1.0 is a
+            # kernel argument: quant_gemv.int4_as_float; with two literals ptxas emitted two) -> 5 per 2
+            # weights; one FFMA a weight; per group and row ~4 FP ops of scaling and ~2 shuffle-adds of the
+            # reduction over at least 32 weights -> ~0.15. Measured on the H100 the int4 GEMV runs at ~0.6x
+            # this price (quant_kernels.json): the loads in flight bind, not the ALU (a lead, see the report)
             return DequantWork(int_ops=2.5, fp_ops=1.15)
         # int8: extract, shift, xor (1 + (q+128)/256); e4m3: extract (sign-extending), shift, and: 3 INT32
         # ops; one FFMA; per-row/group scaling amortised over >= 128 weights (~0.05)
@@ -88,11 +104,15 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
     smem = 2.0 if wgmma else 4.0
     if fmt.name == "int4":
         # extract, shift, and/or into 16 bits (1 + q/16), pair packing (PRMT) a half: 3 INT ops a weight;
-        # the per-tile scaling is priced by the template (it scales with BLOCK_M, not the weight count)
-        return DequantWork(int_ops=3.0, smem_bytes=smem)
+        # the per-tile scaling is priced by the template (it scales with BLOCK_M, not the weight count);
+        # times the measured factor
+        f = DOT_MEASURED_FACTOR["int4" if fmt.symmetric else "int4-asym"]
+        return DequantWork(int_ops=3.0 * f, smem_bytes=smem)
     if fmt.name == "int8":
-        # extract 1, int8 -> fp32 (I2F) 1 conversion, fp32 -> 16-bit packed in pairs (F2F x2) half a one
-        return DequantWork(int_ops=1.0, cvt_ops=1.5, smem_bytes=smem)
+        # extract 1, int8 -> fp32 (I2F) 1 conversion, fp32 -> 16-bit packed in pairs (F2F x2) half a one;
+        # times the measured factor
+        f = DOT_MEASURED_FACTOR["int8"]
+        return DequantWork(int_ops=1.0 * f, cvt_ops=1.5 * f, smem_bytes=smem)
     # e4m3 weight-only: extract, shift, and 3; one FMUL by 2^120; fp32 -> 16-bit pair packing half a conversion
     return DequantWork(int_ops=3.0, fp_ops=1.0, cvt_ops=0.5, smem_bytes=smem)
 

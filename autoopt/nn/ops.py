@@ -524,12 +524,33 @@ def _quant_linear_impl(x: Tensor, qweight: Tensor, scales: Tensor, offsets: Tens
         return _fallback(op, choice.fallback, torch_op)
     assert choice.config is not None
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    from autoopt.backend.kernels.quant_gemm import quant_gemm_prepare
-    from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
+    b = None if bias is None else _unit(bias)
+    launcher = _quant_launcher(choice.config.kernel)
+    if launcher is not None:
+        launcher(a, qw, out, dict(choice.config.params), bias=b)()
+    else:  # a quantized kernel added to the registry since: its own binding
+        from autoopt.kernels.ops import OpSpec
 
-    launcher = quant_gemv_prepare if choice.config.kernel == "quant_gemv" else quant_gemm_prepare
-    launcher(a, qw, out, dict(choice.config.params), bias=None if bias is None else _unit(bias))()
+        spec = OpSpec(kind=choice.kind, shape=(m, n, k), dtype=choice.dtype, weight=qw.fmt.spec)
+        inputs = {"a": a, **qw.tensors(), **({"bias": b} if b is not None else {})}
+        prepare(inputs, choice.config, out, spec)()
     return out.view(*x.shape[:-1], n)
+
+
+_QUANT_LAUNCHERS: dict[str, Callable[..., Callable[[], None]]] = {}
+
+
+def _quant_launcher(kernel: str) -> Callable[..., Callable[[], None]] | None:
+    """The public launcher of a quantized kernel (``quant_gemv``, ``quant_gemm``, ``quant_dequant_cublas``:
+    ``(a, qw, out, params, *, bias)``), bound without the registry's input dict; None for another kernel."""
+    if not _QUANT_LAUNCHERS:
+        from autoopt.backend.kernels.quant_dequant import quant_dequant_cublas_prepare
+        from autoopt.backend.kernels.quant_gemm import quant_gemm_prepare
+        from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
+
+        _QUANT_LAUNCHERS.update(quant_gemv=quant_gemv_prepare, quant_gemm=quant_gemm_prepare,
+                                quant_dequant_cublas=quant_dequant_cublas_prepare)
+    return _QUANT_LAUNCHERS.get(kernel)
 
 
 _quant_linear_op = torch.library.custom_op(
@@ -552,10 +573,12 @@ def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, offsets: Tensor | N
     and (int4 asymmetric) ``offsets`` are its tensors. x is bf16 or fp16 ``[..., k]``; the output has x's dtype.
 
     M <= 16 runs ``quant_gemv`` (activations never quantized), larger M ``quant_gemm`` (a W8A8 format
-    quantizes the activations per token first), each with the config ``rank()`` gives the op with this
-    ``weight``; where cuBLAS is predicted faster for a W8A8 ``fp8`` GEMM (``predict_vendor_matmul``) it runs
-    ``torch._scaled_mm`` after autoopt's activation quantization. With no kernel path (a CPU without the
-    interpreter, a GPU no template serves, autograd) it runs :func:`dequant_linear` (logged, counted).
+    quantizes the activations per token first) or, for a weight-only format where it is predicted faster,
+    ``quant_dequant_cublas`` (W dequantized into a 16-bit scratch, then cuBLAS), each with the config
+    ``rank()`` gives the op with this ``weight``; where cuBLAS is predicted faster for a W8A8 ``fp8`` GEMM
+    (``predict_vendor_matmul``) it runs ``torch._scaled_mm`` after autoopt's activation quantization. With no
+    kernel path (a CPU without the interpreter, a GPU no template serves, autograd) it runs
+    :func:`dequant_linear` (logged, counted).
     """
     if _grad_needed(x, bias):
         _check_quant_linear(x, qweight, scales, offsets, bias, weight, k)

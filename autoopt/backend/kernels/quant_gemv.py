@@ -43,6 +43,8 @@ __all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "int
 FMT_CODES = {"fp8": 0, "fp8_block": 1, "int8": 2, "int4": 3}
 #: 2^120: e4m3 bits at fp32 bits 26..20 read as w * 2^-120
 _E4M3_UNBIAS = 2.0 ** 120
+#: fp32 1.0's bits, passed to the kernel as an argument (see ``int4_as_float``)
+_ONE_BITS = 0x3F800000
 
 
 @triton.jit
@@ -53,9 +55,12 @@ def e4m3_bits_scaled(v):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def int4_as_float(b, SHIFT: tl.constexpr):  # type: ignore[no-untyped-def]
-    """fp32 ``1 + q/16`` of the nibble of ``b`` (int32 of the byte) at bit ``SHIFT`` (0: low, 4: high)."""
-    return (((b << (19 - SHIFT)) & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+def int4_as_float(b, SHIFT: tl.constexpr, one):  # type: ignore[no-untyped-def]
+    """fp32 ``1 + q/16`` of the nibble of ``b`` (int32 of the byte) at bit ``SHIFT`` (0: low, 4: high).
+    ``one`` is fp32 1.0's bits (0x3F800000) given as a kernel argument: with both the mask and 1.0 as
+    literals ptxas emits an AND and an OR (a LOP3 takes one immediate: read in the sm_90 SASS, two LOP3 a
+    nibble); with 1.0 in a register it is one LOP3 (``(x & mask) | one``)."""
+    return (((b << (19 - SHIFT)) & 0x780000) | one).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -124,7 +129,7 @@ def coded_tile_dot(acc, x, wb, s_ptr, offs_wn, stride_sn, byte0,  # type: ignore
 # type or specialisation; each is exempt from mypy's no-untyped-def by a `type: ignore` on its def line.
 @triton.jit
 def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ignore[no-untyped-def]
-                       M, N, K, NG, stride_xm, stride_wn, stride_sn, stride_cs, stride_cm, tiles_per_split,
+                       M, N, K, NG, stride_xm, stride_wn, stride_sn, stride_cs, stride_cm, tiles_per_split, one_bits,
                        FMT: tl.constexpr, G: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        DOT_M: tl.constexpr, EVEN_W: tl.constexpr, EVEN_X: tl.constexpr, DOT_F16: tl.constexpr):
@@ -191,8 +196,8 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                     else:
                         x_lo = tl.load(x_ptr + k_lo, mask=k_lo < K, other=0.0).to(tl.float32)
                         x_hi = tl.load(x_ptr + k_hi, mask=k_hi < K, other=0.0).to(tl.float32)
-                    p = tl.sum(int4_as_float(v, 0) * x_lo[None, :, :] + int4_as_float(v, 4) * x_hi[None, :, :],
-                               axis=2)
+                    p = tl.sum(int4_as_float(v, 0, one_bits) * x_lo[None, :, :]
+                               + int4_as_float(v, 4, one_bits) * x_hi[None, :, :], axis=2)
                     sxg = tl.sum(x_lo + x_hi, axis=1)
                     s_ptrs = s_ptr + offs_wn[:, None] * stride_sn + grp[None, :]
                     s = tl.load(s_ptrs, mask=g_ok[None, :], other=0.0).to(tl.float32)
@@ -316,7 +321,7 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
     if split_k == 1:
         def run() -> None:
             _quant_gemv_kernel[grid](x, w, s, z, b, out, m, n, k, ng, x.stride(0), w.stride(0), stride_sn, 0,
-                                     out.stride(0), tiles_per_split, **meta)
+                                     out.stride(0), tiles_per_split, _ONE_BITS, **meta)
         return run
     if not out.is_contiguous():  # the reduce writes out as contiguous [M, N]
         raise ValueError("split-K quant gemv writes a contiguous output; got a strided one")
@@ -325,6 +330,6 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
 
     def run_split() -> None:
         _quant_gemv_kernel[grid](x, w, s, z, b, ws, m, n, k, ng, x.stride(0), w.stride(0), stride_sn, ws.stride(0),
-                                 ws.stride(1), tiles_per_split, **meta)
+                                 ws.stride(1), tiles_per_split, _ONE_BITS, **meta)
         reduce()
     return run_split
