@@ -38,7 +38,7 @@ goes on; the JSON (device, driver, torch, triton, transformers, torchao versions
 rewritten after every variant. ``--budget-s`` (default 345) skips a variant that would end after it (taken to last
 as long as the longest variant so far), so a full 32-layer run stays under 6 minutes on an H100: all five
 variants took 364 s there (``benchmarks/results/h100/quant_e2e_run1.json``; each compiled ``generate()`` costs
-26-125 s of compiling), so the default skips the last (torchao int4: ``quant_e2e.json``, 311 s); ``--budget-s 420``
+26-125 s of compiling), so the default skips the last (torchao int4: ``quant_e2e.json``, 259 s); ``--budget-s 420``
 runs it, ``--layers 8`` runs every variant well inside 6 minutes::
 
     PYTHONPATH=. python benchmarks/quant_e2e.py --out $OUT/quant_e2e.json
