@@ -30,6 +30,7 @@ import triton.language as tl
 
 from autoopt.backend.kernels import interpreter_active
 from autoopt.backend.kernels.act_quant import act_quant_prepare
+from autoopt.backend.kernels.gemm_tma import _tile_of
 from autoopt.backend.kernels.quant_gemv import FMT_CODES, coded_tile_dot, int4_tile_dot, row_tiles, weight_views
 
 __all__ = ["quant_gemm_prepare"]
@@ -45,18 +46,9 @@ def _quant_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # t
                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_W: tl.constexpr,
                        EVEN_X: tl.constexpr, DOT_F16: tl.constexpr):
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    # Group-M ordering (Triton matmul tutorial): GROUP_M row bands share the W tiles they load through L2.
-    # The same lines as gemm.py's on purpose: a kernel module's hash keys its stored timings, so gemm.py is
-    # not edited to share them.
-    num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    # Group-M ordering (Triton matmul tutorial): GROUP_M row bands share the W tiles they load through L2;
+    # gemm_tma's helper, as the epilogue kernels use it (the last band's tiles rotated)
+    pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # Wrapped rows/columns keep the loads unmasked; the store mask drops them.
