@@ -91,7 +91,7 @@ def copies_for(nbytes: int, l2_bytes: int) -> int:
 
 
 def rel_err(out: Any, ref: Any) -> float:
-    from autoopt.backend.quant import relative_error
+    from autoopt.backend.accuracy import rel_error as relative_error
 
     return relative_error(out.float(), ref)
 

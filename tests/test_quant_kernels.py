@@ -23,13 +23,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from autoopt.backend import registry  # noqa: E402
+from autoopt.backend.accuracy import rel_error as relative_error  # noqa: E402
 from autoopt.backend.kernels.act_quant import act_quant_prepare  # noqa: E402
 from autoopt.backend.quant import (  # noqa: E402
     dequantize,
     quantize,
     quantize_activations,
     reference_matmul,
-    relative_error,
     unpack_int4,
 )
 from autoopt.backend.runner import evaluate  # noqa: E402

@@ -3,7 +3,7 @@
 :func:`quantize` turns an ``nn.Linear`` weight ``W[N, K]`` into a :class:`QuantizedWeight` for a
 :class:`~autoopt.kernels.quant.WeightFormat`; :func:`dequantize` gives the float32 weight the kernels
 compute with (the kernels are checked against it, :func:`reference_matmul`); quantization error
-against the original layer is a separate number (:func:`relative_error`). torch is imported lazily.
+against the original layer is a separate number (:func:`autoopt.backend.accuracy.rel_error`). torch is imported lazily.
 
 Scales, per format (q: the stored code):
 
@@ -48,7 +48,7 @@ from autoopt.errors import BackendError
 from autoopt.kernels.quant import FP8_BLOCK, WeightFormat, parse_weight
 
 __all__ = ["FP8_MAX", "QuantizedWeight", "dequantize", "quantize", "quantize_activations", "reference_matmul",
-           "relative_error"]
+]
 
 #: largest finite float8 e4m3fn value (OCP FP8 spec, E4M3: S.1111.110 = 448)
 FP8_MAX = 448.0
@@ -270,8 +270,3 @@ def reference_matmul(a: Any, q: QuantizedWeight, *, gemm: bool = True, bias: Any
     return out if bias is None else out + bias.double()
 
 
-def relative_error(out: Any, ref: Any) -> float:
-    """Relative Frobenius error ``||out - ref|| / ||ref||`` in float64."""
-    torch = _torch()
-    ref64 = ref.double()
-    return float(torch.linalg.vector_norm(out.double() - ref64) / torch.linalg.vector_norm(ref64))

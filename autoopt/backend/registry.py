@@ -13,7 +13,7 @@ the same inputs. For a ``kn`` GEMM the weight is stored under ``"w_kn"`` (``[K, 
 quantized (:func:`autoopt.backend.quant.quantize`) and given as its packed tensors (``qweight``,
 ``scales``, ``offsets``); its reference is the float64 matmul with the *dequantized* weight (and, for a
 W8A8 GEMM, the activations quantized as the kernel does), so the check measures the kernel's error, not
-the format's: quantization error against the original layer is ``autoopt.backend.quant.relative_error``'s
+the format's: quantization error against the original layer is ``autoopt.backend.accuracy.rel_error``'s
 job. An optional ``bias`` ``[N]`` in the inputs is added by the quantized kernels and the reference.
 """
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from autoopt._log import get_logger
 from autoopt.backend import registry
+from autoopt.backend.accuracy import rel_error
 from autoopt.backend.kernels import interpreter_active
 from autoopt.errors import AutooptError, ConfigError
 from autoopt.hardware.profile import GPUProfile
@@ -271,7 +272,7 @@ def evaluate(op: OpSpec, config: KernelConfig, *, gpu: GPUProfile | None = None,
         return result("rejected", device=dev_name,
                       reason=f"{bad} of {out.numel()} output elements are NaN/inf after the run "
                              f"(the output was poisoned with NaN: unwritten or computed non-finite)")
-    err = float(torch.linalg.vector_norm(out.to(torch.float64) - ref) / torch.linalg.vector_norm(ref))
+    err = rel_error(out, ref)
     tol = registry.tolerance(op)
     if not math.isfinite(err) or err > tol:
         return result("rejected", rel_err=err, device=dev_name,

@@ -25,7 +25,7 @@ last group is padded (see ``autoopt.backend.quant`` for the packing). Bits per w
 fp8 8.008, fp8_block 8.002, int8 8.008, int4-g128 4.125, int4-g128-asym 4.25.
 
 Specs parse case-insensitively (:func:`parse_weight`): ``int4``, ``int4-asym``, ``int4-g64-sym``,
-``fp8-wo``, ``w4a16`` (= ``int4``), ``w8a16`` (= ``int8``), ``w8a8`` (= ``fp8``). Torch-free.
+``fp8-wo`` (= ``fp8-weight-only``), ``w4a16`` (= ``int4``), ``w8a16`` (= ``int8``), ``w8a8`` (= ``fp8``). Torch-free.
 """
 
 from __future__ import annotations
@@ -50,8 +50,9 @@ INT4_GROUPS = (32, 64, 128, 256)
 #: side of a block-FP8 weight-scale block and of an activation group (DeepSeek-V3's 128 x 128)
 FP8_BLOCK = 128
 _SCALE_BYTES = {"fp32": 4, "bf16": 2}
+#: other names of the formats; ``fp8-weight-only`` is the planner's (``autoopt.planning.quant``)
 _ALIASES = {"w4a16": "int4", "w8a16": "int8", "w8a8": "fp8", "e4m3": "fp8", "fp8-block": "fp8_block",
-            "fp8block": "fp8_block"}
+            "fp8block": "fp8_block", "fp8-weight-only": "fp8-wo"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

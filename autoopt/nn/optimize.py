@@ -72,10 +72,11 @@ import torch
 from torch import nn
 
 from autoopt._log import get_logger
+from autoopt.backend.accuracy import rel_error
 from autoopt.errors import OpError, RestoreError, WeightFormatError
 from autoopt.nn import dispatch
 from autoopt.nn.build import build
-from autoopt.nn.compare import quant_bound, rel_error, sample, tolerance
+from autoopt.nn.compare import quant_bound, sample, tolerance
 from autoopt.nn.match import (
     ONE_BY_ONE,
     OPS,

@@ -63,7 +63,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from autoopt.nn.compare import FLOAT_DTYPES, rel_error, sample, tolerance
+from autoopt.backend.accuracy import rel_error
+from autoopt.nn.compare import FLOAT_DTYPES, sample, tolerance
 from autoopt.nn.match import (
     ONE_BY_ONE,
     OPS,

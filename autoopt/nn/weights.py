@@ -58,9 +58,8 @@ class WeightChoice:
 
 
 def _parse(weights: str) -> WeightFormat:
-    text = weights.strip().lower()
     try:
-        return parse_weight({"fp8-weight-only": "fp8-wo"}.get(text, text))
+        return parse_weight(weights)
     except AutooptError as exc:
         raise WeightFormatError(f"autoopt.optimize(): unknown weights={weights!r} ({exc}); accepted: "
                                 f"{', '.join(ACCEPTED)}", format=weights) from None

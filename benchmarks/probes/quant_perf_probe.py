@@ -35,9 +35,10 @@ def main() -> int:
     import torch
     import triton.testing
 
+    from autoopt.backend.accuracy import rel_error as relative_error
     from autoopt.backend.kernels.quant_dequant import quant_dequant_cublas_prepare
     from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
-    from autoopt.backend.quant import quantize, reference_matmul, relative_error
+    from autoopt.backend.quant import quantize, reference_matmul
 
     bufs = [torch.empty(1 << 28, device="cuda"), torch.empty(1 << 28, device="cuda")]
     ms = triton.testing.do_bench(lambda: bufs[1].copy_(bufs[0]), return_mode="median")
