@@ -152,6 +152,10 @@ def _check_model_run(args: argparse.Namespace) -> None:
     """Refuse --model with the --op/--suite options, a model not in the catalog, or no torch/transformers."""
     if args.weights and not args.model:
         raise UsageError("bench: --weights quantizes the model of --model (autoopt.optimize(weights=...))")
+    if args.weights and args.weights.strip().lower() not in ("auto", "bf16", "fp16"):
+        from autoopt.nn.weights import parse_weights
+
+        parse_weights(args.weights)  # an unknown format fails here, before any model is built (exit 2)
     if args.gpus is not None or args.ray is not None:
         raise UsageError("bench: --gpus and --ray spread --op/--suite benchmarks, not --model")
     if args.top != 1:

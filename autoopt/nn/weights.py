@@ -28,7 +28,7 @@ from autoopt.errors import AutooptError, WeightFormatError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
 from autoopt.kernels.quant import INT4_GROUPS, WeightFormat, parse_weight
 
-__all__ = ["ACCEPTED", "SIXTEEN_BIT", "WeightChoice", "auto_weights", "resolve_weights"]
+__all__ = ["ACCEPTED", "SIXTEEN_BIT", "WeightChoice", "auto_weights", "parse_weights", "resolve_weights"]
 
 #: what ``weights=`` keeps at the model's own 16-bit weights
 SIXTEEN_BIT = ("bf16", "fp16")
@@ -57,7 +57,8 @@ class WeightChoice:
                 "predicted": dict(self.predicted) if self.predicted else None}
 
 
-def _parse(weights: str) -> WeightFormat:
+def parse_weights(weights: str) -> WeightFormat:
+    """The format an explicit ``weights=`` names; WeightFormatError listing the accepted values otherwise."""
     try:
         return parse_weight(weights)
     except AutooptError as exc:
@@ -93,7 +94,7 @@ def resolve_weights(weights: str | None, *, gpu: GPUProfile | None, model: Any =
             raise WeightFormatError("autoopt.optimize(weights='auto') needs a hardware profile to ask recommend() "
                                     "(pass profile=)", format="auto")
         return auto_weights(model, hardware, batch=batch, context=context)
-    fmt = _parse(weights)
+    fmt = parse_weights(weights)
     check_supported(fmt, gpu)
     return WeightChoice(asked=weights, spec=fmt.spec, reason=f"{fmt.spec} as asked", gpu=name)
 
