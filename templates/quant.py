@@ -38,6 +38,7 @@ from autoopt.kernels.quant_cost import (
     cycles_per_weight,
     dequant_work,
     fp32_lanes,
+    gemv_measured_factor,
 )
 from autoopt.kernels.template import Prediction, Template
 from autoopt.kernels.vendor import predict_vendor_matmul
@@ -285,8 +286,12 @@ class QuantGemvTemplate(_QuantTemplate):
                                params={**p, "BLOCK_M": 1 if bm == 1 else 16, "GROUP_M": 1})
         pred = predict_matmul(gpu, op, as_tile, mma="fma" if bm == 1 else "mma_sync", smem_bytes=smem,
                               regs_per_thread=regs, alu_iter_us=alu)
-        return replace(pred, reason=f"{pred.reason}; dequant {alu:.3g} us per K-iteration",
-                       breakdown={**pred.breakdown, "dequant_iter_us": alu})
+        factor = gemv_measured_factor(_fmt(op)) if bm == 1 else 1.0  # >= 1: node_bound stays a lower bound
+        reason = f"{pred.reason}; dequant {alu:.3g} us per K-iteration"
+        if factor != 1.0:
+            reason += f"; x{factor:g} measured ({_fmt(op).spec} GEMV, quant_cost.GEMV_MEASURED_FACTOR)"
+        return replace(pred, us=pred.us * factor, roofline_pct=pred.roofline_pct / factor, reason=reason,
+                       breakdown={**pred.breakdown, "dequant_iter_us": alu, "measured_factor": factor})
 
     def node(self, config: KernelConfig) -> tuple[int, ...]:
         p = config.params

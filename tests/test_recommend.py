@@ -160,13 +160,19 @@ def test_cuda_graphs_price_each_decode_kernel_at_its_in_graph_launch():
     from autoopt.kernels.constants import constants
     from autoopt.planning.recommendation import GRAPH_LAUNCH_US
 
+    from autoopt.planning.recommendation import GLUE_KERNEL_US
+
     plain, graphed = _decode(), _decode(cuda_graphs=True)
-    kernels = sum(o.occurrences for o in plain.ops)  # every op of the step is one kernel launch
     saved = plain.predicted["decode_step_us"] - graphed.predicted["decode_step_us"]
     per_launch = constants().launch_us - GRAPH_LAUNCH_US
-    # ranked ops drop a standalone launch for an in-graph one; roofline-priced ones (attention) gain one
+    # ranked ops (one kernel each) drop a standalone launch for an in-graph one; roofline-priced ones
+    # (attention) gain one; the rotary/KV-cache glue's 2 kernels drop from a standalone launch to their floor
     attention = sum(o.occurrences for o in plain.ops if o.kernel_class == "attention")
-    assert saved == pytest.approx((kernels - attention) * per_launch - attention * GRAPH_LAUNCH_US, rel=1e-6)
+    glue = sum(o.occurrences for o in plain.ops if o.kernel_class == "rotary")
+    kernels = sum(o.occurrences for o in plain.ops) - attention - glue
+    expected = kernels * per_launch - attention * GRAPH_LAUNCH_US + glue * 2 * (constants().launch_us - GLUE_KERNEL_US)
+    assert glue == 32
+    assert saved == pytest.approx(expected, rel=1e-6)
     assert graphed.workload.to_dict()["cuda_graphs"] is True and "cuda_graphs" not in plain.workload.to_dict()
 
 
@@ -180,3 +186,18 @@ def test_cuda_graphs_leave_prefill_alone():
 def test_cuda_graphs_must_be_a_bool():
     with pytest.raises(ModelError, match="field 'cuda_graphs': must be a bool, got 'yes'"):
         _decode(cuda_graphs="yes")
+
+
+def test_a_decode_attention_is_priced_at_least_at_its_measured_latency_floor():
+    from autoopt.planning.recommendation import ATTENTION_DECODE_MIN_US
+
+    att = [o for o in _decode().ops if o.kernel_class == "attention"]
+    assert att and all(o.predicted_us == pytest.approx(ATTENTION_DECODE_MIN_US) for o in att)
+
+
+def test_the_autoopt_runtime_prices_the_seven_glue_kernels_transformers_attention_launches_under_compile():
+    from autoopt.planning.recommendation import GLUE_KERNEL_US
+
+    glue = [o for o in _decode(runtime="autoopt", cuda_graphs=True).ops if o.kernel_class == "rotary"]
+    assert [o.occurrences for o in glue] == [32]
+    assert glue[0].predicted_us == pytest.approx(7 * GLUE_KERNEL_US)

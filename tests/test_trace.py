@@ -348,3 +348,9 @@ def test_a_class_only_one_side_runs_names_the_kernels_launched_around_it() -> No
     # reduce ("before": what runs just before it), followed by the next projection's nvjet GEMM
     assert norm["around"]["before"][0][0].startswith("cublasLt::splitKreduce")
     assert norm["around"]["after"][0][0].startswith("nvjet_sm90")
+
+
+def test_a_matmul_over_a_quantized_weight_is_a_gemm_and_the_activation_quantizer_is_not() -> None:
+    assert classify("_quant_gemv_kernel") == "gemm"
+    assert classify("_quant_gemm_kernel") == "gemm"
+    assert classify("_act_quant_kernel") == "quantize"

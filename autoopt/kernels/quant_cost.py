@@ -27,8 +27,19 @@ from autoopt.kernels.constants import constants
 from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
 from autoopt.kernels.quant import FP8_BLOCK, WeightFormat
 
-__all__ = ["BLOCK_FP8_SERIAL_FACTOR", "DEQUANT_RATES", "DOT_MEASURED_FACTOR", "DequantRates", "DequantWork",
-           "act_quant_us", "cycles_per_weight", "dequant_work", "fp32_lanes"]
+__all__ = [
+    "BLOCK_FP8_SERIAL_FACTOR",
+    "DEQUANT_RATES",
+    "DOT_MEASURED_FACTOR",
+    "GEMV_MEASURED_FACTOR",
+    "DequantRates",
+    "DequantWork",
+    "act_quant_us",
+    "cycles_per_weight",
+    "dequant_work",
+    "fp32_lanes",
+    "gemv_measured_factor",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +71,15 @@ DEQUANT_RATES = DequantRates()
 #: instruction count: int4 symmetric x6 (median |ln(pred/measured)| 1.01 -> 0.07), asymmetric x7
 #: (1.19 -> 0.09), int8 x1.5 (0.28 -> 0.03). e4m3 weight-only was not timed: x1, a lead.
 DOT_MEASURED_FACTOR = {"int4": 6.0, "int4-asym": 7.0, "int8": 1.5}
+#: The int4 decode GEMV (FMA path, M = 1) against its hand count: on the H100 qperf run
+#: (``benchmarks/results/h100/quant_kernels_qperf.json``, 15 timed configs a format over Llama-3-8B's five
+#: linears) it ran 1.51x (symmetric) and 1.50x (asymmetric) the prediction at the median, while fp8 and int8 ran
+#: 0.98x and 1.01x: the int4 stream is bound by the bytes each warp keeps in flight (a 4-bit weight is half the
+#: bytes a load brings per dequantized element, and the loop's dequantization sits between loads), which the
+#: bandwidth model, tuned on 8- and 16-bit streams, does not price. x1.5 takes median |ln(pred/measured)| from
+#: 0.41 to 0.19 (symmetric) and 0.40 to 0.09 (asymmetric); the step trace (``quant_trace.json``: 128 GEMVs,
+#: 3368 us against 1965 us predicted graphed) agrees.
+GEMV_MEASURED_FACTOR = {"int4": 1.5, "int4-asym": 1.5}
 #: Block-FP8 W8A8: each K-tile's dot completes before its scaling (a serial chain per tile). The hand
 #: count (the tile's MMA at tc_efficiency + the scaling FMAs) under-priced it 2.65x on the same run
 #: (gate_up 492 us predicted, 1301-1410 measured); x3.0 fits the 15 configs (median |ln| 0.97 -> 0.03).
@@ -75,6 +95,13 @@ class DequantWork:
     cvt_ops: float = 0.0
     #: shared-memory bytes per weight moved to give the MMA its operand (dot paths only)
     smem_bytes: float = 0.0
+
+
+def gemv_measured_factor(fmt: WeightFormat) -> float:
+    """What the decode GEMV's measured time runs over its hand count, by format (1 where none was found)."""
+    if fmt.name == "int4":
+        return GEMV_MEASURED_FACTOR["int4" if fmt.symmetric else "int4-asym"]
+    return 1.0
 
 
 def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: bool = False) -> DequantWork:

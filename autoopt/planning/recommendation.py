@@ -577,7 +577,7 @@ class _OpTime:
         self.mode = mode
         self.op = op
         self.us = us
-        self.bound = bound  # "compute" or "memory"
+        self.bound = bound  # "compute", "memory" or "latency" (a kernel's floor)
         self.best = best  # rank()'s best config; None where the roofline priced the op
 
 
@@ -618,8 +618,8 @@ def _layer_costs(spec: ModelSpec, wl: Workload, fit: _Fit, *, preference: str, t
     priced: dict[tuple[str, str], tuple[_LayerCost, ...]] = {}
     for i, (kind, dev) in enumerate(zip(kinds, fit.stage_of, strict=True)):
         if (kind, dev.name) not in priced:  # the pair's first layer stands for all of them
-            priced[(kind, dev.name)] = tuple(_cost_layer(spec, i, dev, m, phases, batch=wl.batch, tp=fit.tp, top=top)
-                                             for m in modes)
+            priced[(kind, dev.name)] = tuple(_cost_layer(spec, i, dev, m, phases, batch=wl.batch, tp=fit.tp, top=top,
+                                                         runtime=runtime) for m in modes)
     layers = tuple(priced[(kind, dev.name)] for kind, dev in zip(kinds, fit.stage_of, strict=True))
     return _LayerCosts(phases=phases, modes=modes, kinds=kinds, priced=priced, layers=layers, notes=notes)
 
@@ -665,17 +665,24 @@ def _modes(fmt: QuantFormat, gpu: GPUProfile | None, preference: str, runtime: s
 
 
 def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple[_Phase, ...], *, batch: int,
-                tp: int, top: int) -> _LayerCost:
-    """Layer ``i`` on ``dev`` in ``mode``: each op of each phase priced, as one tensor-parallel rank runs it."""
+                tp: int, top: int, runtime: str | None = None) -> _LayerCost:
+    """Layer ``i`` on ``dev`` in ``mode``: each op of each phase priced, as one tensor-parallel rank runs it,
+    and the runtime's position-embedding and KV-cache glue around its attention."""
     ops: list[_OpTime] = []
     phase_us: dict[str, float] = {}
     request_us = 0.0
     for p in phases:
         us = 0.0
-        for op in spec.layer_ops(i, batch=batch, q_len=p.q_len, context=p.context, dtype=mode.gemm_dtype):
+        layer = spec.layer_ops(i, batch=batch, q_len=p.q_len, context=p.context, dtype=mode.gemm_dtype)
+        for op in layer:
             t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed, quantized=True)
             us += t.us * t.op.count
             ops.append(t)
+        glue = _attention_glue(dev, layer, spec.num_kv_heads, runtime, graphed=p.graphed, phase=p.name, mode=mode,
+                               tp=tp)
+        if glue is not None:
+            us += glue.us
+            ops.append(glue)
         phase_us[p.name] = us
         request_us += p.runs * us
     return _LayerCost(ops=tuple(ops), phase_us=phase_us, request_us=request_us)
@@ -878,9 +885,46 @@ def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int, *, gra
                 us = max(GRAPH_LAUNCH_US, us - _standalone_launch_us() + GRAPH_LAUNCH_US)
             return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=bound, best=best)
     us, bound = _roofline(dev, op, mode.gemm_dtype if op.kernel_class == "gemm" else "bf16")
+    if op.kind == "attention" and op.shape[2] == 1 and us < ATTENTION_DECODE_MIN_US:
+        us, bound = ATTENTION_DECODE_MIN_US, "latency"
     if graphed:
         us += GRAPH_LAUNCH_US
     return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=bound, best=None)
+
+
+#: the shortest a decode attention kernel runs, in us, however few keys it reads: H100, batch 1, 32 query
+#: heads over 8 KV heads, 129-197 keys (``benchmarks/results/h100/quant_trace.json``: cuDNN's SDPA flash kernel
+#: under transformers, eager and compiled alike, 6.6-6.9 us a call against a ~0.4 us roofline). A block a
+#: (batch, head) loads Q, walks the keys, reduces and writes: latency, not bandwidth, at short contexts.
+ATTENTION_DECODE_MIN_US = 6.7
+#: kernels a runtime launches per attention layer beyond the projections and the attention itself: rotary
+#: embedding of q and k, the KV-cache write, and the views and casts around them. transformers (and autoopt,
+#: which keeps transformers' attention) under torch.compile: 7 (quant_trace.json, compiled: 160 rotary + 64
+#: other pointwise launches over 32 layers). vLLM and SGLang run one fused rotary kernel and one cache write
+#: (``rotary_embedding``, ``reshape_and_cache_flash``): 2, the default.
+ATTENTION_GLUE_KERNELS = {"autoopt": 7, "transformers": 7}
+#: what each such tiny kernel costs on the GPU, in us: those 224 launches took 344.6 us of GPU time (1.54 us
+#: each; H100, torch 2.11, Inductor's pointwise kernels), a latency floor far above their bytes
+GLUE_KERNEL_US = 1.54
+
+
+def _attention_glue(dev: Device, layer: Sequence[LayerOp], nkv: int, runtime: str | None, *, graphed: bool,
+                    phase: str, mode: _Mode, tp: int) -> _OpTime | None:
+    """The rotary embedding and KV-cache write around a layer's attention, as the runtime launches them: at
+    least its kernels' latency floor, else the bytes they move (q and k read and written, k and v stored)."""
+    att = next((op for op in layer if op.kind == "attention"), None)
+    if att is None or dev.gpu is None:
+        return None
+    batch, n, q_len, _, d = att.shape
+    tokens = batch * q_len
+    moved = tokens * d * 2 * (2 * (n + nkv) + 2 * nkv) / max(1, tp)  # 16-bit activations and cache
+    kernels = ATTENTION_GLUE_KERNELS.get(runtime or "", 2)
+    per_kernel = GLUE_KERNEL_US if graphed else max(GLUE_KERNEL_US, _standalone_launch_us())
+    us = max(kernels * per_kernel, moved / (dev.bandwidth_gbs * 1e3))
+    op = LayerOp(name="rope_kv_cache", kind="rotary", shape=(tokens, n, d), flops=6.0 * tokens * (n + nkv) * d,
+                 bytes=float(moved), kernel_class="rotary")
+    return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us,
+                   bound="latency" if kernels * per_kernel >= us else "memory", best=None)
 
 
 def _standalone_launch_us() -> float:

@@ -32,6 +32,9 @@ RULES: tuple[tuple[str, str], ...] = (
     ("attention", r"flash|fmha|sdpa|attention|attn_fwd|paged_attention|mha_|flashinfer|_fwd_kernel_stage|"
                   r"cudnn.*(sdpa|attn)|unified_attention"),
     ("moe_gemm", r"fused_moe|moe_|grouped_gemm|group_gemm|marlin_moe|expert"),
+    # a matmul over a quantized weight is a GEMM (autoopt's _quant_gemv_kernel / _quant_gemm_kernel), before
+    # the quantize rule below would take it for the activations' quantizer
+    ("gemm", r"quant_gem[mv]"),
     ("quantize", r"quant|dequant|scaled_fp8|fp8_quant|per_token_group|cvt_fp8|mxfp4|nvfp4"),
     ("gemm", r"gemm|gemv|xmma|nvjet|cutlass|cublas|sm\d+_.*_tn|wgmma|^cijk_|hipblaslt|rocblas|"
              r"_mm_kernel|matmul|marlin|splitk|^ck_.*(gemm|gemv)|autoopt.*(gemm|gemv)"),
