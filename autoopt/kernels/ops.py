@@ -121,8 +121,8 @@ class OpSpec:
         size: int = math.prod(shape)
         what = f"shape {shape}"
         if self.kind == "fused_moe":  # its largest tensor: the experts' gate_up weights or the routed rows
-            m, e, topk, n, k = (int(d) for d in shape)
-            weights, rows = e * 2 * n * k, m * topk * (2 * n if 2 * n > k else k)
+            tokens, experts, topk, inter, hidden = shape
+            weights, rows = experts * 2 * inter * hidden, tokens * topk * max(2 * inter, hidden)
             size, what = (weights, "the gate_up weights") if weights >= rows else (rows, "the routed rows")
         if size >= 1 << 40:
             raise OpError(f"{self.kind}: {what} hold more than 2^40 elements ({size})")
