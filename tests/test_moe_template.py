@@ -225,3 +225,20 @@ def test_moe_config_is_the_runtime_file_entry_of_the_best_config():
 def test_moe_config_refuses_other_ops():
     with pytest.raises(OpError, match="fused_moe"):
         moe_config(OpSpec(kind="gemm", shape=(4, 8, 8)), H100)
+
+
+def test_the_tuner_searches_the_fused_moe_space_from_the_models_pick():
+    from types import SimpleNamespace
+
+    from autoopt.tuning.tuner import tune
+
+    op = OpSpec(kind="fused_moe", shape=(64, *MIXTRAL))
+    top = rank(H100, op, top=1, measured=False).best.config
+    seen = []
+
+    def evaluate(op, config):  # a GPU that runs every config 10 % slower than predicted
+        seen.append(config)
+        return SimpleNamespace(label="measured", us=moe_cost(H100, op, config).us * 1.1, rel_err=1e-3, reason="")
+    result = tune(H100, op, budget_trials=4, evaluate=evaluate)
+    assert seen[0].key() == top.key() and len(seen) <= 4
+    assert all(c.kernel == "fused_moe" for c in seen) and result.best.config.kernel == "fused_moe"
