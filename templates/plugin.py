@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 #: five template modules costs ~10 ms of a ~125 ms cold recommend() on a 2-core box
 #: (tests/test_plugins.py checks the two agree)
 TEMPLATE_NAMES = ("gemm", "gemv", "hopper-tma-gemm", "elementwise", "norm", "quant-gemv", "quant-gemm",
-                  "quant-dequant-cublas")
+                  "quant-dequant-cublas", "fused-moe-triton")
 
 
 @hookimpl
@@ -28,11 +28,13 @@ def autoopt_templates() -> list[Template]:
     from autoopt.templates.gemm import GemmTemplate
     from autoopt.templates.gemv import GemvTemplate
     from autoopt.templates.hopper import HopperTmaGemmTemplate
+    from autoopt.templates.moe import FusedMoeTemplate
     from autoopt.templates.norm import NormTemplate
     from autoopt.templates.quant import QuantDequantCublasTemplate, QuantGemmTemplate, QuantGemvTemplate
 
     return [GemmTemplate(), GemvTemplate(), HopperTmaGemmTemplate(), ElementwiseTemplate(), NormTemplate(),
-            QuantGemvTemplate(), QuantGemmTemplate(), QuantDequantCublasTemplate()]
+            QuantGemvTemplate(), QuantGemmTemplate(), QuantDequantCublasTemplate(),
+            FusedMoeTemplate()]
 
 
 @hookimpl(trylast=True)

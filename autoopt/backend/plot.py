@@ -66,7 +66,7 @@ class _Roof:
 def _compute_dtype(op: OpSpec) -> str:
     # Same rule as runner._peak_tflops: fp32 matmuls run as TF32 on tensor cores;
     # elementwise/norm math is fp32 on the CUDA cores whatever the storage dtype.
-    return ("tf32" if op.dtype == "fp32" else op.dtype) if op.is_matmul else "fp32"
+    return ("tf32" if op.dtype == "fp32" else op.dtype) if op.uses_tensor_cores else "fp32"
 
 
 def _spec_only(gpu: GPUProfile) -> GPUProfile:

@@ -4,7 +4,9 @@ Kernel names (``KernelConfig.kernel``) and the op kinds they serve:
 ``gemm``, ``gemm_tma`` (gemm, gemv), ``gemv`` (gemv), ``silu_mul``, ``add``, ``gelu_tanh_mul``,
 ``{rmsnorm,layernorm,softmax}_{single,looped}``, ``rmsnorm_split``, ``rmsnorm_coop``; over a quantized
 weight (``OpSpec.weight``): ``quant_gemv`` (gemv), ``quant_gemm`` and ``quant_dequant_cublas`` (gemm:
-dequantize W to a 16-bit scratch, then cuBLAS; weight-only formats). The plain matmul kernels also
+dequantize W to a 16-bit scratch, then cuBLAS; weight-only formats); ``fused_moe`` (fused_moe: a MoE
+layer's expert GEMMs over sorted, padded token slots, 16-bit or W8A8 FP8 experts; inputs ``x``, ``w13``,
+``w2`` (+ ``*_scale``), ``topk_weights``, ``topk_ids``). The plain matmul kernels also
 run with a fused bias + activation epilogue (a ``"bias"`` input, ``prepare(..., activation=)``): the same
 config on the variant kernels of ``kernels/epilogue.py``, not ranked or measured apart. Inputs are fresh
 random tensors (never zeros: zeros hide unwritten outputs and can run faster). The reference is float64 on
@@ -79,6 +81,8 @@ class KernelEntry:
     module: str
     #: whether it reads a packed quantized weight (ops with ``weight`` set, and only those)
     quantized: bool = False
+    #: whether it reads plain and quantized weights alike (``quantized`` then says nothing)
+    any_weight: bool = False
 
 
 _KERNELS = "autoopt.backend.kernels"
@@ -97,6 +101,7 @@ KERNELS: dict[str, KernelEntry] = {
     "quant_gemm": KernelEntry(name="quant_gemm", kinds=("gemm",), module=f"{_KERNELS}.quant_gemm", quantized=True),
     "quant_dequant_cublas": KernelEntry(name="quant_dequant_cublas", kinds=("gemm",),
                                         module=f"{_KERNELS}.quant_dequant", quantized=True),
+    "fused_moe": KernelEntry(name="fused_moe", kinds=("fused_moe",), module=f"{_KERNELS}.fused_moe", any_weight=True),
 }
 
 
@@ -116,7 +121,7 @@ def check_kernel(op: OpSpec, config: KernelConfig) -> None:
     if op.kind not in entry.kinds:
         raise ConfigError(f"kernel {config.kernel!r} serves {', '.join(entry.kinds)}, not {op.kind!r}",
                           reasons=(f"kernel {config.kernel!r} cannot run op kind {op.kind!r}",))
-    if entry.quantized != (op.weight is not None):
+    if not entry.any_weight and entry.quantized != (op.weight is not None):
         want = "a quantized weight (OpSpec.weight)" if entry.quantized else f"a plain {op.dtype} weight"
         raise ConfigError(f"kernel {config.kernel!r} reads {want}; {op.label()} has "
                           f"{'weight ' + op.weight if op.weight else 'none'}",
@@ -146,6 +151,8 @@ def make_inputs(op: OpSpec, device: Any, seed: int = 0, *, empty: bool = False) 
                 for k, v in make_inputs(op, "meta", seed).items()}
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
+    if op.kind == "fused_moe":
+        return _moe_inputs(op, device, gen)
     if op.weight is not None:
         return _quant_inputs(op, device, gen)
     if op.is_matmul:
@@ -192,6 +199,119 @@ def _quant_inputs(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
     return {"a": a, **quantize(w, fmt).tensors()}
 
 
+def _moe_inputs(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
+    """A fused-MoE layer: ``x`` (``hidden`` ``[M, K]``, or the activation ``[M*topk, N]`` for the down GEMM
+    alone), experts ``w13`` ``[E, 2N, K]`` and ``w2`` ``[E, K, N]`` ~ N(0, 1/fan-in) (quantized per expert into
+    ``op.weight``'s format, scales ``w13_scale``/``w2_scale``), and a routing drawn as a router makes one:
+    softmax over random logits, its top-k (``topk_weights`` fp32, ``topk_ids`` int64)."""
+    import torch
+
+    m, e, topk, n, k = op.shape
+    x = _randn((m * topk, n) if op.moe_gemm == "down" else (m, k), op.dtype, device, gen)
+    logits = torch.randn((m, e), generator=gen)
+    weights, ids = torch.softmax(logits, dim=-1).topk(topk, dim=-1)
+    out: dict[str, Any] = {"x": x, "topk_weights": weights.to(device), "topk_ids": ids.to(device)}
+    fmt = op.weight_format
+    for name, (rows, cols) in (("w13", (2 * n, k)), ("w2", (k, n))):
+        if fmt is None:
+            out[name] = _randn((e, rows, cols), op.dtype, device, gen, cols ** -0.5)
+            continue
+        if str(device) == "meta":
+            out[name] = torch.empty((e, rows, cols), dtype=torch.float8_e4m3fn, device="meta")
+            out[f"{name}_scale"] = torch.empty((e, *fmt.scale_shape(rows, cols)), dtype=torch.float32, device="meta")
+            continue
+        from autoopt.backend.quant import quantize
+
+        packed = [quantize(_randn((rows, cols), op.dtype, device, gen, cols ** -0.5), fmt) for _ in range(e)]
+        out[name] = torch.stack([q.qweight for q in packed])
+        out[f"{name}_scale"] = torch.stack([q.scales.float() for q in packed])
+    if str(device) == "meta":
+        out["topk_weights"] = torch.empty((m, topk), dtype=torch.float32, device="meta")
+        out["topk_ids"] = torch.empty((m, topk), dtype=torch.int64, device="meta")
+    return out
+
+
+def _moe_reference(inputs: dict[str, Any], op: OpSpec) -> Any:
+    """The fused-MoE op in float64, one expert at a time, with the dequantized experts and (W8A8) the
+    activations quantized as the kernel quantizes them (``quantize_activations``)."""
+    import torch
+
+    m, e, topk, n, k = op.shape
+    fmt = op.weight_format
+
+    def expert_weight(name: str, i: int) -> Any:
+        w = inputs[name][i].to(torch.float64)
+        if fmt is None:
+            return w
+        s = inputs[f"{name}_scale"][i].to(torch.float64)
+        if fmt.name == "fp8_block":
+            rows, cols = w.shape
+            s = s.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+            return w * s
+        return w * s[:, None]
+
+    def act(x: Any) -> Any:
+        if fmt is None or not fmt.quantizes_activations:
+            return x.to(torch.float64)
+        from autoopt.backend.quant import quantize_activations
+
+        q, s = quantize_activations(x, fmt)
+        q = q.to(torch.float64)
+        if s.dim() == 1:
+            return q * s.to(torch.float64)[:, None]
+        return q * s.to(torch.float64).repeat_interleave(128, 1)[:, :x.shape[1]]
+
+    ids = inputs["topk_ids"].reshape(-1)
+    slot_w = inputs["topk_weights"].reshape(-1).to(torch.float64)
+    x = inputs["x"]
+    rows = x.shape[0]
+    if op.moe_gemm == "down":
+        a = act(x)
+        out = torch.zeros((rows, k), dtype=torch.float64, device=x.device)
+        for i in range(e):
+            sel = (ids == i).nonzero().flatten()
+            out[sel] = (a[sel] @ expert_weight("w2", i).t()) * slot_w[sel, None]
+        return out
+    a = act(x)
+    up = torch.zeros((m * topk, 2 * n), dtype=torch.float64, device=x.device)
+    for i in range(e):
+        sel = (ids == i).nonzero().flatten()
+        up[sel] = a[sel // topk] @ expert_weight("w13", i).t()
+    if op.moe_gemm == "gate_up":
+        return up
+    h = torch.nn.functional.silu(up[:, :n]) * up[:, n:]
+    h = act(h.to(x.dtype)) if fmt is not None else h
+    down = torch.zeros((m * topk, k), dtype=torch.float64, device=x.device)
+    for i in range(e):
+        sel = (ids == i).nonzero().flatten()
+        down[sel] = h[sel] @ expert_weight("w2", i).t()
+    return (down * slot_w[:, None]).view(m, topk, k).sum(dim=1)
+
+
+def _moe_baseline(inputs: dict[str, Any], op: OpSpec) -> Callable[[], Any] | None:
+    """A per-expert loop in torch, as transformers' eager experts run (16-bit experts, both GEMMs only)."""
+    import torch
+    import torch.nn.functional as F
+
+    if op.weight is not None or op.moe_gemm != "both":
+        return None
+    x, w13, w2 = inputs["x"], inputs["w13"], inputs["w2"]
+    ids, tw = inputs["topk_ids"], inputs["topk_weights"]
+    e = w13.shape[0]
+
+    def run() -> Any:
+        out = torch.zeros_like(x)
+        for i in range(e):
+            tok, pos = torch.where(ids == i)
+            if tok.numel() == 0:
+                continue
+            gate, up = F.linear(x[tok], w13[i]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, w2[i]) * tw[tok, pos, None].to(x.dtype)
+            out.index_add_(0, tok, y)
+        return out
+    return run
+
+
 def quantized_weight(inputs: dict[str, Any], op: OpSpec) -> Any:
     """The :class:`~autoopt.backend.quant.QuantizedWeight` held by ``inputs`` for ``op``."""
     from autoopt.backend.quant import QuantizedWeight
@@ -206,12 +326,20 @@ def alloc_out(op: OpSpec, device: Any) -> Any:
     """An uninitialised output of the op's shape and output dtype."""
     import torch
 
+    if op.kind == "fused_moe":
+        m, _, topk, n, k = op.shape
+        rows_cols = {"both": (m, k), "gate_up": (m * topk, 2 * n), "down": (m * topk, k)}[op.moe_gemm or "both"]
+        return torch.empty(rows_cols, dtype=torch_dtype(op.dtype), device=device)
     shape = (op.shape[0], op.shape[1]) if op.is_matmul else tuple(op.shape)
     return torch.empty(shape, dtype=torch_dtype(op.out_dtype or op.dtype), device=device)
 
 
 def tolerance(op: OpSpec) -> float:
     """Largest relative Frobenius error accepted for ``op`` (TF32 bound for fp32 matmuls)."""
+    if op.kind == "fused_moe":
+        # W8A8 experts: Hopper's fp8 MMA accumulator (the W8A8 row bound) and, between the GEMMs, the
+        # activation quantized from the kernel's 16-bit rows where the reference quantizes its own
+        return _TOL_W8A8_ROW if op.weight is not None else _TOL[op.dtype]
     if op.weight is not None:
         fmt = op.weight_format
         assert fmt is not None
@@ -244,6 +372,13 @@ def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
         raise ConfigError(f"unknown backend kernel {config.kernel!r}; expected one of {', '.join(KERNELS)}")
     params = dict(config.params)
     name = config.kernel
+    if name == "fused_moe":
+        if op is None:
+            raise ConfigError("kernel 'fused_moe' needs the op (which GEMM, the weight format) to bind its inputs")
+        from autoopt.backend.kernels.fused_moe import fused_moe_prepare
+        return fused_moe_prepare(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"],
+                                 out, config=params, w13_scale=inputs.get("w13_scale"),
+                                 w2_scale=inputs.get("w2_scale"), gemm=op.moe_gemm or "both")
     if name in ("quant_gemv", "quant_gemm", "quant_dequant_cublas"):
         if op is None:
             raise ConfigError(f"kernel {name!r} needs the op (its weight format) to bind its inputs")
@@ -300,6 +435,8 @@ def reference(inputs: dict[str, Any], op: OpSpec) -> Any:
     def d(t: Any) -> Any:
         return t.to(torch.float64)
 
+    if op.kind == "fused_moe":
+        return _moe_reference(inputs, op)
     if op.weight is not None:
         from autoopt.backend.quant import reference_matmul
 
@@ -360,6 +497,8 @@ def torch_baseline(inputs: dict[str, Any], op: OpSpec) -> Callable[[], Any] | No
     import torch
     import torch.nn.functional as F
 
+    if op.kind == "fused_moe":
+        return _moe_baseline(inputs, op)
     if op.weight is not None:
         return _scaled_mm_baseline(inputs, op)
     if op.is_matmul:

@@ -117,7 +117,7 @@ def _pick_device(device: str | None) -> str | None:
 
 def _peak_tflops(op: OpSpec, gpu: GPUProfile, *, measured: bool = True) -> float | None:
     # fp32 matmuls run as TF32 on tensor cores; elementwise/norm math in fp32 on the CUDA cores.
-    dtype = ("tf32" if op.dtype == "fp32" else op.compute_dtype) if op.is_matmul else "fp32"
+    dtype = ("tf32" if op.dtype == "fp32" else op.compute_dtype) if op.uses_tensor_cores else "fp32"
     return gpu.tflops(dtype, measured=measured)
 
 
@@ -177,7 +177,7 @@ def _cache_budget(device: str) -> int:
 
 def inputs_key(op: OpSpec, device: str, seed: int) -> tuple[Any, ...]:
     """What makes two evaluations' inputs identical: the op's fields, the device and the seed."""
-    return (op.kind, op.shape, op.dtype, op.layout, op.out_dtype, op.weight, seed, device)
+    return (op.kind, op.shape, op.dtype, op.layout, op.out_dtype, op.weight, op.moe_gemm, seed, device)
 
 
 def _inputs_and_reference(op: OpSpec, device: str, seed: int) -> tuple[dict[str, Any], Any]:

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 def register(sub: Subparsers) -> None:
     """Add ``tune``."""
     sp = sub.add_parser("tune", help="measure a few configs per op on this GPU; keep the winners")
-    sp.add_argument("op", metavar="OP", nargs="?", help="gemm, gemv, silu_mul, add, rmsnorm, layernorm, softmax")
+    sp.add_argument("op", metavar="OP", nargs="?",
+                    help="gemm, gemv, silu_mul, add, rmsnorm, layernorm, softmax, fused_moe (shape M,E,topk,N,K)")
     sp.add_argument("--shape", help="shape for OP, e.g. 256,6144,4096")
     sp.add_argument("--suite", help="an op suite instead of one op (llm, quick)")
     sp.add_argument("--model", help="the distinct ops of this model's plan (catalog name or config.json)")

@@ -91,7 +91,7 @@ def floor_us(gpu: GPUProfile, op: OpSpec) -> float:
     hit = _FLOOR_CACHE.get((id(gpu), op))
     if hit is not None and hit[0] is gpu:
         return hit[1]
-    peak = peak_flops(gpu, op.compute_dtype, tensor=op.is_matmul)
+    peak = peak_flops(gpu, op.compute_dtype, tensor=op.uses_tensor_cores)
     t_c = op.flops / peak if peak else 0.0
     floor = max(t_c, op.min_bytes / _bw(gpu)) * 1e6
     if len(_FLOOR_CACHE) > 1024:

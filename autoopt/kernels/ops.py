@@ -14,6 +14,18 @@ Shapes by kind:
 - ``gelu_tanh_mul``: ``(rows, N)``: ``out = gelu_tanh(x) * y`` (GeGLU, Gemma's activation).
 - ``add``: ``(rows, N)`` (or ``(numel,)``): ``out = x + y``.
 - ``rmsnorm``/``layernorm``/``softmax``: ``(rows, N)``, normalised over N.
+- ``fused_moe``: ``(M, E, topk, N, K)``: M tokens each routed to ``topk`` of ``E`` experts; expert e's
+  gate_up weight ``w13[e]`` is ``[2N, K]`` (gate rows first), its down weight ``w2[e]`` is ``[K, N]``
+  (N: intermediate size per shard, K: hidden size; vLLM's config files name N and E).
+  ``moe_gemm`` says what is meant: ``both`` (``out[M,K] = sum_j w_j * down_j(silu(gate_j) * up_j)``),
+  ``gate_up`` (``[M*topk, 2N]``, one row per routed token) or ``down`` (``[M*topk, N] -> [M*topk, K]``,
+  each row times its routing weight). ``dtype`` is the activations'; ``weight`` a quantized expert
+  format (fp8 = vLLM's ``fp8_w8a8`` per channel, ``fp8_block`` its ``block_shape=[128,128]``, int8 =
+  ``int8_w8a16``, int4 = ``int4_w4a16``). FLOPs are the GEMMs' ``2*M*topk*N_out*K_in`` (the activation
+  and the weighted sum are not counted). Bytes count the weights of the *expected* number of distinct
+  experts touched under uniform routing, ``E * (1 - (1 - topk/E)^M)`` (an expert is missed by one token
+  with probability ``1 - topk/E``, by all M independently), plus activations in and out once and the
+  routing (int32 ids; fp32 weights where used).
 """
 
 from __future__ import annotations
@@ -26,7 +38,7 @@ from typing import Any
 from autoopt.errors import OpError
 from autoopt.kernels.quant import WeightFormat, parse_weight
 
-__all__ = ["DTYPE_BYTES", "OP_KINDS", "QUANT_ACT_DTYPES", "OpSpec", "parse_shape"]
+__all__ = ["DTYPE_BYTES", "MOE_GEMMS", "OP_KINDS", "QUANT_ACT_DTYPES", "OpSpec", "parse_shape"]
 
 #: bytes per element; fp4 packs two per byte.
 DTYPE_BYTES: dict[str, float] = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2,
@@ -45,7 +57,10 @@ OP_KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "rmsnorm": (("rows", "N"), ("bf16", "fp16", "fp32")),
     "layernorm": (("rows", "N"), ("bf16", "fp16", "fp32")),
     "softmax": (("rows", "N"), ("bf16", "fp16", "fp32")),
+    "fused_moe": (("M", "E", "topk", "N", "K"), ("bf16", "fp16")),
 }
+#: which GEMM of a ``fused_moe`` op is meant (``OpSpec.moe_gemm``)
+MOE_GEMMS = ("both", "gate_up", "down")
 #: activation (and output) dtypes of a matmul with a quantized weight
 QUANT_ACT_DTYPES = ("bf16", "fp16")
 _MAX_DIM = 1 << 31  # int32 indexing in the kernels; larger is refused up front
@@ -86,6 +101,8 @@ class OpSpec:
     #: quantized weight format of a matmul (a :func:`~autoopt.kernels.quant.parse_weight` spec, kept
     #: canonical); None: W is stored in ``dtype`` like A.
     weight: str | None = None
+    #: ``fused_moe`` only: which GEMM (:data:`MOE_GEMMS`; None there means ``both``); None for other kinds
+    moe_gemm: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in OP_KINDS:
@@ -101,8 +118,14 @@ class OpSpec:
                 raise OpError(f"{self.kind}: dimension {n} must be a positive integer, got {v!r}")
             if v >= _MAX_DIM:
                 raise OpError(f"{self.kind}: dimension {n}={v} is too large (limit {_MAX_DIM - 1})")
-        if math.prod(shape) >= 1 << 40:
-            raise OpError(f"{self.kind}: shape {shape} has more than 2^40 elements")
+        size: int = math.prod(shape)
+        what = f"shape {shape}"
+        if self.kind == "fused_moe":  # its largest tensor: the experts' gate_up weights or the routed rows
+            tokens, experts, topk, inter, hidden = shape
+            weights, rows = experts * 2 * inter * hidden, tokens * topk * max(2 * inter, hidden)
+            size, what = (weights, "the gate_up weights") if weights >= rows else (rows, "the routed rows")
+        if size >= 1 << 40:
+            raise OpError(f"{self.kind}: {what} hold more than 2^40 elements ({size})")
         dtype = normalize_dtype(self.dtype)
         if dtype not in dtypes:
             raise OpError(f"{self.kind} does not support dtype {dtype}; expected one of {', '.join(dtypes)}")
@@ -111,9 +134,21 @@ class OpSpec:
         if self.layout not in ("nk", "kn"):
             raise OpError(f"layout {self.layout!r} is not supported; expected 'nk' (nn.Linear weight) or 'kn'")
         out = normalize_dtype(self.out_dtype) if self.out_dtype else ("bf16" if dtype == "fp8" else dtype)
+        if self.kind == "fused_moe":
+            if shape[2] > shape[1]:
+                raise OpError(f"fused_moe: topk={shape[2]} exceeds the number of experts E={shape[1]}")
+            gemm = "both" if self.moe_gemm is None else self.moe_gemm
+            if gemm not in MOE_GEMMS:
+                raise OpError(f"fused_moe: moe_gemm={self.moe_gemm!r}; expected one of {', '.join(MOE_GEMMS)}")
+            object.__setattr__(self, "moe_gemm", gemm)
+            if self.layout != "nk":
+                raise OpError(f"fused_moe experts are stored [N_out, K] (transformers' and vLLM's layout): layout "
+                              f"must be 'nk', got {self.layout!r}")
+        elif self.moe_gemm is not None:
+            raise OpError(f"{self.kind} has no expert GEMMs; 'moe_gemm' applies to fused_moe only")
         if self.weight is not None:
-            if self.kind not in ("gemm", "gemv"):
-                raise OpError(f"{self.kind} has no weight to quantize; 'weight' applies to gemm/gemv")
+            if self.kind not in ("gemm", "gemv", "fused_moe"):
+                raise OpError(f"{self.kind} has no weight to quantize; 'weight' applies to gemm/gemv/fused_moe")
             fmt = parse_weight(self.weight) if isinstance(self.weight, str) else None
             if fmt is None:
                 raise OpError(f"weight must be a format name like 'int4' or 'fp8', got {self.weight!r}")
@@ -138,6 +173,32 @@ class OpSpec:
         return self.kind in ("gemm", "gemv")
 
     @property
+    def uses_tensor_cores(self) -> bool:
+        """Whether the op's work is matmuls (priced at the tensor-core peak): gemm, gemv, fused_moe."""
+        return self.is_matmul or self.kind == "fused_moe"
+
+    @property
+    def moe_matrices(self) -> tuple[tuple[int, int], ...]:
+        """``fused_moe``: the ``(N_out, K_in)`` of each expert weight the op multiplies by, gate_up
+        ``(2N, K)`` then down ``(K, N)``, as ``moe_gemm`` selects; () for other kinds."""
+        if self.kind != "fused_moe":
+            return ()
+        _, _, _, n, k = self.shape
+        both = {"gate_up": (2 * n, k), "down": (k, n)}
+        return tuple(v for name, v in both.items() if self.moe_gemm in ("both", name))
+
+    @property
+    def moe_touched_experts(self) -> float:
+        """``fused_moe``: expected distinct experts hit under uniform routing, ``E*(1-(1-topk/E)^M)``."""
+        m, e, topk, _, _ = self.shape
+        return e * (1.0 - (1.0 - topk / e) ** m)
+
+    def moe_weight_bytes(self, n_out: int, k_in: int) -> float:
+        """Stored bytes of one expert's ``[n_out, k_in]`` weight (packed + scales for a quantized format)."""
+        fmt = self.weight_format
+        return float(fmt.weight_bytes(n_out, k_in) if fmt is not None else n_out * k_in * DTYPE_BYTES[self.dtype])
+
+    @property
     def weight_format(self) -> WeightFormat | None:
         """The quantized weight's format, or None for a plain matmul (or a non-matmul op)."""
         return None if self.weight is None else parse_weight(self.weight)
@@ -148,7 +209,7 @@ class OpSpec:
         else ``dtype`` (weight-only formats dequantize W to the activations' dtype; decode GEMVs
         never quantize activations)."""
         fmt = self.weight_format
-        if fmt is not None and self.kind == "gemm" and fmt.quantizes_activations:
+        if fmt is not None and self.kind in ("gemm", "fused_moe") and fmt.quantizes_activations:
             return "fp8"
         return self.dtype
 
@@ -156,6 +217,9 @@ class OpSpec:
     def weight_elem_bytes(self) -> float:
         """Stored bytes per element of W: the dtype's, or the packed format's with its scales."""
         fmt = self.weight_format
+        if self.kind == "fused_moe":  # over the op's expert matrices
+            mats = self.moe_matrices
+            return sum(self.moe_weight_bytes(n, k) for n, k in mats) / sum(n * k for n, k in mats)
         if fmt is None:
             return DTYPE_BYTES[self.dtype]
         _, n, k = self.shape
@@ -171,6 +235,9 @@ class OpSpec:
         if self.is_matmul:
             m, n, k = self.shape
             return 2.0 * m * n * k
+        if self.kind == "fused_moe":
+            rows = self.shape[0] * self.shape[2]
+            return sum(2.0 * rows * n * k for n, k in self.moe_matrices)
         per_elem = {"silu_mul": 5.0, "add": 1.0, "gelu_tanh_mul": 9.0, "rmsnorm": 4.0, "layernorm": 7.0,
                     "softmax": 5.0}
         return per_elem[self.kind] * self.numel
@@ -186,6 +253,8 @@ class OpSpec:
             if fmt is not None:  # A once in its dtype, the packed W and its scales once, C once
                 return m * k * e + fmt.weight_bytes(n, k) + m * n * o
             return (m * k + n * k) * e + m * n * o
+        if self.kind == "fused_moe":
+            return self._moe_min_bytes(e, o)
         rows, n = self.shape
         if self.kind in ("silu_mul", "add", "gelu_tanh_mul"):
             return 3.0 * rows * n * e
@@ -195,6 +264,17 @@ class OpSpec:
             return 2.0 * rows * n * e + 2 * n * e
         return 2.0 * rows * n * e  # softmax
 
+    def _moe_min_bytes(self, e: float, o: float) -> float:
+        """Touched experts' weights (expected, uniform routing), activations in and out once, and
+        the routing: int32 expert ids (every GEMM), fp32 weights (where they scale the down GEMM)."""
+        m, _, topk, n, k = self.shape
+        slots = m * topk
+        w = self.moe_touched_experts * sum(self.moe_weight_bytes(no, ki) for no, ki in self.moe_matrices)
+        io = {"both": m * k * e + m * k * o, "gate_up": m * k * e + slots * 2 * n * o,
+              "down": slots * n * e + slots * k * o}[self.moe_gemm or "both"]
+        routing = slots * (4 if self.moe_gemm == "gate_up" else 8)
+        return w + io + routing
+
     @property
     def intensity(self) -> float:
         """Arithmetic intensity, FLOP per byte at the floor."""
@@ -202,6 +282,8 @@ class OpSpec:
 
     def label(self) -> str:
         w = f" w={self.weight}" if self.weight else ""
+        if self.kind == "fused_moe" and self.moe_gemm != "both":
+            w += f" {self.moe_gemm}"
         return f"{self.kind}[{'x'.join(map(str, self.shape))}] {self.dtype}{w}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -210,13 +292,15 @@ class OpSpec:
                                "layout": self.layout, "out_dtype": self.out_dtype}
         if self.weight is not None:
             out["weight"] = self.weight
+        if self.moe_gemm is not None:
+            out["moe_gemm"] = self.moe_gemm
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> OpSpec:
         if not isinstance(data, Mapping):
             raise OpError(f"op description must be a mapping, got {type(data).__name__}")
-        unknown = set(data) - {"kind", "shape", "dtype", "layout", "out_dtype", "weight"}
+        unknown = set(data) - {"kind", "shape", "dtype", "layout", "out_dtype", "weight", "moe_gemm"}
         if unknown:
             raise OpError(f"op description has unknown fields {sorted(map(str, unknown))}")
         if "kind" not in data or "shape" not in data:
@@ -232,6 +316,9 @@ class OpSpec:
         weight = data.get("weight")
         if weight is not None and not isinstance(weight, str):
             raise OpError(f"weight must be a format name like 'int4', got {type(weight).__name__}")
+        moe_gemm = data.get("moe_gemm")
+        if moe_gemm is not None and not isinstance(moe_gemm, str):
+            raise OpError(f"moe_gemm must be one of {', '.join(MOE_GEMMS)}, got {type(moe_gemm).__name__}")
         return cls(kind=kind.lower(), shape=tuple(shape), dtype=str(data.get("dtype", "bf16")),
                    layout=str(data.get("layout", "nk")),
-                   out_dtype=data.get("out_dtype"), weight=weight)
+                   out_dtype=data.get("out_dtype"), weight=weight, moe_gemm=moe_gemm)

@@ -73,7 +73,8 @@ def _collect(hw: HardwareProfile, catalog: Sequence[str], rts: Sequence[str | No
                 except AutooptError as exc:  # a runtime that cannot run the model here: nothing ranked
                     log.debug("%s / %s / %s: %s", hw.name, model, rt, exc)
     for gpu, op in recorded:
-        seen.setdefault((gpu_key(gpu), op.kind, op.shape, op.dtype, op.layout, op.out_dtype, op.weight), (gpu, op))
+        seen.setdefault((gpu_key(gpu), op.kind, op.shape, op.dtype, op.layout, op.out_dtype, op.weight, op.moe_gemm),
+                        (gpu, op))
     recorded.clear()
 
 

@@ -118,21 +118,29 @@ class ResultKey:
 
 #: joins the activation dtype and the weight format in the store's dtype column
 WEIGHT_SEP = "+"
+#: joins the layout and a fused_moe op's single GEMM (``nk/gate_up``, ``nk/down``) in the layout column
+GEMM_SEP = "/"
+
+
+def _layout_column(op: OpSpec) -> str:
+    return op.layout if op.moe_gemm in (None, "both") else f"{op.layout}{GEMM_SEP}{op.moe_gemm}"
 
 
 def op_columns(op: OpSpec) -> tuple[str, str, str, str, str]:
     """The op as the store's columns: kind, shape ``"M,N,K"``, dtype, layout, out_dtype. A quantized
     weight rides in the dtype column as ``bf16+int4-g128`` (:func:`op_from_columns` splits it), so a
-    quantized op's rows never compete with the plain op's and the schema stays as it was."""
+    quantized op's rows never compete with the plain op's and the schema stays as it was; a fused_moe
+    op of one GEMM rides in the layout column the same way (``nk/gate_up``)."""
     dtype = f"{op.dtype}{WEIGHT_SEP}{op.weight}" if op.weight else op.dtype
-    return (op.kind, ",".join(map(str, op.shape)), dtype, op.layout, op.out_dtype or op.dtype)
+    return (op.kind, ",".join(map(str, op.shape)), dtype, _layout_column(op), op.out_dtype or op.dtype)
 
 
 def op_from_columns(kind: str, shape: str, dtype: str, layout: str, out_dtype: str) -> OpSpec:
     """The :class:`OpSpec` of a store row's op columns (the inverse of :func:`op_columns`)."""
     dtype, _, weight = dtype.partition(WEIGHT_SEP)
+    layout, _, gemm = layout.partition(GEMM_SEP)
     return OpSpec(kind=kind, shape=tuple(int(d) for d in shape.split(",")), dtype=dtype, layout=layout,
-                  out_dtype=out_dtype, weight=weight or None)
+                  out_dtype=out_dtype, weight=weight or None, moe_gemm=gemm or None)
 
 
 def config_key(config: KernelConfig) -> str:

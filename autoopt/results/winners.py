@@ -122,7 +122,8 @@ def op_key(op: OpSpec) -> str:
     """The op as the store keys it (``records.op_columns``: an unset out_dtype is the input dtype, a
     quantized weight joins the dtype)."""
     dtype = f"{op.dtype}+{op.weight}" if op.weight else op.dtype  # records.WEIGHT_SEP, without its import
-    return f"{op.kind} {','.join(map(str, op.shape))} {dtype} {op.layout} {op.out_dtype or op.dtype}"
+    layout = op.layout if op.moe_gemm in (None, "both") else f"{op.layout}/{op.moe_gemm}"  # records.GEMM_SEP
+    return f"{op.kind} {','.join(map(str, op.shape))} {dtype} {layout} {op.out_dtype or op.dtype}"
 
 
 # -- signatures -----------------------------------------------------------------------------

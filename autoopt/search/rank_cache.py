@@ -87,6 +87,8 @@ def op_key(op: OpSpec) -> str:
     """``gemm 256x6144x4096 bf16 nk bf16``: everything of the op a ranking reads (`` w=int4-g128``
     appended for a quantized weight)."""
     w = f" w={op.weight}" if op.weight else ""
+    if op.moe_gemm not in (None, "both"):  # a fused_moe op of one GEMM
+        w += f" {op.moe_gemm}"
     return f"{op.kind} {'x'.join(map(str, op.shape))} {op.dtype} {op.layout} {op.out_dtype}{w}"
 
 

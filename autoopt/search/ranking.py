@@ -369,8 +369,8 @@ def rank(gpu: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, t
         bad = [t for t in tpls if not isinstance(t, Template)]
         if bad:
             raise AutooptError(f"templates must be Template instances, got {type(bad[0]).__name__}")
-    key = (gpu_key(g), o.kind, o.shape, o.dtype, o.layout, o.out_dtype, o.weight, tuple(id(t) for t in tpls),
-           constants())
+    key = (gpu_key(g), o.kind, o.shape, o.dtype, o.layout, o.out_dtype, o.weight, o.moe_gemm,
+           tuple(id(t) for t in tpls), constants())
     entry = None if strict else _CACHE.get(key)  # an exhaustive entry serves every top and force
     if entry is None and not exhaustive:
         entry = None if strict else _CACHE.get((key, force))

@@ -57,7 +57,7 @@ def _compile(op_dict: dict[str, Any], config_dict: dict[str, Any]) -> str | None
 
     op = OpSpec.from_dict(op_dict)
     config = KernelConfig.from_dict(config_dict)
-    key = (op.kind, op.shape, op.dtype, op.layout, op.out_dtype, op.weight)
+    key = (op.kind, op.shape, op.dtype, op.layout, op.out_dtype, op.weight, op.moe_gemm)
     try:
         if key not in _inputs:
             _inputs.clear()

@@ -1,0 +1,294 @@
+"""autoopt's fused-MoE kernel: both expert GEMMs of a MoE layer, one launch each over every expert.
+
+Config semantics are the runtimes' (vLLM/SGLang ``fused_moe_kernel``): keys ``BLOCK_SIZE_M/N/K``,
+``GROUP_SIZE_M``, ``num_warps``, ``num_stages``.
+
+- :func:`moe_align`: the routed token slots (``M * topk``, slot ``s`` = token ``s // topk``'s ``s % topk``-th
+  choice) sorted by expert and padded per expert to a multiple of ``BLOCK_SIZE_M``; padding holds the
+  sentinel ``M * topk``. Each M-block then belongs to one expert (``expert_ids``; -1 past the end).
+  Torch ops, no host synchronisation (the buffers have the worst-case size and the kernel exits early
+  past ``num_tokens_post_padded``).
+- :func:`fused_moe_gemm`: ``C[slot] = A[slot // a_div] @ W[expert]^T`` for every real slot of every
+  M-block, fp32 accumulation, tiles in group-M order over (M-blocks, N-tiles), optionally times the
+  slot's routing weight. ``W`` is ``[E, N_out, K]`` (rows of an ``nn.Linear`` per expert).
+- :func:`fused_experts`: gate_up GEMM, ``silu(gate) * up`` (gate is the first half of the 2N rows),
+  down GEMM with the routing weights, sum over the top-k.
+
+Weights as transformers 5 stores fused experts (``MixtralExperts``, ``Qwen3MoeExperts``: ``gate_up_proj``
+``[E, 2N, K]``, ``down_proj`` ``[E, K, N]``), which is also vLLM's ``w13``/``w2`` layout. 16-bit experts, or
+W8A8 FP8: e4m3 experts with fp32 scales per expert (``[E]``), per output channel (``[E, N_out]``) or
+per 128 x 128 block (``[E, ceil(N_out/128), ceil(K/128)]``), activations quantized per token (per token per
+128-group for blocks) by ``act_quant.py`` before each GEMM. Under Triton's CPU interpreter (triton 3.9)
+a bf16 ``tl.dot`` is wrong and there is no fp8 dot: the operands go through fp32 / fp16 there (exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import triton
+import triton.language as tl
+
+from autoopt.backend.kernels import interpreter_active
+
+__all__ = ["CONFIG_KEYS", "fused_experts", "fused_moe_gemm", "fused_moe_prepare", "moe_align"]
+
+CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+#: side of a block-FP8 scale block (DeepSeek-V3's 128 x 128; autoopt.kernels.quant.FP8_BLOCK)
+_FP8_BLOCK = 128
+#: scale kinds of the weight (constexpr QUANT): none, per expert, per output channel, per 128 x 128 block
+_Q_NONE, _Q_TENSOR, _Q_CHANNEL, _Q_BLOCK = 0, 1, 2, 3
+
+
+def moe_align(topk_ids: Any, block_m: int, num_experts: int) -> tuple[Any, Any, Any]:
+    """``(sorted_token_ids, expert_ids, num_tokens_post_padded)`` for ``topk_ids`` ``[M, topk]``.
+
+    ``sorted_token_ids`` (int32, worst-case length ``min(M*topk + E*(block_m-1), M*topk*block_m)``
+    rounded up to ``block_m``): slots grouped by expert in expert order, within an expert in slot order,
+    each expert's run padded to a multiple of ``block_m`` with the sentinel ``M*topk``; unused tail also
+    the sentinel. ``expert_ids`` (int32, one per M-block): the block's expert, -1 past the padded total.
+    ``num_tokens_post_padded`` (int32 ``[1]``): that total, ``sum_e ceil(count_e / block_m) * block_m``."""
+    import torch
+
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    numel = flat.numel()
+    dev = flat.device
+    counts = torch.bincount(flat, minlength=num_experts)[:num_experts]
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    starts = ends - padded
+    worst = min(numel + num_experts * (block_m - 1), numel * block_m)
+    cap = -(-max(worst, 1) // block_m) * block_m
+    order = torch.argsort(flat, stable=True)
+    by_expert = flat[order]
+    first_of_expert = torch.cumsum(counts, 0) - counts
+    pos = starts[by_expert] + torch.arange(numel, device=dev) - first_of_expert[by_expert]
+    sorted_ids = torch.full((cap,), numel, dtype=torch.int32, device=dev)
+    sorted_ids[pos] = order.to(torch.int32)
+    block_starts = torch.arange(cap // block_m, device=dev) * block_m
+    expert_of_block = torch.searchsorted(ends, block_starts, right=True)
+    total = ends[-1:] if num_experts else torch.zeros(1, dtype=torch.int64, device=dev)
+    expert_ids = torch.where(block_starts < total, expert_of_block, -1).to(torch.int32)
+    return sorted_ids, expert_ids, total.to(torch.int32)
+
+
+@triton.jit
+def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, topk_w_ptr,  # type: ignore[no-untyped-def]
+                      sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, N, K, EM, num_valid,
+                      stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+                      stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk,
+                      A_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, QUANT: tl.constexpr,
+                      SCALE_BLOCK: tl.constexpr, DOT_CAST: tl.constexpr,
+                      BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                      GROUP_SIZE_M: tl.constexpr):
+    # group-M tile order over (M-blocks, N-tiles): GROUP_SIZE_M consecutive M-blocks walk the N-tiles together
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    in_group = GROUP_SIZE_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_SIZE_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_SIZE_M)
+    pid_m = first_m + (pid % in_group) % group_m
+    pid_n = (pid % in_group) // group_m
+    if pid_m * BLOCK_SIZE_M >= tl.load(ntpp_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    slot = tl.load(sorted_ids_ptr + offs_m).to(tl.int64)
+    valid = slot < num_valid
+    row = slot // A_DIV
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    n_ok = offs_n < N
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + row[:, None] * stride_am + offs_k[None, :] * stride_ak
+    w_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        k_ok = offs_k < K - k * BLOCK_SIZE_K
+        a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if DOT_CAST == 1:
+            a = a.to(tl.float16)
+            w = w.to(tl.float16)
+        elif DOT_CAST == 2:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        if QUANT == 3:  # block-FP8: each K-tile lies in one 128-block; scale its product before adding
+            kb = (k * BLOCK_SIZE_K) // SCALE_BLOCK
+            a_s = tl.load(a_s_ptr + row * stride_asm + kb * stride_ask, mask=valid, other=0.0)
+            w_s = tl.load(w_s_ptr + expert * stride_wse + (offs_n // SCALE_BLOCK) * stride_wsn + kb * stride_wsk,
+                          mask=n_ok, other=0.0)
+            acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+        else:
+            acc = tl.dot(a, w, acc)
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        w_ptrs += BLOCK_SIZE_K * stride_wk
+    if QUANT == 1 or QUANT == 2:  # per-token activation scale x the expert's (or its channel's) weight scale
+        a_s = tl.load(a_s_ptr + row * stride_asm, mask=valid, other=0.0)
+        if QUANT == 1:
+            acc = acc * a_s[:, None] * tl.load(w_s_ptr + expert * stride_wse)
+        else:
+            w_s = tl.load(w_s_ptr + expert * stride_wse + offs_n * stride_wsn, mask=n_ok, other=0.0)
+            acc = acc * (a_s[:, None] * w_s[None, :])
+    if MUL_ROUTED:
+        acc = acc * tl.load(topk_w_ptr + slot, mask=valid, other=0.0).to(tl.float32)[:, None]
+    c_ptrs = c_ptr + slot[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
+
+
+def _quant_kind(w: Any, w_scale: Any | None) -> int:
+    if w_scale is None:
+        return _Q_NONE
+    e, n_out, k = w.shape
+    if w_scale.dim() == 1 or w_scale.numel() == e:
+        return _Q_TENSOR
+    if w_scale.dim() == 2 and tuple(w_scale.shape) == (e, n_out):
+        return _Q_CHANNEL
+    if w_scale.dim() == 3 and tuple(w_scale.shape) == (e, -(-n_out // _FP8_BLOCK), -(-k // _FP8_BLOCK)):
+        return _Q_BLOCK
+    raise ValueError(f"weight scales {tuple(w_scale.shape)} fit none of [E], [E, N_out], [E, ceil(N_out/128), "
+                     f"ceil(K/128)] for experts {tuple(w.shape)}")
+
+
+def _check_config(config: Mapping[str, int], quant: int) -> dict[str, int]:
+    missing = [k for k in CONFIG_KEYS if k not in config]
+    if missing:
+        raise ValueError(f"fused-MoE config lacks {missing}; expected keys {list(CONFIG_KEYS)}")
+    cfg = {k: int(config[k]) for k in CONFIG_KEYS}
+    if quant == _Q_BLOCK and cfg["BLOCK_SIZE_K"] > _FP8_BLOCK:
+        raise ValueError(f"BLOCK_SIZE_K={cfg['BLOCK_SIZE_K']} > {_FP8_BLOCK}: a block-FP8 K-tile must lie in one "
+                         "scale block")
+    return cfg
+
+
+def _dot_cast(dtype: Any) -> int:
+    import torch
+
+    if not interpreter_active():
+        return 0
+    return 1 if dtype == torch.float8_e4m3fn else 2 if dtype == torch.bfloat16 else 0
+
+
+def fused_moe_gemm(a: Any, w: Any, out: Any, align: tuple[Any, Any, Any], config: Mapping[str, int], *,
+                   a_div: int, num_valid: int, w_scale: Any | None = None, a_scale: Any | None = None,
+                   topk_weights: Any | None = None) -> Callable[[], None]:
+    """A launcher of one expert GEMM: ``out[s] = (A[s // a_div] @ w[e(s)]^T) [* topk_weights[s]]`` for each
+    real slot ``s`` (``out`` ``[num_valid, N_out]``; padding rows are never written).
+
+    ``a`` ``[rows, K]`` (16-bit, or e4m3 with ``a_scale`` ``[rows]`` / ``[rows, ceil(K/128)]``), ``w``
+    ``[E, N_out, K]`` (16-bit, or e4m3 with ``w_scale``: see the module docstring), ``align`` from
+    :func:`moe_align` with ``config["BLOCK_SIZE_M"]``; ``a_div`` = top-k when A holds one row per token,
+    1 when one row per slot. ``topk_weights`` ``[M, topk]`` (contiguous) multiplies each slot's row."""
+    quant = _quant_kind(w, w_scale)
+    cfg = _check_config(config, quant)
+    sorted_ids, expert_ids, ntpp = align
+    bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+    _, n_out, k = w.shape
+    em = sorted_ids.numel()
+    grid = (triton.cdiv(em, bm) * triton.cdiv(n_out, bn),)
+    if quant != _Q_NONE and a_scale is None:
+        raise ValueError("FP8 experts take e4m3 activations with their scales (a_scale)")
+    a_s = a_scale if a_scale is not None else a
+    w_s = w_scale if w_scale is not None else w
+    if a_scale is not None and a_scale.dim() == 1:
+        a_s = a_scale[:, None]
+    if quant == _Q_TENSOR:
+        w_s = w_s.reshape(-1, 1, 1)
+    elif quant == _Q_CHANNEL:
+        w_s = w_s[:, :, None]
+    tw = topk_weights.reshape(-1) if topk_weights is not None else a
+    dot_cast = _dot_cast(w.dtype)
+
+    def run() -> None:
+        _fused_moe_kernel[grid](
+            a, w, out, a_s, w_s, tw, sorted_ids, expert_ids, ntpp, n_out, k, em, num_valid,
+            a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
+            a_s.stride(0), a_s.stride(1) if a_s.dim() > 1 else 0, w_s.stride(0), w_s.stride(1), w_s.stride(2),
+            A_DIV=a_div, MUL_ROUTED=topk_weights is not None, QUANT=quant, SCALE_BLOCK=_FP8_BLOCK,
+            DOT_CAST=dot_cast, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return run
+
+
+def _quantize_rows(x: Any, quant: int) -> tuple[Any, Any]:
+    """e4m3 rows and their scales (per row, or per row per 128-group for block-FP8) by ``act_quant.py``."""
+    import torch
+
+    from autoopt.backend.kernels.act_quant import act_quant_prepare
+
+    rows, k = x.shape
+    q = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=x.device)
+    if quant == _Q_BLOCK:
+        s = torch.empty((rows, -(-k // _FP8_BLOCK)), dtype=torch.float32, device=x.device)
+        act_quant_prepare(x, q, s, group=_FP8_BLOCK)()
+    else:
+        s = torch.empty((rows,), dtype=torch.float32, device=x.device)
+        act_quant_prepare(x, q, s)()
+    return q, s
+
+
+def fused_moe_prepare(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_ids: Any, out: Any, *,
+                      config: Mapping[str, int], activation: str = "silu", w13_scale: Any | None = None,
+                      w2_scale: Any | None = None, gemm: str = "both") -> Callable[[], None]:
+    """A launcher of :func:`fused_experts` (``gemm="both"``) or of one of its GEMMs writing ``out``.
+
+    ``gemm="gate_up"``: ``hidden`` ``[M, K]`` -> ``out`` ``[M*topk, 2N]`` (one row per slot). ``gemm="down"``:
+    ``hidden`` is the activation ``[M*topk, N]`` -> ``out`` ``[M*topk, K]``, each row times its routing
+    weight. Buffers are allocated here, outside any timed region; the align step runs inside."""
+    import torch
+
+    if activation != "silu":
+        raise ValueError(f"activation {activation!r} is not supported; the fused experts run 'silu' (SwiGLU)")
+    if gemm not in ("both", "gate_up", "down"):
+        raise ValueError(f"gemm must be 'both', 'gate_up' or 'down', got {gemm!r}")
+    e, two_n, k = w13.shape
+    n = w2.shape[2]
+    if two_n != 2 * n or tuple(w2.shape) != (e, k, n):
+        raise ValueError(f"experts w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} are not [E, 2N, K] and [E, K, N]")
+    topk_ids = topk_ids.contiguous()
+    topk_weights = topk_weights.contiguous()
+    m, topk = topk_ids.shape
+    slots = m * topk
+    quant = _quant_kind(w13, w13_scale)
+    cfg = _check_config(config, quant)
+    dev, dt = hidden.device, hidden.dtype
+    inter = torch.empty((slots, 2 * n), dtype=dt, device=dev) if gemm == "both" else None
+    act = torch.empty((slots, n), dtype=dt, device=dev) if gemm == "both" else None
+    partial = torch.empty((slots, k), dtype=dt, device=dev) if gemm == "both" else None
+
+    def run() -> None:
+        align = moe_align(topk_ids, cfg["BLOCK_SIZE_M"], e)
+        if gemm == "down":
+            x, xs = _quantize_rows(hidden, quant) if quant else (hidden, None)
+            fused_moe_gemm(x, w2, out, align, cfg, a_div=1, num_valid=slots, w_scale=w2_scale, a_scale=xs,
+                           topk_weights=topk_weights)()
+            return
+        x, xs = _quantize_rows(hidden, quant) if quant else (hidden, None)
+        first = out if gemm == "gate_up" else inter
+        fused_moe_gemm(x, w13, first, align, cfg, a_div=topk, num_valid=slots, w_scale=w13_scale, a_scale=xs)()
+        if gemm == "gate_up":
+            return
+        assert inter is not None and act is not None and partial is not None
+        torch.mul(torch.nn.functional.silu(inter[:, :n]), inter[:, n:], out=act)
+        y, ys = _quantize_rows(act, quant) if quant else (act, None)
+        fused_moe_gemm(y, w2, partial, align, cfg, a_div=1, num_valid=slots, w_scale=w2_scale, a_scale=ys,
+                       topk_weights=topk_weights)()
+        torch.sum(partial.view(m, topk, k), dim=1, out=out)
+    return run
+
+
+def fused_experts(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_ids: Any, *, config: Mapping[str, int],
+                  activation: str = "silu", w13_scale: Any | None = None, w2_scale: Any | None = None) -> Any:
+    """A MoE layer's experts: ``sum_j topk_weights[:, j] * down_e(silu(gate_e(x)) * up_e(x))``, ``e = topk_ids[:, j]``.
+
+    ``hidden`` ``[M, K]``; ``w13`` ``[E, 2N, K]`` (gate rows first, then up: transformers 5's
+    ``gate_up_proj``); ``w2`` ``[E, K, N]`` (``down_proj``); ``topk_weights`` / ``topk_ids`` ``[M, topk]``;
+    ``config``: the six runtime keys (one config for both GEMMs). FP8 experts: e4m3 ``w13``/``w2`` with
+    their scales. Returns ``[M, K]`` in ``hidden``'s dtype."""
+    import torch
+
+    out = torch.empty((hidden.shape[0], w2.shape[1]), dtype=hidden.dtype, device=hidden.device)
+    fused_moe_prepare(hidden, w13, w2, topk_weights, topk_ids, out, config=config, activation=activation,
+                      w13_scale=w13_scale, w2_scale=w2_scale)()
+    return out
