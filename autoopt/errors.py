@@ -18,8 +18,10 @@ where, and what would be right::
     ├── RestoreError          restore() needs original weights that optimize() freed (names them)
     ├── BackendError          the kernel backend cannot run here (no torch/triton/GPU)
     ├── TraceError            a profiler trace is unreadable, not a trace, or has no GPU kernels
-    └── StoreError            the results store or a results file is unusable (corrupt, not
-                              autoopt's, a newer schema, or a row or field of it is invalid)
+    ├── StoreError            the results store or a results file is unusable (corrupt, not
+    │                         autoopt's, a newer schema, or a row or field of it is invalid)
+    └── ExportError           a file autoopt writes for a runtime cannot be written where asked (the
+                              folder is a file or unwritable, or a file there is not autoopt's)
 
 Detection never raises: what it cannot see is recorded in the profile instead.
 """
@@ -30,6 +32,7 @@ __all__ = [
     "AutooptError",
     "BackendError",
     "ConfigError",
+    "ExportError",
     "ModelError",
     "OpError",
     "PluginError",
@@ -159,3 +162,13 @@ class TraceError(AutooptError, ValueError):
     def __init__(self, message: str, *, source: str | None = None) -> None:
         self.source = source
         super().__init__(f"{source}: {message}" if source else message)
+
+
+class ExportError(AutooptError, ValueError):
+    """A file for a serving runtime (its fused-MoE kernel configs) cannot be written where asked: names the
+    path, what is wrong there and what would work (another folder, or ``force`` to replace a file that is
+    not autoopt's)."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)

@@ -19,7 +19,20 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from autoopt.cli import bench, calibrate, check, fleet, kernel, plugins, profile, recommend, store, trace, tune
+from autoopt.cli import (
+    bench,
+    calibrate,
+    check,
+    export,
+    fleet,
+    kernel,
+    plugins,
+    profile,
+    recommend,
+    store,
+    trace,
+    tune,
+)
 from autoopt.cli._common import EXIT_USAGE, Parser, UsageError
 from autoopt.errors import AutooptError
 
@@ -36,7 +49,8 @@ class _Verb(Protocol):
 
 
 #: the verb modules, in the order ``autoopt --help`` lists their commands
-VERBS: tuple[_Verb, ...] = (profile, kernel, plugins, bench, recommend, tune, store, fleet, trace, check, calibrate)
+VERBS: tuple[_Verb, ...] = (profile, kernel, plugins, bench, recommend, export, tune, store, fleet, trace, check,
+                            calibrate)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -36,6 +36,9 @@ def register(sub: Subparsers) -> None:
                     help="fix the pipeline-parallel degree")
     sp.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_true",
                     help="price decode steps as replayed from a CUDA graph (about 1 us a kernel, not a launch)")
+    sp.add_argument("--moe-configs", dest="moe_configs", metavar="DIR",
+                    help="with --runtime vllm/sglang and a MoE model: the folder `autoopt export moe-configs` "
+                    "wrote (exported as VLLM_TUNED_CONFIG_FOLDER / SGLANG_MOE_CONFIG_DIR)")
     sp.add_argument("--model-id", dest="model_id", help="the checkpoint name the runtime loads (with --runtime)")
     sp.add_argument("--format", choices=(*FORMATS[:2], "args"), default="table",
                     help="args: the runtime's own arguments, ready to paste (needs --runtime)")
@@ -54,14 +57,16 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.format == "args":
         from autoopt.runtimes.export import export, format_args
 
-        print(format_args(export(rec.to_dict(), args.runtime, model_id=args.model_id, profile=prof.to_dict())))
+        print(format_args(export(rec.to_dict(), args.runtime, model_id=args.model_id, profile=prof.to_dict(),
+                                 moe_configs=args.moe_configs)))
         return 0
     data = rec.to_dict()
     text = rec.explain()
     if args.runtime is not None and rec.fits:
         from autoopt.runtimes.export import export, format_args
 
-        data["runtime_args"] = export(data, args.runtime, model_id=args.model_id, profile=prof.to_dict())
+        data["runtime_args"] = export(data, args.runtime, model_id=args.model_id, profile=prof.to_dict(),
+                                     moe_configs=args.moe_configs)
         text += f"\nRun it with {args.runtime}:\n  {format_args(data['runtime_args'])}"
     emit(data, args.format, text)
     return 0

@@ -51,6 +51,7 @@ from autoopt.runtimes.spec import RuntimeSpec
 
 if TYPE_CHECKING:
     from autoopt.kernels.config import Candidate
+    from autoopt.planning.moe_configs import MoeChooser
     from autoopt.planning.offload import OffloadPlan
     from autoopt.planning.replicas import ReplicaOption
 
@@ -238,13 +239,15 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
               kv_dtype: str | None = None, preference: str = "balanced", max_devices: int | None = None,
               include_cpu: bool = False, top: int = 3, compare_wfc: bool = False, runtime: Any = None,
               tensor_parallel: int | None = None, pipeline_parallel: int | None = None,
-              cuda_graphs: bool = False) -> Recommendation:
+              cuda_graphs: bool = False, moe_chooser: MoeChooser | None = None) -> Recommendation:
     """Recommend how to run ``model`` on ``profile`` (see module docstring); predictions only.
 
     ``runtime`` (``"vllm"``, ``"sglang"``, ``"llama.cpp"``, ``"transformers"``, ``"autoopt"`` or a
     plugin's) limits the plan to what that runtime runs; ``tensor_parallel`` / ``pipeline_parallel``
     fix the degrees. ``cuda_graphs``: price decode steps as replayed from a CUDA graph (each kernel's
-    launch at :data:`GRAPH_LAUNCH_US` instead of a standalone launch).
+    launch at :data:`GRAPH_LAUNCH_US` instead of a standalone launch). Under vLLM or SGLang a MoE
+    model's expert GEMMs are listed as the runtime's fused-MoE kernel with the config ``moe_chooser``
+    (default: rank()'s, :func:`~autoopt.planning.moe_configs.rank_chooser`) gives for the phase's M.
     """
     t0 = time.perf_counter()
     rt = _runtime(runtime, tensor_parallel, pipeline_parallel)
@@ -266,6 +269,8 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
     plan, alternative = _chain_plan(spec, wl, fit, costs, compare_wfc=compare_wfc)
     head = _head_ops(spec, wl, fit, costs, plan, top=top)
     ops, impls = _op_choices(fit, costs, plan, head)
+    if rt is not None and spec.is_moe:
+        ops = _runtime_moe_ops(ops, spec, wl, fit, rt.name, moe_chooser)
     predicted = _totals(fit, costs, plan, head)
     offload = _offload(hw, spec, wl, fit, predicted, rt)
     replicas = _replicas(hw, spec, wl, fit, shape)
@@ -792,6 +797,61 @@ def _op_choice(t: _OpTime, occurrences: int) -> OpChoice:
                     bound=t.best.bound, source="rank" if t.best.measured_us is None else t.best.source,
                     config=dict(cfg.params), kernel=cfg.kernel, template=cfg.template, path=cfg.path,
                     roofline_pct=t.best.roofline_pct, reason=t.best.reason, measured_us=t.best.measured_us)
+
+
+#: the expert GEMMs the runtimes run as one fused-MoE kernel launch each (both with one config)
+_EXPERT_GEMMS = ("expert_gate_up", "expert_down")
+#: recommend()'s format -> the runtimes' fused-MoE file selector (the formats whose experts run the
+#: Triton fused_moe_kernel; int4/int8 checkpoints may run Marlin or other kernels instead)
+_MOE_DTYPES = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8_w8a8"}
+
+
+def _runtime_moe_ops(ops: tuple[OpChoice, ...], spec: ModelSpec, wl: Workload, fit: _Fit, runtime: str,
+                     chooser: MoeChooser | None) -> tuple[OpChoice, ...]:
+    """Under vLLM/SGLang, the expert GEMM rows as the runtime runs them: its ``fused_moe_kernel`` with the
+    config of its file for the phase's M (the file ``autoopt export moe-configs`` writes; the nearest M
+    key, as the runtime looks it up). Times stay autoopt's per-expert estimate. The shard follows the
+    export's arguments: expert parallelism over the TP GPUs when TP > 1."""
+    from autoopt.planning.moe_configs import model_shards, rank_chooser
+    from autoopt.runtimes.moe_configs import RUNTIMES, file_name, nearest_m
+
+    dtype = _MOE_DTYPES.get(fit.quant.format.name)
+    if runtime not in RUNTIMES or dtype is None or not any(o.name in _EXPERT_GEMMS for o in ops):
+        return ops
+    tp = fit.split.tp if fit.split else 1
+    try:
+        shard = model_shards(spec, runtime, tp=tp, ep=tp if tp > 1 else 1, dtype=dtype)[0]
+    except AutooptError as exc:
+        log.info("no fused-MoE shard for %s under %s: %s", spec.name, runtime, exc)
+        return ops
+    out: list[OpChoice] = []
+    for o in ops:
+        if o.name not in _EXPERT_GEMMS:
+            out.append(o)
+            continue
+        m = nearest_m(wl.batch * (wl.prompt_len if o.phase == "prefill" else 1))
+        where = f"{runtime}'s file {file_name(runtime, shard, o.gpu)} at M={m}"
+        try:
+            entry = (chooser or rank_chooser(_gpu_named(fit, o.gpu)))(shard, m)
+        except AutooptError as exc:
+            out.append(dataclasses.replace(o, kernel="fused_moe_kernel", template=runtime, path=runtime, config={},
+                                           source="runtime", measured_us=None,
+                                           reason=f"{runtime} runs the experts as fused_moe_kernel; its config "
+                                                  f"comes from {where}, which autoopt cannot choose here ({exc})"))
+            continue
+        out.append(dataclasses.replace(o, kernel="fused_moe_kernel", template=runtime, path=runtime,
+                                       config=dict(entry.params), source="runtime", measured_us=entry.measured_us,
+                                       reason=f"{runtime} runs the experts as fused_moe_kernel with {where} "
+                                              f"({entry.label}: {entry.source}); time: autoopt's per-expert "
+                                              "estimate"))
+    return tuple(out)
+
+
+def _gpu_named(fit: _Fit, name: str) -> GPUProfile:
+    gpu = next((d.gpu for d in fit.stage_of if d.name == name and d.gpu is not None), None)
+    if gpu is None:
+        raise AutooptError(f"no GPU called {name!r} in the plan")
+    return gpu
 
 
 def _impls(stage_of: Sequence[Device], fmt: QuantFormat, ops: Iterable[OpChoice]) -> tuple[Mapping[str, str], ...]:

@@ -2,7 +2,7 @@
 transformers ``from_pretrained`` keyword arguments with a real ``device_map``.
 
 Works from ``Recommendation.to_dict()`` (plain data), so this stage never imports the planner.
-:func:`export` returns ``{"runtime", "command", "args", "kwargs", "notes"}``: ``args`` is the argument
+:func:`export` returns ``{"runtime", "command", "args", "kwargs", "env", "notes"}``: ``args`` is the argument
 list ready to paste after ``command``; ``kwargs`` the same settings as a mapping (the transformers
 export is only kwargs). Flag names follow each runtime's documentation (sources in
 :mod:`autoopt.runtimes.builtin`; the tests hold the table they are checked against).
@@ -207,10 +207,43 @@ _EXPORTERS: dict[str, Callable[..., dict[str, Any]]] = {
     "vllm": _vllm, "sglang": _sglang, "llama.cpp": _llama_cpp, "transformers": _transformers, "autoopt": _autoopt}
 
 
+def _moe_env(rec: Mapping[str, Any], rt: RuntimeSpec, folder: str | None, profile: Mapping[str, Any]
+             ) -> tuple[dict[str, str], list[str]]:
+    """For a MoE model under vLLM/SGLang: the variable pointing the runtime at ``folder`` (the ``--out`` of
+    ``autoopt export moe-configs``) and a note naming the file it will look for there; without a folder,
+    a note saying how to write one."""
+    from autoopt.runtimes.moe_configs import ENV_VARS, RUNTIMES, config_folder, file_name, moe_shards
+
+    model = rec["model"]
+    if rt.name not in RUNTIMES or not model.get("num_experts"):
+        return {}, []
+    tp, _, _ = _split(rec)
+    if folder is None:
+        return {}, [f"{model['name']} runs its experts through {rt.name}'s fused-MoE kernel: write its configs with "
+                    f"`autoopt export moe-configs --model {model['name']} --runtime {rt.name} --tp {tp}"
+                    f"{f' --ep {tp}' if tp > 1 else ''} --out DIR` and pass --moe-configs DIR"]
+    from pathlib import Path
+
+    path = str(Path(folder).expanduser().resolve())
+    notes = []
+    gpu = (profile.get("gpus") or [{}])[0].get("name") if profile else None
+    selector = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8_w8a8"}.get(rec["quant"]["format"])
+    if gpu and selector:
+        shard = moe_shards(rt.name, experts=model["num_experts"],
+                           intermediate=model.get("moe_intermediate_size") or model["intermediate_size"],
+                           hidden=model["hidden_size"], topk=model["experts_per_token"], tp=tp,
+                           ep=tp if tp > 1 else 1, dtype=selector)[0]
+        where = path if rt.name == "vllm" else str(config_folder(rt.name, path, "0.0.0").parent) + "/triton_<x_y_z>"
+        notes.append(f"{rt.name} reads its fused-MoE configs from {where}/{file_name(rt.name, shard, gpu)} "
+                     "(`autoopt export moe-configs` writes it)")
+    return {ENV_VARS[rt.name]: path}, notes
+
+
 def export(rec: Mapping[str, Any], runtime: str | RuntimeSpec, *, model_id: str | None = None,
-           profile: Mapping[str, Any] | None = None) -> dict[str, Any]:
+           profile: Mapping[str, Any] | None = None, moe_configs: str | None = None) -> dict[str, Any]:
     """``rec`` (a ``Recommendation.to_dict()``) as ``runtime``'s arguments; a typed error when the plan
-    uses something that runtime cannot run (plan again with the runtime named)."""
+    uses something that runtime cannot run (plan again with the runtime named). ``moe_configs``: the
+    folder of fused-MoE config files for a MoE model under vLLM/SGLang, exported as ``env``."""
     rt = get_runtime(runtime)
     if rec.get("runtime") not in (None, rt.name):
         raise RuntimeRuleError(f"the plan was made for {rec['runtime']}; plan again with runtime={rt.name!r}",
@@ -223,15 +256,18 @@ def export(rec: Mapping[str, Any], runtime: str | RuntimeSpec, *, model_id: str 
         raise RuntimeRuleError("has no exporter (a plugin runtime is planned for but not exported)",
                                runtime=rt.name, rule="export")
     out = fn(rec, rt, model_id, profile or {})
+    env, moe_notes = _moe_env(rec, rt, moe_configs, profile or {})
     notes = [f"predicted: {k} {v / 1e3:.3f} ms" for k, v in rec.get("predicted", {}).items()]
-    return {"runtime": rt.name, **out, "notes": [*notes, *_unnamed(rec, model_id)]}
+    return {"runtime": rt.name, **out, "env": env, "notes": [*notes, *_unnamed(rec, model_id), *moe_notes]}
 
 
 def format_args(exported: Mapping[str, Any]) -> str:
-    """One shell line (or, for transformers, one Python call) ready to paste."""
+    """One shell line (or, for transformers, one Python call) ready to paste; the ``env`` variables
+    (a MoE model's config folder) come first, ``VAR=value command ...``."""
     import shlex
 
     if exported["args"]:
-        return " ".join([exported["command"], *(shlex.quote(str(a)) for a in exported["args"])])
+        env = [f"{k}={shlex.quote(str(v))}" for k, v in (exported.get("env") or {}).items()]
+        return " ".join([*env, exported["command"], *(shlex.quote(str(a)) for a in exported["args"])])
     kw = ", ".join(f"{k}={v!r}" for k, v in exported["kwargs"].items())
     return f"{exported['command']}({kw})"
