@@ -392,6 +392,8 @@ def run_case(args: argparse.Namespace, mod: Any, profile: Any, idx: int, m: int,
             row["grid_cut_short"] = True
             break
         r = measure(lambda cfg=cfg: vllm_runner(mod, c, cfg, sm90), ref, tol)
+        # every grid timing kept (the cost model's calibration data): "BM/BN/BK/G/warps/stages" -> us
+        row.setdefault("grid", {})["/".join(str(cfg[kk]) for kk in GRID[0])] = r.get("measured_us", r.get("check"))
         if r.get("check") == "passed":
             timed += 1
             if best is None or r["measured_us"] < best[0]:
