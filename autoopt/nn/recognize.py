@@ -689,8 +689,9 @@ class MoEParts:
 
 
 def _holds_experts(m: nn.Module) -> bool:
-    ps = [m._parameters.get(name) for name in _EXPERT_PARAMS]
-    return all(isinstance(p, torch.Tensor) and p.dim() == 3 for p in ps) and ps[0].shape[0] == ps[1].shape[0]  # type: ignore[union-attr]
+    gate_up, down = (m._parameters.get(name) for name in _EXPERT_PARAMS)
+    return (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == down.dim() == 3
+            and gate_up.shape[0] == down.shape[0])
 
 
 def moe_parts(m: nn.Module) -> MoEParts | None:
