@@ -423,7 +423,8 @@ def test_vendor_is_not_compared_under_the_interpreter():
 def test_every_reason_is_tested_here():
     tested = {dispatch.NO_CUDA, dispatch.DTYPE, dispatch.NO_CONFIG, dispatch.NO_GPU, dispatch.INTERPRETER_BF16,
               dispatch.TF32, dispatch.STRIDES, dispatch.AUTOGRAD, dispatch.EMPTY, dispatch.BROADCAST,
-              dispatch.INDEX, dispatch.VENDOR}
+              dispatch.INDEX, dispatch.VENDOR,
+              dispatch.UNAVAILABLE}  # the fused-MoE op's: tests/test_optimize_moe.py
     assert tested == set(dispatch.FALLBACK_REASONS)
 
 

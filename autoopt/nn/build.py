@@ -20,6 +20,7 @@ from autoopt.nn.match import (
     QKV,
     DenseMatch,
     GatedMLPMatch,
+    MoEMatch,
     NormMatch,
     PlainMLPMatch,
     QKVMatch,
@@ -30,6 +31,7 @@ from autoopt.nn.modules import (
     AutooptGatedMLP,
     AutooptLayerNorm,
     AutooptLinear,
+    AutooptMoEExperts,
     AutooptPlainMLP,
     AutooptQKV,
     AutooptRMSNorm,
@@ -96,7 +98,14 @@ def _quant_linear(m: nn.Module, match: QuantLinearMatch, inner: Mapping[str, nn.
     return AutooptQuantLinear(m, pack_rows([m.weight], fmt))
 
 
-#: the builder of each match kind (MoEMatch adds its own here).
+def _moe(block: nn.Module, match: MoEMatch, inner: Mapping[str, nn.Module]) -> AutooptMoEExperts:
+    """The block's experts child as one fused-MoE call; the block itself (its router, a shared expert) is not
+    replaced."""
+    return AutooptMoEExperts(block.get_submodule(match.experts_name), activation=match.activation,
+                             transposed=match.transposed, top_k=match.top_k)
+
+
+#: the builder of each match kind.
 BUILDERS: dict[type, Builder] = {
     DenseMatch: _linear,
     NormMatch: _norm,
@@ -104,6 +113,7 @@ BUILDERS: dict[type, Builder] = {
     PlainMLPMatch: _plain_mlp,
     QKVMatch: _qkv,
     QuantLinearMatch: _quant_linear,
+    MoEMatch: _moe,
 }
 
 

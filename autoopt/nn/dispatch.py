@@ -71,7 +71,7 @@ log = get_logger(__name__)
 
 __all__ = [
     "AUTOGRAD", "BROADCAST", "DTYPE", "EMPTY", "FALLBACK_REASONS", "INDEX", "INTERPRETER_BF16", "INTERPRETER_PROFILE",
-    "NO_CONFIG", "NO_CUDA", "NO_GPU", "STRIDES", "TF32", "VENDOR",
+    "NO_CONFIG", "NO_CUDA", "NO_GPU", "STRIDES", "TF32", "UNAVAILABLE", "VENDOR",
     "Choice", "bucket_m", "choices", "choose", "clear_cache", "fallback_counts", "gpu_for", "interpreter_active",
     "matmul_kind", "note_fallback", "profile", "reset", "set_profile", "set_vendor", "tf32_problem",
 ]
@@ -92,9 +92,11 @@ EMPTY = "empty tensor: torch fallback"
 BROADCAST = "broadcast or type promotion: torch fallback"
 INDEX = "too large for 32-bit indexing: torch fallback"
 VENDOR = "cuBLAS predicted faster: torch"
+#: a kernel this build of autoopt lacks (the fused-MoE kernel's module cannot be imported)
+UNAVAILABLE = "kernel not available: torch fallback"
 #: every reason, for reports and tests.
 FALLBACK_REASONS = (NO_CUDA, DTYPE, NO_CONFIG, NO_GPU, INTERPRETER_BF16, TF32, STRIDES, AUTOGRAD, EMPTY,
-                    BROADCAST, INDEX, VENDOR)
+                    BROADCAST, INDEX, VENDOR, UNAVAILABLE)
 
 #: torch dtype (as ``str(dtype)``) -> autoopt dtype name: the dtypes the templates cover.
 _DTYPES = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}

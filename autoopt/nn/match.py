@@ -17,12 +17,13 @@ hence their errors, differ, so :func:`autoopt.optimize` checks each one. :meth:`
 and the fused kinds' ``sixteen_bit()`` give the 16-bit match the walk falls back to where a quantized
 replacement's error is over its format's bound.
 
-Adding a kind (next: MoE blocks): a frozen, slotted, keyword-only dataclass here with ``kind`` (its op
-name, added to :data:`OPS`), ``shape``, ``in_features``, ``fused`` and ``inner``, joined to
-:data:`Replacing`; its branch in ``recognize()``; its builder in :data:`autoopt.nn.build.BUILDERS`; its
-check sample in ``optimize._SAMPLES``. ``MoEMatch`` would hold the router's child name, top-k, and per
-expert its match in ``inner`` (each expert built and checked on its own before the block, as a gated
-MLP's ``down_proj`` is).
+A MoE block (:class:`MoEMatch`) is matched as a block, like an attention's q/k/v: its experts are replaced
+under it and checked through the block's own forward, whose router (and shared expert) stay the model's.
+
+Adding a kind: a frozen, slotted, keyword-only dataclass here with ``kind`` (its op name, added to
+:data:`OPS`), ``shape``, ``in_features``, ``fused`` and ``inner``, joined to :data:`Replacing`; its branch
+in ``recognize()``; its builder in :data:`autoopt.nn.build.BUILDERS`; its check sample in
+``optimize._SAMPLES``.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from collections.abc import Container
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, TypeAlias
 
-__all__ = ["ONE_BY_ONE", "OPS", "QKV", "Context", "DenseMatch", "GatedMLPMatch", "Inner", "Match", "NoMatch",
-           "NormMatch", "PlainMLPMatch", "QKVMatch", "QuantLinearMatch", "Replacing"]
+__all__ = ["ONE_BY_ONE", "OPS", "QKV", "Context", "DenseMatch", "GatedMLPMatch", "Inner", "Match", "MoEMatch",
+           "NoMatch", "NormMatch", "PlainMLPMatch", "QKVMatch", "QuantLinearMatch", "Replacing"]
 
 #: what ``ops=`` can name: the kinds of module optimize() replaces (quantized linears are ``linear``s).
-OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv")
+OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv", "moe")
 #: the child names of the projections one fused GEMM can serve, in the order attention code calls them.
 QKV = ("q_proj", "k_proj", "v_proj")
 #: the tail of the reason when a fused replacement of this kind is not made: the walk visits its parts.
@@ -237,7 +238,39 @@ class QKVMatch:
         return replace(self, weight=None)
 
 
-#: the matches a builder serves (:data:`autoopt.nn.build.BUILDERS`); MoEMatch joins here.
-Replacing: TypeAlias = DenseMatch | NormMatch | GatedMLPMatch | PlainMLPMatch | QKVMatch | QuantLinearMatch
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoEMatch:
+    """A MoE block whose ``experts`` (``E`` experts, each ``down(silu(gate(x)) * up(x))`` of ``hidden`` ->
+    ``intermediate`` -> ``hidden``, no biases) run in one fused-MoE call on what its router answers (its
+    ``top_k`` experts per token and their weights). The block's forward stays the model's own, and with it the
+    router (its softmax, top-k and renormalisation as the config says) and whatever else the block adds
+    (``others``: its other children with weights, a shared expert and its gate); only its ``experts_name``
+    child is replaced. ``transposed``: the experts hold ``[E, hidden, 2 * intermediate]`` / ``[E, intermediate,
+    hidden]`` (Aria), copied once into the kernel's ``[E, 2N, K]`` / ``[E, K, N]``; else their own tensors run."""
+
+    kind: ClassVar[str] = "moe"
+    fused: ClassVar[tuple[str, ...]] = ()
+    inner: ClassVar[Inner] = ()
+    experts_name: str = field(compare=False)
+    router_name: str = field(compare=False)
+    experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    activation: str
+    transposed: bool
+    others: tuple[str, ...] = ()
+
+    @property
+    def in_features(self) -> int:
+        return self.hidden
+
+    @property
+    def shape(self) -> str:
+        return f"{self.experts}x({self.hidden}->2x{self.intermediate}->{self.hidden}) top-{self.top_k}"
+
+
+#: the matches a builder serves (:data:`autoopt.nn.build.BUILDERS`).
+Replacing: TypeAlias = DenseMatch | NormMatch | GatedMLPMatch | PlainMLPMatch | QKVMatch | QuantLinearMatch | MoEMatch
 #: everything recognize() can answer.
 Match: TypeAlias = Replacing | NoMatch

@@ -20,10 +20,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from autoopt.nn import _moe
 from autoopt.nn import ops as _ops
 
-__all__ = ["AutooptGatedMLP", "AutooptLayerNorm", "AutooptLinear", "AutooptPlainMLP", "AutooptQKV", "AutooptQKVPart",
-           "AutooptRMSNorm", "FusedRows", "QKVOwner", "Replacement", "gated_activation"]
+__all__ = ["AutooptGatedMLP", "AutooptLayerNorm", "AutooptLinear", "AutooptMoEExperts", "AutooptPlainMLP", "AutooptQKV",
+           "AutooptQKVPart", "AutooptRMSNorm", "FusedRows", "QKVOwner", "Replacement", "gated_activation"]
 
 # the original's forward (pre-)hook tables: the replacement shares them, so hooks keep firing.
 _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
@@ -532,9 +533,97 @@ class AutooptQKVPart(Replacement, nn.Module):
         return f"{self.in_features}->{self.out_features}, a slice of q_proj's fused qkv GEMM"
 
 
+class AutooptMoEExperts(Replacement, nn.Module):
+    """A MoE block's experts as one fused-MoE call (:func:`autoopt.nn._moe.fused_moe`: the Triton kernel, or
+    torch where it cannot run) on the router's answer. The block's own forward calls it as it called the
+    original, ``experts(hidden [T, K], top_k_index [T, k], top_k_weights [T, k])``, so the router, its top-k,
+    softmax and renormalisation, and a shared expert stay the model's.
+
+    It holds the original's ``gate_up_proj`` and ``down_proj`` Parameters (the state_dict is unchanged). In the
+    kernel's layout, ``[E, 2N, K]`` and ``[E, K, N]`` (Mixtral, Qwen2/3-MoE, OLMoE), the kernel reads them as
+    they are: nothing is copied. Transposed (``[E, K, 2N]`` / ``[E, N, K]``, Aria) it reads contiguous
+    transposed copies, the non-persistent buffers ``w13`` and ``w2`` (refreshed after ``.to()`` and
+    ``load_state_dict``; :meth:`extra_bytes` counts them); the originals are untouched for :func:`autoopt.restore`.
+    """
+
+    kind = "moe"
+    gate_up_proj: nn.Parameter
+    down_proj: nn.Parameter
+    w13: torch.Tensor | None
+    w2: torch.Tensor | None
+
+    def __init__(self, original: nn.Module, *, activation: str, transposed: bool, top_k: int) -> None:
+        super().__init__()
+        self.gate_up_proj = _param(original, "gate_up_proj")
+        self.down_proj = _param(original, "down_proj")
+        act = getattr(original, "act_fn", None)
+        if isinstance(act, nn.Module):
+            self.act_fn = act  # the original's child, kept for code that reads it (it holds no weights)
+        self.activation = activation
+        self.transposed = transposed
+        self.top_k = top_k  # what the block's router answers per token (its report's kernel choice reads it)
+        self.register_buffer("w13", None, persistent=False)
+        self.register_buffer("w2", None, persistent=False)
+        self._adopt(original)
+        self._refresh()
+        self.register_load_state_dict_post_hook(_after_load)
+
+    def _refresh(self) -> None:
+        if self.transposed:
+            with torch.no_grad():
+                self.w13 = self.gate_up_proj.detach().transpose(1, 2).contiguous()
+                self.w2 = self.down_proj.detach().transpose(1, 2).contiguous()
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> AutooptMoEExperts:
+        # convert the Parameters only, then transpose again: converting the copies too would hold both at once
+        self.w13 = self.w2 = None
+        super()._apply(fn, recurse)
+        self._refresh()
+        return self
+
+    def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(w13 [E, 2N, K], w2 [E, K, N])`` as the kernel reads them."""
+        if self.transposed:
+            assert self.w13 is not None and self.w2 is not None, \
+                "this replacement was restored (autoopt.restore): call the original module"
+            return self.w13, self.w2
+        return self.gate_up_proj, self.down_proj
+
+    @property
+    def experts(self) -> int:
+        return int(self.gate_up_proj.shape[0])
+
+    @property
+    def intermediate(self) -> int:
+        return int(self.weights()[1].shape[2])
+
+    @property
+    def hidden(self) -> int:
+        return int(self.weights()[1].shape[1])
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        w13, w2 = self.weights()
+        k, topk = hidden_states.shape[-1], top_k_index.shape[-1]
+        out = _moe.fused_moe(hidden_states.reshape(-1, k), w13, w2, top_k_weights.reshape(-1, topk),
+                             top_k_index.reshape(-1, topk), self.activation)
+        return out.view(hidden_states.shape)
+
+    def restore_original(self) -> nn.Module:
+        self.w13 = self.w2 = None
+        return super().restore_original()
+
+    def extra_bytes(self) -> int:
+        return _bytes_of(self.w13, self.w2)
+
+    def extra_repr(self) -> str:
+        return (f"{self.experts} experts {self.hidden}->2x{self.intermediate}->{self.hidden}, {self.activation}, "
+                f"{'transposed copies' if self.transposed else 'own tensors'}")
+
+
 def _after_load(module: nn.Module, _keys: object) -> None:
     """load_state_dict post-hook: refresh what a replacement derives from its weights."""
-    if isinstance(module, (AutooptRMSNorm, AutooptGatedMLP, AutooptQKV)):
+    if isinstance(module, (AutooptRMSNorm, AutooptGatedMLP, AutooptQKV, AutooptMoEExperts)):
         module._refresh()
     elif isinstance(module, AutooptQKVPart):  # v_proj loads after q_proj: its hook refreshes the fused weight
         module.__dict__["owner"]._refresh()

@@ -24,6 +24,13 @@ skipped row with its reason. What it recognises, in order:
    RMSNorm and LayerNorm formulas, with or without a bias): :class:`~autoopt.nn.modules.AutooptRMSNorm` /
    :class:`~autoopt.nn.modules.AutooptLayerNorm`;
 4. a plain **linear** (its bias added in the GEMM's epilogue): :class:`~autoopt.nn.modules.AutooptLinear`;
+5. a **MoE block** (transformers 5's sparse-MoE blocks: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE; a router to E
+   experts whose ``gate_up_proj``/``down_proj`` are 3-D Parameters, checked to compute the SiLU-gated experts
+   on the router's answer; recognised first): its experts child becomes
+   :class:`~autoopt.nn.modules.AutooptMoEExperts`, all experts in one fused-MoE call on the model's own
+   tensors; the block keeps its own forward, so the router (top-k, softmax, renormalisation as the config
+   says) and a shared expert run as the model runs them. Its row is the block's (kind ``moe``), the router's
+   row says it is kept, and the walk goes on into the block (a shared expert is a gated MLP of its own);
 
 and otherwise descends into the child. Attention modules are left as the model's own (SDPA,
 FlashAttention): only their projections are replaced. Where an attention has ``q_proj``, ``k_proj``
@@ -36,7 +43,8 @@ call the replacements as they called the originals.
 
 ``check=True`` (the default) runs, once per distinct (kind, shape, dtype, device, variant), the
 original and the replacement on two samples, ``[2, 8, features]`` and ``[2, 16, features]`` (16 rows:
-the decode GEMV kind; 32 rows: the tiled GEMM kind), and compares them (relative error
+the decode GEMV kind; 32 rows: the tiled GEMM kind; a MoE block: its own forward with the original experts
+and with the replacement), and compares them (relative error
 within 1e-4 fp32, 5e-3 fp16, 2e-2 bf16; 5e-3 for fp32 matmuls when torch allows TF32); a mismatch
 or an exception keeps the original and is reported. With ``check=False`` recognition still runs its
 torch-only probes, but the replacements are not run.
@@ -63,6 +71,7 @@ weight.
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -74,7 +83,7 @@ from torch import nn
 from autoopt._log import get_logger
 from autoopt.backend.accuracy import rel_error
 from autoopt.errors import OpError, RestoreError, WeightFormatError
-from autoopt.nn import dispatch
+from autoopt.nn import _moe, dispatch
 from autoopt.nn.build import build
 from autoopt.nn.compare import quant_bound, sample, tolerance
 from autoopt.nn.match import (
@@ -84,6 +93,7 @@ from autoopt.nn.match import (
     Context,
     DenseMatch,
     GatedMLPMatch,
+    MoEMatch,
     NoMatch,
     NormMatch,
     PlainMLPMatch,
@@ -95,6 +105,7 @@ from autoopt.nn.modules import (
     AutooptGatedMLP,
     AutooptLayerNorm,
     AutooptLinear,
+    AutooptMoEExperts,
     AutooptPlainMLP,
     AutooptQKV,
     AutooptRMSNorm,
@@ -224,6 +235,10 @@ def _kernels_at(rep: nn.Module, m: int, dtype: Any = None) -> dict[str, str]:
         out[op] = _describe(dispatch.choose(op, kind, (m, i), w.dtype, w.device))
         out["down"] = _inner_linear_choice(rep.down_proj, m, w.dtype)
         return out
+    if isinstance(rep, AutooptMoEExperts):
+        w = rep.gate_up_proj
+        return {"fused_moe": _moe.kernels_at(m, rep.experts, rep.intermediate, rep.hidden, rep.top_k, w.dtype,
+                                             w.device)}
     if isinstance(rep, AutooptPlainMLP):
         fc1 = rep.fc1
         w = fc1.weight
@@ -310,7 +325,7 @@ class _Sample:
 
 _SAMPLES: dict[type, _Sample] = {DenseMatch: _Sample(), NormMatch: _Sample(offset=0.5, matmul=False),
                                  GatedMLPMatch: _Sample(seed=2), PlainMLPMatch: _Sample(seed=5),
-                                 QKVMatch: _Sample(seed=3), QuantLinearMatch: _Sample()}
+                                 QKVMatch: _Sample(seed=3), QuantLinearMatch: _Sample(), MoEMatch: _Sample(seed=6)}
 #: the model's own dtypes a quantized replacement's activations take
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -325,6 +340,20 @@ def _bound(spec: str) -> float:
     from autoopt.kernels.quant import parse_weight
 
     return quant_bound(parse_weight(spec).name)
+
+
+class _WithExperts(nn.Module):
+    """A MoE block's own forward with its experts child swapped for the replacement, for the check: a shallow
+    copy of the block holds the swap (the block itself is not touched)."""
+
+    def __init__(self, block: nn.Module, name: str, experts: nn.Module) -> None:
+        super().__init__()
+        clone = copy.copy(block)
+        clone.__dict__["_modules"] = {**block._modules, name: experts}
+        self.__dict__["clone"] = clone  # not a child: this wrapper lives only for the check
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.__dict__["clone"].forward(x)
 
 
 class _Dequantized(nn.Module):
@@ -373,7 +402,8 @@ class _Walk:
     #: (parent, child name, replacement), both weakly: a report must not keep a deleted model alive.
     patches: list[tuple[Any, str, Any]] = field(default_factory=list)
     done: dict[int, nn.Module] = field(default_factory=dict)
-    #: replacements this walk put in place under a module it then descends into (the q/k/v parts)
+    #: modules under a module the walk then descends into that it has dealt with already: the replacements it
+    #: put in place there (the q/k/v parts, a MoE block's experts) and a replaced MoE block's router
     placed: set[int] = field(default_factory=set)
     checked: dict[tuple[Any, ...], _Checked] = field(default_factory=dict)
     #: what ran each fused MLP's inner linear: id(replacement) -> its build
@@ -430,6 +460,8 @@ class _Walk:
             # quantized linear reports it (down_proj was checked on its own; its error would compound here)
             original, candidate = _Stacked(m.get_submodule("gate_proj"), m.get_submodule("up_proj")), rep.gate_up
             specs = specs[:1]
+        elif isinstance(match, MoEMatch):  # the block's own forward (its router, a shared expert) on both sides
+            candidate = _WithExperts(m, match.experts_name, rep)
         elif isinstance(match, QuantLinearMatch) and match.source == "checkpoint":
             assert isinstance(rep, QuantLinear)
             original = _Dequantized(rep)
@@ -462,8 +494,13 @@ class _Walk:
         self.done[id(original)] = rep
         self.patches.append((weakref.ref(parent), name, weakref.ref(rep)))
 
-    def _place(self, parent: nn.Module, name: str, m: nn.Module, rep: nn.Module) -> None:
-        """``rep`` in ``m``'s place; a fused q/k/v at the attention's q_proj, its parts at k_proj and v_proj."""
+    def _place(self, parent: nn.Module, name: str, m: nn.Module, rep: nn.Module, match: Replacing) -> None:
+        """``rep`` in ``m``'s place; a fused q/k/v at the attention's q_proj, its parts at k_proj and v_proj; a MoE
+        block's experts at its experts child."""
+        if isinstance(match, MoEMatch):
+            self._swap(m, match.experts_name, m.get_submodule(match.experts_name), rep)
+            self.placed.add(id(rep))
+            return
         if not isinstance(rep, (AutooptQKV, AutooptQuantQKV)):
             self._swap(parent, name, m, rep)
             return
@@ -558,8 +595,23 @@ class _Walk:
             self._row(path, "attention", "kept", m, match.attention)
             self.replace(parent, name, m, path, match)
             return False
+        if isinstance(match, MoEMatch):  # the block stays the model's; its experts become one fused-MoE call
+            if self.replace(parent, name, m, path, match):
+                self._router_row(m, path, match)
+            return False  # on into the block: a shared expert is an MLP of its own
         # a fused MLP that is kept is descended into (its linears are tried one by one); anything else is done
         return self.replace(parent, name, m, path, match) or match.kind not in ONE_BY_ONE
+
+    def _router_row(self, block: nn.Module, path: str, match: MoEMatch) -> None:
+        """The row of a replaced MoE block's router: kept as the model's own (the walk does not visit it again)."""
+        router = block.get_submodule(match.router_name)
+        self.placed.add(id(router))
+        others = (f"; {', '.join(match.others)}: as the block runs them, each looked at on its own" if match.others
+                  else "")
+        self._row(f"{path}.{match.router_name}", "router", "kept", router,
+                  f"the model's own router (top-{match.top_k} of {match.experts}, its softmax and renormalisation as "
+                  f"the config says) feeds {path}.{match.experts_name}'s fused-MoE call{others}",
+                  shape=f"{match.hidden}->{match.experts}")
 
     def keep(self, m: nn.Module, path: str, match: NoMatch) -> bool:
         """The rows of a module that is not replaced; True when the walk does not descend into it."""
@@ -585,7 +637,7 @@ class _Walk:
             return False
         if isinstance(rep, FusedRows) and not self.keep_original:
             rep.tie()
-        self._place(parent, name, m, rep)
+        self._place(parent, name, m, rep, match)
         self._row(where, match.kind, "replaced", m, self._note(where, built), shape=_replaced_shape(match),
                   dtype=dtype, verdict=verdict, kernels=_kernels(rep, dtype), weight=_quantized(match) or "")
         for child, lin in fused.items():

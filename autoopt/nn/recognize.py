@@ -35,6 +35,15 @@ A class name proves nothing (every model family names its RMSNorm differently, a
   (above) reading the same ``in_features`` in one dtype and device, each with a bias or none with one.
   Fusing them changes no arithmetic (each output column is the same dot product), so there is no
   behavioural probe beyond the check ``optimize`` runs.
+- **a MoE block** (transformers 5's Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE ... sparse-MoE blocks): a module with
+  one child holding the experts as 3-D Parameters ``gate_up_proj`` and ``down_proj`` (``E`` experts; rows
+  ``[gate; up]``) and a router child holding a ``weight`` of ``E`` rows. The router must be a linear to ``E``:
+  run once on a sample, it answers ``(logits, weights, ids)`` with ``logits = x @ W^T (+ b)`` and ``top_k``
+  integer ids in ``[0, E)`` per token. The experts must hold nothing else (no biases), and on the router's
+  answer compute ``sum_k w_k * down_e(silu(gate_e(x)) * up_e(x))`` in one of the two layouts their shapes
+  allow (``[E, 2N, K]``/``[E, K, N]``, or transposed); an ``act_fn`` that is not SiLU is named as the reason.
+  gpt-oss's experts are refused by these rules: they hold biases, and compute a clamped SwiGLU
+  (``(up + 1) * gate * sigmoid(alpha * gate)`` with gate/up interleaved), which the fused kernel does not.
 - **a checkpoint's block-FP8 linear** (transformers' ``FP8Linear`` as its finegrained-FP8 integration
   loads DeepSeek-V3 and the Qwen3 ``-FP8`` checkpoints): a linear holding an e4m3 ``weight [N, K]`` and a
   float32 ``weight_scale_inv [ceil(N/128), ceil(K/128)]`` (one scale per 128 x 128 block, ``w = q * s``:
@@ -64,6 +73,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from autoopt.backend.accuracy import rel_error
+from autoopt.nn._moe import torch_experts
 from autoopt.nn.compare import FLOAT_DTYPES, sample, tolerance
 from autoopt.nn.match import (
     ONE_BY_ONE,
@@ -73,6 +83,7 @@ from autoopt.nn.match import (
     DenseMatch,
     GatedMLPMatch,
     Match,
+    MoEMatch,
     NoMatch,
     NormMatch,
     PlainMLPMatch,
@@ -86,12 +97,14 @@ __all__ = [
     "EPS_ATTRS",
     "GATED_ACTIVATIONS",
     "PLAIN_ACTIVATIONS",
+    "MoEParts",
     "PlainMLPParts",
     "activation_of",
     "checkpoint_fp8_problem",
     "gated_mlp_parts",
     "linear_problem",
     "match_plain_mlp",
+    "moe_parts",
     "norm_parts",
     "plain_mlp_parts",
     "qkv_parts",
@@ -111,8 +124,8 @@ def recognize(m: nn.Module, *, context: Context) -> Match:
     """What ``m`` is: the one match its replacement is built from, or why not (a :class:`NoMatch`).
 
     In the order the walk always took: already optimised, ``skip=``, a forward patched on the instance,
-    then by structure a gated MLP, a plain MLP (not inside an attention), a linear, a norm, an attention
-    (its q/k/v), a leaf with weights autoopt has no kernel for, and else a container to descend into."""
+    then by structure a MoE block, a gated MLP, a plain MLP (not inside an attention), a linear, a norm, an
+    attention (its q/k/v), a leaf with weights autoopt has no kernel for, and else a container to descend into."""
     if isinstance(m, Replacement):
         return NoMatch(kind=m.kind, reason="already optimised", status="skipped")
     kind, parts = _structure(m)
@@ -122,6 +135,8 @@ def recognize(m: nn.Module, *, context: Context) -> Match:
     if ("forward" in m.__dict__ or hasattr(m, "_hf_hook")) and kind != "module":
         return NoMatch(kind=kind, reason="its forward is patched on the instance (an accelerate offload hook?): "
                        "replacing it would drop that")
+    if kind == "moe":
+        return _moe(m, parts, context)
     attention = any(all(hasattr(m, c) for c in names) for names in _ATTENTION_CHILDREN)
     if kind == "gated_mlp" or (kind == "plain_mlp" and not attention):
         return _mlp(m, kind, parts, context)
@@ -137,12 +152,12 @@ def recognize(m: nn.Module, *, context: Context) -> Match:
 
 
 def _structure(m: nn.Module) -> tuple[str, Any]:
-    """What ``m`` holds, looked at once: ``(kind, parts)``, kind ``linear``, ``gated_mlp``, ``plain_mlp`` or
-    ``norm`` with the parts its recogniser reads, else ``("module", None)``."""
+    """What ``m`` holds, looked at once: ``(kind, parts)``, kind ``linear``, ``moe``, ``gated_mlp``, ``plain_mlp``
+    or ``norm`` with the parts its recogniser reads, else ``("module", None)``."""
     if isinstance(m, nn.Linear):
         return "linear", m
     finders: tuple[tuple[str, Callable[[nn.Module], Any]], ...] = (
-        ("gated_mlp", gated_mlp_parts), ("plain_mlp", plain_mlp_parts), ("norm", norm_parts))
+        ("moe", moe_parts), ("gated_mlp", gated_mlp_parts), ("plain_mlp", plain_mlp_parts), ("norm", norm_parts))
     for kind, find in finders:
         parts = find(m)
         if parts is not None:
@@ -648,3 +663,184 @@ def qkv_parts(m: nn.Module) -> tuple[nn.Linear, nn.Linear, nn.Linear] | str | No
     if len({id(lin) for lin in (q, k, v)}) != 3:
         return "q/k/v are not three distinct modules"
     return q, k, v
+
+
+# -- MoE blocks -------------------------------------------------------------------------------------------
+
+#: the Parameters a MoE block's experts child holds, one 3-D tensor per projection across the experts
+_EXPERT_PARAMS = ("gate_up_proj", "down_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class MoEParts:
+    """A MoE block's pieces: its experts child and its router child (None: none fits), under their child
+    names, and the names of its other children that hold weights (a shared expert and its gate)."""
+
+    experts_name: str
+    experts: nn.Module
+    router_name: str | None
+    router: nn.Module | None
+    others: tuple[str, ...]
+
+    @property
+    def count(self) -> int:
+        """E, the number of experts."""
+        return int(self.experts.get_parameter("gate_up_proj").shape[0])
+
+
+def _holds_experts(m: nn.Module) -> bool:
+    gate_up, down = (m._parameters.get(name) for name in _EXPERT_PARAMS)
+    return (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == down.dim() == 3
+            and gate_up.shape[0] == down.shape[0])
+
+
+def moe_parts(m: nn.Module) -> MoEParts | None:
+    """``m``'s :class:`MoEParts` when it has a MoE block's structure (one child holding 3-D ``gate_up_proj`` and
+    ``down_proj`` Parameters of ``E`` experts), else None. The router is the other child whose ``weight`` is
+    2-D with ``E`` rows."""
+    if isinstance(m, (nn.Linear, nn.ModuleList, nn.ModuleDict)):
+        return None
+    children = [(n, c) for n, c in m.named_children() if c is not None]
+    experts = [(n, c) for n, c in children if _holds_experts(c)]
+    if len(experts) != 1:
+        return None
+    experts_name, ex = experts[0]
+    count = ex.get_parameter("gate_up_proj").shape[0]
+    routers = [(n, c) for n, c in children if c is not ex and isinstance(w := getattr(c, "weight", None), torch.Tensor)
+               and w.dim() == 2 and w.shape[0] == count]
+    router_name, router = routers[0] if len(routers) == 1 else (None, None)
+    others = tuple(n for n, c in children if c is not ex and c is not router
+                   and next(c.parameters(), None) is not None)
+    return MoEParts(experts_name, ex, router_name, router, others)
+
+
+def _moe(m: nn.Module, parts: MoEParts, context: Context) -> MoEMatch | NoMatch:
+    """A MoE block as a match (its router and experts probed), or why not: then the walk goes on into it (a
+    shared expert is an MLP of its own)."""
+    if "moe" not in context.ops:
+        return NoMatch(kind="moe", reason="moe not in ops=", descend=True)
+    found = _moe_match(m, parts, context)
+    if isinstance(found, str):
+        return NoMatch(kind="moe", reason=found, descend=True)
+    return found
+
+
+def _moe_match(m: nn.Module, parts: MoEParts, context: Context) -> MoEMatch | str:
+    ex, count, name = parts.experts, parts.count, parts.experts_name
+    router = parts.router
+    if router is None or parts.router_name is None:
+        return (f"{name} holds {count} experts but no one child is a router to {count} experts (a 2-D weight of "
+                f"{count} rows)")
+    extra = [n for n, _ in ex.named_parameters() if n not in _EXPERT_PARAMS]
+    if extra:
+        return (f"{name} holds {', '.join(extra[:3])} besides gate_up_proj and down_proj (per-expert biases or "
+                "scales): the fused-MoE kernel computes bias-free 16-bit experts")
+    if "forward" in ex.__dict__ or hasattr(ex, "_hf_hook"):
+        return (f"{name}'s forward is patched on the instance (an accelerate offload hook?): replacing it would drop "
+                "that")
+    if id(ex) in context.replaced:
+        return f"{name} is shared with another module already replaced"
+    hit = _skip_hit(f"{context.path}.{name}", context.skip)
+    if hit is not None:
+        return f"{context.path}.{name} matches skip= pattern {hit!r}"
+    gate_up, down = (ex.get_parameter(p) for p in _EXPERT_PARAMS)
+    for label, p in (("gate_up_proj", gate_up), ("down_proj", down)):
+        problem = _plain_param(p)
+        if problem is not None:
+            return f"{name}.{label}: {problem}"
+    if down.dtype != gate_up.dtype or down.device != gate_up.device:
+        return f"{name}: gate_up_proj and down_proj differ in dtype or device"
+    rw = router.weight
+    assert isinstance(rw, torch.Tensor)
+    hidden = int(rw.shape[1])
+    layouts = _moe_layouts(gate_up, down, hidden)
+    if not layouts:
+        return (f"{name}: gate_up_proj {tuple(gate_up.shape)} and down_proj {tuple(down.shape)} are neither [E, 2N, K] "
+                f"and [E, K, N] nor their transposes for the router's hidden size K = {hidden}")
+    act = getattr(ex, "act_fn", None)
+    if act is not None and callable(act) and activation_of(act, gate_up.device, ("silu",)) is None:
+        return (f"{name}.act_fn {type(act).__name__} does not compute SiLU: the fused-MoE kernel computes "
+                "silu(gate) * up")
+    routed = _route(router, parts.router_name, count, hidden, gate_up.dtype, gate_up.device)
+    if isinstance(routed, str):
+        return routed
+    x, weights, ids = routed
+    errors = []
+    for transposed, inter in layouts:
+        err = _experts_error(ex, x, weights, ids, gate_up, down, transposed)
+        if isinstance(err, str):
+            return f"{name}: {err}"
+        tol = tolerance(gate_up.dtype, matmul=True)
+        if err <= tol:
+            return MoEMatch(experts_name=name, router_name=parts.router_name, experts=count, top_k=int(ids.shape[1]),
+                            hidden=hidden, intermediate=inter, activation="silu", transposed=transposed,
+                            others=parts.others)
+        errors.append(f"{'transposed' if transposed else '[E, 2N, K]'} {err:.2g}")
+    return (f"{name}: its output on the router's answer is not sum_k w_k * down(silu(gate(x)) * up(x)) with rows "
+            f"[gate; up] within {tolerance(gate_up.dtype, matmul=True):g} (relative error: {', '.join(errors)})")
+
+
+def _moe_layouts(gate_up: torch.Tensor, down: torch.Tensor, hidden: int) -> list[tuple[bool, int]]:
+    """``(transposed, N)`` for each layout the experts' shapes allow over hidden size ``hidden`` (both, in this
+    order, when ``hidden == 2N``)."""
+    e = gate_up.shape[0]
+    out = []
+    if gate_up.shape[2] == hidden and gate_up.shape[1] % 2 == 0 and tuple(down.shape) == (e, hidden,
+                                                                                            gate_up.shape[1] // 2):
+        out.append((False, gate_up.shape[1] // 2))
+    if gate_up.shape[1] == hidden and gate_up.shape[2] % 2 == 0 and tuple(down.shape) == (e, gate_up.shape[2] // 2,
+                                                                                           hidden):
+        out.append((True, gate_up.shape[2] // 2))
+    return out
+
+
+def _route(router: nn.Module, name: str, count: int, hidden: int, dtype: torch.dtype, device: torch.device
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | str:
+    """The router run once on a sample: ``(x, weights, ids)``, or why it is not a linear to ``count`` experts
+    answering ``(logits, weights, ids)``."""
+    x = sample(hidden, dtype, device, seed=6).reshape(-1, hidden)
+    try:
+        with torch.no_grad():
+            out = router.forward(x)
+    except Exception as exc:
+        return f"router {name}: a probe on a {tuple(x.shape)} {x.dtype} input raised {type(exc).__name__}: {exc}"
+    if not (isinstance(out, (tuple, list)) and len(out) == 3 and all(isinstance(t, torch.Tensor) for t in out)):
+        return f"router {name} does not answer (logits, weights, ids) tensors"
+    logits, weights, ids = out
+    t = x.shape[0]
+    if tuple(logits.shape) != (t, count) or ids.dim() != 2 or ids.shape[0] != t or weights.shape != ids.shape \
+            or ids.dtype.is_floating_point or not 1 <= ids.shape[1] <= count:
+        return (f"router {name} answers logits {tuple(logits.shape)}, weights {tuple(weights.shape)}, ids "
+                f"{tuple(ids.shape)} {ids.dtype}; expected [{t}, {count}] and two [{t}, top_k] (integer ids)")
+    if int(ids.min()) < 0 or int(ids.max()) >= count:
+        return f"router {name} answers expert ids outside [0, {count})"
+    w = router.weight
+    assert isinstance(w, torch.Tensor)
+    with torch.no_grad():
+        linear = F.linear(x.float(), w.float(), _bias_of(router))
+    err = rel_error(logits.float(), linear)
+    tol = tolerance(dtype, matmul=True)
+    if err > tol:
+        return f"router {name}'s logits are not x @ weight^T (+ bias): relative error {err:.2g} > {tol:g}"
+    return x, weights, ids
+
+
+def _bias_of(m: nn.Module) -> torch.Tensor | None:
+    b = getattr(m, "bias", None)
+    return b.float() if isinstance(b, torch.Tensor) else None
+
+
+def _experts_error(ex: nn.Module, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_up: torch.Tensor,
+                   down: torch.Tensor, transposed: bool) -> float | str:
+    """The experts' output on the router's answer against the fused kernel's formula in one layout."""
+    try:
+        with torch.no_grad():
+            out = ex.forward(x, ids, weights)
+            w13, w2 = (gate_up.transpose(1, 2), down.transpose(1, 2)) if transposed else (gate_up, down)
+            ref = torch_experts(x.float(), w13.float(), w2.float(), weights.float(), ids)
+    except Exception as exc:
+        return (f"a probe on {tuple(x.shape)} {x.dtype} tokens routed to {tuple(ids.shape)} experts raised "
+                f"{type(exc).__name__}: {exc}")
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        return "its output on a probe is not a tensor of the tokens' shape"
+    return rel_error(out.float(), ref)

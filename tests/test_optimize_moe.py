@@ -1,0 +1,311 @@
+"""autoopt.optimize on MoE blocks: tiny transformers Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE models (random weights).
+
+Each block's experts run in one fused-MoE call (autoopt.nn._moe.fused_moe) while the block's own forward, its
+router and a shared expert stay the model's. The fused kernel (autoopt.backend.kernels.fused_moe.fused_experts)
+is replaced here, where a test says so, by ``contract_experts``: a test double, the kernel's contract written in
+torch, so that the kernel path (its config per M, its arguments) is exercised with or without the kernel built.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_optimize import assert_restored, ids, logits, rel, snapshot, torch_fallback  # noqa: E402, F401
+
+from autoopt.nn import _moe, dispatch  # noqa: E402
+from autoopt.nn.match import Context, MoEMatch, NoMatch  # noqa: E402
+from autoopt.nn.modules import AutooptGatedMLP, AutooptMoEExperts  # noqa: E402
+from autoopt.nn.optimize import optimize, restore  # noqa: E402
+from autoopt.nn.recognize import recognize  # noqa: E402
+
+COMMON = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 64}
+#: family -> (config class, model class, config keys): 4 experts, top-2
+FAMILIES = {
+    # softmax, top-k, renormalised (always); experts [4, 256, 64] / [4, 64, 128]
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    # norm_topk_prob False; a shared expert (a gated MLP) behind a sigmoid gate; hidden == 2N: [4, 64, 64]
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "shared_expert_intermediate_size": 96}),
+    # norm_topk_prob set here (renormalised)
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "head_dim": 16,
+                   "norm_topk_prob": True}),
+    # norm_topk_prob False by default
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2}),
+}
+#: what recognize() answers for each family's block
+MATCHES = {
+    "mixtral": MoEMatch(experts_name="experts", router_name="gate", experts=4, top_k=2, hidden=64, intermediate=128,
+                        activation="silu", transposed=False),
+    "qwen2_moe": MoEMatch(experts_name="experts", router_name="gate", experts=4, top_k=2, hidden=64, intermediate=32,
+                          activation="silu", transposed=False, others=("shared_expert", "shared_expert_gate")),
+    "qwen3_moe": MoEMatch(experts_name="experts", router_name="gate", experts=4, top_k=2, hidden=64, intermediate=32,
+                          activation="silu", transposed=False),
+    "olmoe": MoEMatch(experts_name="experts", router_name="gate", experts=4, top_k=2, hidden=64, intermediate=128,
+                      activation="silu", transposed=False),
+}
+KERNEL = "autoopt.backend.kernels.fused_moe"
+
+
+def build(family: str, dtype=torch.float32, **overrides):
+    config_cls, model_cls, extra = FAMILIES[family]
+    config = getattr(transformers, config_cls)(**{**COMMON, **extra, **overrides})
+    torch.manual_seed(0)
+    model = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.to(dtype)
+
+
+def blocks(model):
+    return [layer.mlp for layer in model.model.layers]
+
+
+def contract_experts(hidden, w13, w2, topk_weights, topk_ids, *, config, activation="silu"):
+    """Test double of fused_experts: its contract in torch, each (token, slot) through its expert's weights."""
+    n = w13.shape[1] // 2
+    gate_up = torch.einsum("mk,mjnk->mjn", hidden.float(), w13[topk_ids].float())  # [M, topk, 2N]
+    h = torch.nn.functional.silu(gate_up[..., :n]) * gate_up[..., n:]
+    out = torch.einsum("mjn,mjkn->mjk", h, w2[topk_ids].float())  # [M, topk, K]
+    return (out * topk_weights[..., None]).sum(1).to(hidden.dtype)
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    """The kernel path on the CPU: Triton's interpreter said on (the double needs no Triton) and the kernel module
+    replaced by the double; yields the calls it got (M, config, topk_weights dtype)."""
+    calls: list[tuple[int, dict, torch.dtype]] = []
+
+    def fused_experts(hidden, w13, w2, topk_weights, topk_ids, *, config, activation="silu"):
+        calls.append((hidden.shape[0], dict(config), topk_weights.dtype))
+        return contract_experts(hidden, w13, w2, topk_weights, topk_ids, config=config, activation=activation)
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setitem(sys.modules, KERNEL, types.SimpleNamespace(fused_experts=fused_experts))
+    yield calls
+
+
+# -- recognize(): one MoE match per block ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_recognize_answers_a_moe_match_for_each_familys_block(family):
+    block = build(family).model.layers[0].mlp
+    assert recognize(block, context=Context(path="model.layers.0.mlp")) == MATCHES[family]
+
+
+def test_without_moe_in_ops_the_block_is_descended_into_with_the_reason():
+    block = build("mixtral").model.layers[0].mlp
+    got = recognize(block, context=Context(ops=("linear", "gated_mlp")))
+    assert got == NoMatch(kind="moe", reason="moe not in ops=", descend=True)
+
+
+# -- optimize(): the experts through the kernel path ----------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_block_runs_its_experts_in_one_fused_call_and_logits_stay_within_tolerance(family, kernel):
+    model = build(family)
+    x = ids()
+    ref = logits(model, x)
+    report = optimize(model, ops=["moe"])
+    assert [type(b.experts) for b in blocks(model)] == [AutooptMoEExperts] * 2
+    assert [report.row(f"model.layers.{i}.mlp").status for i in (0, 1)] == ["replaced"] * 2
+    kernel.clear()
+    got = logits(model, x)
+    assert rel(got, ref) < 1e-5
+    assert [m for m, _, _ in kernel] == [6, 6]  # one call per layer, all 6 tokens
+    assert all(set(config) == set(_moe.CONFIG_KEYS) and dtype == torch.float32 for _, config, dtype in kernel)
+
+
+def test_the_report_row_names_the_kernel_and_its_config_per_check_size(kernel):
+    report = optimize(build("mixtral"), ops=["moe"])
+    row = report.row("model.layers.0.mlp")
+    assert (row.kind, row.shape, row.module) == ("moe", "4x(64->2x128->64) top-2", "MixtralSparseMoeBlock")
+    assert row.kernels == {"fused_moe": "fused_moe BLOCK_SIZE_M=16 BLOCK_SIZE_N=64 BLOCK_SIZE_K=128 GROUP_SIZE_M=1 "
+                                        "num_warps=4 num_stages=4 [default heuristic, interpreter]"}
+    assert row.error is not None and row.error <= row.tolerance == 1e-4
+    assert report.backend == "triton-interpreter"
+
+
+def test_the_router_stays_the_models_own_and_says_so(kernel):
+    model = build("mixtral")
+    router = model.model.layers[0].mlp.gate
+    report = optimize(model, ops=["moe"])
+    assert model.model.layers[0].mlp.gate is router
+    row = report.row("model.layers.0.mlp.gate")
+    assert (row.kind, row.status, row.module) == ("router", "kept", "MixtralTopKRouter")
+    assert row.reason.startswith("the model's own router (top-2 of 4")
+
+
+def test_the_experts_run_on_the_models_own_tensors_with_no_copy(kernel):
+    model = build("qwen3_moe")
+    experts = model.model.layers[0].mlp.experts
+    keys = list(model.state_dict())
+    report = optimize(model, ops=["moe"])
+    rep = model.model.layers[0].mlp.experts
+    assert rep.gate_up_proj is experts.gate_up_proj and rep.down_proj is experts.down_proj
+    assert rep.weights() == (experts.gate_up_proj, experts.down_proj)
+    assert report.extra_bytes == 0 and list(model.state_dict()) == keys
+
+
+def test_a_qwen2_moe_shared_expert_is_a_gated_mlp_of_its_own(kernel):
+    model = build("qwen2_moe")
+    report = optimize(model, ops=["moe", "gated_mlp"])
+    assert isinstance(model.model.layers[0].mlp.shared_expert, AutooptGatedMLP)
+    assert report.row("model.layers.0.mlp.shared_expert").status == "replaced"
+    assert report.row("model.layers.0.mlp.gate").reason.endswith(
+        "shared_expert, shared_expert_gate: as the block runs them, each looked at on its own")
+
+
+def test_a_replacement_over_the_bound_keeps_the_block_with_the_reason(kernel, monkeypatch):
+    def wrong(hidden, w13, w2, topk_weights, topk_ids, *, config, activation="silu"):
+        return 2 * contract_experts(hidden, w13, w2, topk_weights, topk_ids, config=config)
+
+    monkeypatch.setitem(sys.modules, KERNEL, types.SimpleNamespace(fused_experts=wrong))
+    model = build("olmoe")
+    report = optimize(model, ops=["moe"])
+    row = report.row("model.layers.0.mlp")
+    assert row.status == "kept" and row.reason.startswith("check failed: relative error ")
+    assert not isinstance(model.model.layers[0].mlp.experts, AutooptMoEExperts)
+
+
+def test_without_the_kernel_module_the_experts_run_torch_and_say_why(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setitem(sys.modules, KERNEL, None)  # import fails: a build without the kernel
+    model = build("mixtral")
+    x = ids()
+    ref = logits(model, x)
+    report = optimize(model, ops=["moe"])
+    assert report.row("model.layers.0.mlp").kernels["fused_moe"].startswith(f"torch ({dispatch.UNAVAILABLE} ")
+    assert rel(logits(model, x), ref) < 1e-5
+
+
+def test_restore_brings_back_the_original_blocks_experts(kernel):
+    model = build("qwen2_moe")
+    snap = snapshot(model)
+    optimize(model)
+    assert restore(model) > 0
+    assert_restored(model, snap)
+
+
+# -- the whole model on torch: bf16, generate() ----------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.usefixtures("torch_fallback")
+def test_bf16_logits_match_and_generate_runs(family):
+    model = build(family, torch.bfloat16)
+    x = ids()
+    ref = logits(model, x)
+    with torch.no_grad():
+        want = model.generate(x, max_new_tokens=4, do_sample=False)
+    snap = snapshot(model)
+    report = optimize(model)
+    assert report.counts()["moe"] == {"replaced": 2}
+    assert report.row("model.layers.0.mlp").kernels["fused_moe"].startswith(f"torch ({dispatch.NO_CUDA}")
+    assert rel(logits(model, x), ref) < 2e-2
+    with torch.no_grad():
+        got = model.generate(x, max_new_tokens=4, do_sample=False)
+    assert got.shape == want.shape == (1, 10)
+    restore(model)
+    assert_restored(model, snap)
+
+
+# -- blocks left alone ------------------------------------------------------------------------------------------
+
+@pytest.mark.usefixtures("torch_fallback")
+def test_experts_with_a_gelu_activation_are_left_alone_with_the_reason():
+    model = build("mixtral", hidden_act="gelu")
+    report = optimize(model)
+    row = report.row("model.layers.0.mlp")
+    assert (row.kind, row.status) == ("moe", "kept")
+    assert row.reason == ("experts.act_fn GELUActivation does not compute SiLU: the fused-MoE kernel computes "
+                          "silu(gate) * up")
+    assert not any(isinstance(m, AutooptMoEExperts) for m in model.modules())
+
+
+@pytest.mark.usefixtures("torch_fallback")
+def test_gpt_oss_experts_are_left_alone_for_their_biases():
+    config = transformers.GptOssConfig(**{**COMMON, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                          "head_dim": 16, "num_hidden_layers": 1})
+    model = transformers.GptOssForCausalLM(config).eval()
+    report = optimize(model, ops=["moe"])
+    assert report.row("model.layers.0.mlp").reason == (
+        "experts holds gate_up_proj_bias, down_proj_bias besides gate_up_proj and down_proj (per-expert biases or "
+        "scales): the fused-MoE kernel computes bias-free 16-bit experts")
+
+
+def test_transposed_experts_run_on_a_transposed_copy_and_restore_untouched(kernel):
+    # Aria stores [E, K, 2N] / [E, N, K]; here hidden 64 == 2N, so only the probe tells the two layouts apart
+    config = transformers.AriaTextConfig(**{**COMMON, "intermediate_size": 32, "num_hidden_layers": 1,
+                                            "moe_num_experts": 4, "moe_topk": 2})
+    torch.manual_seed(0)
+    model = transformers.AriaTextForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    x = ids()
+    ref = logits(model, x)
+    snap = snapshot(model)
+    report = optimize(model, ops=["moe"])
+    rep = model.model.layers[0].mlp.experts
+    assert isinstance(rep, AutooptMoEExperts) and rep.transposed
+    assert torch.equal(rep.w13, rep.gate_up_proj.transpose(1, 2)) and rep.w13.is_contiguous()
+    assert report.extra_bytes == (4 * 64 * 64 + 4 * 64 * 32) * 4
+    assert rel(logits(model, x), ref) < 1e-5
+    restore(model)
+    assert_restored(model, snap)
+
+
+# -- the op and its config -------------------------------------------------------------------------------------
+
+def test_the_config_follows_the_token_count():
+    assert _moe._moe_config(1, 8, 14336, 4096, 2) == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
+                                                      "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
+    assert _moe._moe_config(4096, 8, 14336, 4096, 2) == {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128,
+                                                         "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 16, "num_warps": 8,
+                                                         "num_stages": 3}
+    # 128 experts: 32 tokens each on average at M = 4096, too few for M tiles to share an expert's weights
+    assert _moe._moe_config(4096, 128, 768, 2048, 8)["GROUP_SIZE_M"] == 1
+
+
+def test_the_op_falls_back_to_torch_under_autograd_and_says_so(kernel):
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(5, 16, generator=gen, requires_grad=True)
+    w13, w2 = torch.randn(3, 8, 16, generator=gen), torch.randn(3, 16, 4, generator=gen)
+    topk_ids = torch.tensor([[0, 2], [1, 2], [2, 0], [1, 0], [0, 1]])
+    weights = torch.rand(5, 2, generator=gen)
+    dispatch.reset()
+    out = _moe.fused_moe(hidden, w13, w2, weights, topk_ids)
+    assert out.requires_grad and not kernel
+    assert any(op == "fused_moe" and why.startswith(dispatch.AUTOGRAD) for op, why in dispatch.fallback_counts())
+    ref = contract_experts(hidden.detach(), w13, w2, weights, topk_ids, config={})
+    assert rel(out.detach(), ref) < 1e-6
+
+
+def test_the_op_names_the_tensor_that_does_not_fit():
+    hidden, w13, w2 = torch.randn(5, 16), torch.randn(3, 8, 16), torch.randn(3, 16, 5)
+    topk = torch.zeros(5, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"w13 must be \[E, 2N, K\] and w2 \[E, K, N\]"):
+        _moe.fused_moe(hidden, w13, w2, torch.ones(5, 2), topk)
+
+
+def test_the_kernel_matches_the_contract_under_the_interpreter():
+    kernel = pytest.importorskip(KERNEL)  # the fused-MoE kernel, where this build has it
+    if not dispatch.interpreter_active():
+        pytest.skip("runs the kernel under Triton's CPU interpreter")
+    gen = torch.Generator().manual_seed(0)
+    m, e, n, k, topk = 7, 3, 32, 64, 2  # odd M, E not a power of two
+    hidden = torch.randn(m, k, generator=gen)
+    w13, w2 = torch.randn(e, 2 * n, k, generator=gen) / 8, torch.randn(e, k, n, generator=gen) / 8
+    topk_ids = torch.randint(0, e, (m, topk), generator=gen)
+    weights = torch.rand(m, topk, generator=gen)
+    out = kernel.fused_experts(hidden, w13, w2, weights, topk_ids, config=_moe._moe_config(m, e, n, k, topk))
+    assert rel(out, _moe.torch_experts(hidden, w13, w2, weights, topk_ids)) < 1e-4
