@@ -129,8 +129,8 @@ def test_the_report_row_names_the_kernel_and_its_config_per_check_size(kernel):
     report = optimize(build("mixtral"), ops=["moe"])
     row = report.row("model.layers.0.mlp")
     assert (row.kind, row.shape, row.module) == ("moe", "4x(64->2x128->64) top-2", "MixtralSparseMoeBlock")
-    assert row.kernels == {"fused_moe": "fused_moe BLOCK_SIZE_M=16 BLOCK_SIZE_N=64 BLOCK_SIZE_K=128 GROUP_SIZE_M=1 "
-                                        "num_warps=4 num_stages=4 [default heuristic, interpreter]"}
+    config = " ".join(f"{k}={v}" for k, v in _moe._moe_config(4, 4, 128, 64, 2).items())
+    assert row.kernels == {"fused_moe": f"fused_moe {config} [rank(), interpreter]"}
     assert row.error is not None and row.error <= row.tolerance == 1e-4
     assert report.backend == "triton-interpreter"
 
@@ -266,14 +266,17 @@ def test_transposed_experts_run_on_a_transposed_copy_and_restore_untouched(kerne
 
 # -- the op and its config -------------------------------------------------------------------------------------
 
-def test_the_config_follows_the_token_count():
-    assert _moe._moe_config(1, 8, 14336, 4096, 2) == {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128,
-                                                      "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4}
-    assert _moe._moe_config(4096, 8, 14336, 4096, 2) == {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 128,
-                                                         "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 16, "num_warps": 8,
-                                                         "num_stages": 3}
-    # 128 experts: 32 tokens each on average at M = 4096, too few for M tiles to share an expert's weights
-    assert _moe._moe_config(4096, 128, 768, 2048, 8)["GROUP_SIZE_M"] == 1
+def test_the_config_is_ranks_pick_at_the_runtime_m_key_nearest_the_token_count():
+    from autoopt.kernels.ops import OpSpec
+    from autoopt.nn.dispatch import _gpu_for
+    from autoopt.search.moe import moe_config
+
+    gpu = _gpu_for(torch.device("cpu"), "cpu")
+    for m, key in ((1, 1), (3, 2), (700, 512), (5000, 4096)):
+        want = moe_config(OpSpec(kind="fused_moe", shape=(key, 8, 2, 14336, 4096), dtype="bf16"), gpu)
+        assert _moe._moe_config(m, 8, 14336, 4096, 2) == want
+    assert set(_moe._moe_config(1, 8, 14336, 4096, 2)) == {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K",
+                                                           "GROUP_SIZE_M", "num_warps", "num_stages"}
 
 
 def test_the_op_falls_back_to_torch_under_autograd_and_says_so(kernel):

@@ -58,19 +58,24 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 @functools.lru_cache(maxsize=1024)
 def _config_for(m: int, experts: int, n: int, k: int, topk: int) -> tuple[tuple[str, int], ...]:
-    # Until the fused_moe template is ranked here (rank() over its space), the generic default the runtimes
-    # fall back to, in its semantics (vLLM's get_default_config, bf16/fp16):
-    # - few tokens: the GEMMs are bound by reading the touched experts' weights, so a short M tile (each
-    #   expert's rows are padded to BLOCK_SIZE_M: a tall tile would be mostly padding), a long K tile and a
-    #   narrow N tile (more programs to spread the weight reads over the SMs), a deeper pipeline;
-    # - many tokens: compute-bound, so taller and wider tiles and 8 warps;
-    # - GROUP_SIZE_M > 1 only when an expert gets enough rows (> 128 on average) for M tiles to share its
-    #   weight tiles in L2; with many experts each sees few rows and grouping buys nothing.
-    block_m = 16 if m <= 32 else 32 if m <= 96 else 64 if m <= 512 else 128
-    small = m <= 64
-    return (("BLOCK_SIZE_M", block_m), ("BLOCK_SIZE_N", 64 if small else 128), ("BLOCK_SIZE_K", 128 if small else 64),
-            ("GROUP_SIZE_M", 16 if m // max(experts, 1) > 128 else 1), ("num_warps", 4 if m <= 128 else 8),
-            ("num_stages", 4 if m <= 32 else 3))
+    """The config the runtimes' files would hold for this shape: rank()'s pick for the fused_moe op at the
+    runtime M key nearest ``m`` (vLLM's lookup: a new prefill length reuses a bucket's config instead of
+    ranking, and compiling, one per length), on the GPU the ops rank for; a winner measured on this device
+    before comes first (rank(measured=True))."""
+    import torch
+
+    from autoopt.kernels.ops import OpSpec
+    from autoopt.nn.dispatch import _gpu_for
+    from autoopt.runtimes.moe_configs import nearest_m
+    from autoopt.search.moe import moe_config
+
+    dev_type = "cuda" if torch.cuda.is_available() else "cpu"
+    gpu = _gpu_for(torch.device(dev_type), dev_type)
+    key_m = nearest_m(m)
+    if gpu is None:
+        raise RuntimeError("no GPU profile to rank the fused-MoE config for")
+    op = OpSpec(kind="fused_moe", shape=(key_m, experts, topk, n, k), dtype="bf16")
+    return tuple(moe_config(op, gpu).items())
 
 
 def _moe_config(m: int, experts: int, n: int, k: int, topk: int) -> dict[str, int]:
@@ -121,7 +126,7 @@ def kernels_at(m: int, experts: int, n: int, k: int, topk: int, dtype: torch.dty
         return f"torch ({problem})"
     config = " ".join(f"{key}={value}" for key, value in _config_for(m, experts, n, k, topk))
     where = ", interpreter" if interpreter_active() and device.type == "cpu" else ""
-    return f"fused_moe {config} [default heuristic{where}]"
+    return f"fused_moe {config} [rank(){where}]"
 
 
 # -- the op -------------------------------------------------------------------------------------------------
