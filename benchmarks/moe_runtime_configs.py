@@ -95,7 +95,7 @@ def should_moe_wna16_use_cuda(*args, **kwargs):
 '''
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_vllm(src: Path) -> Any:
     """A module holding vLLM's ``write_zeros_to_output``, ``fused_moe_kernel`` and ``get_default_config``."""
     text = (src / "fused_moe.py").read_text()
@@ -409,7 +409,6 @@ def run_case(args: argparse.Namespace, mod: Any, profile: Any, idx: int, m: int,
         for key in ("a_shipped", "b_default", "c_zero_shot", "d_tuned"):
             if key in row and "measured_us" in row[key]:
                 row[key]["best_over_this"] = round(us / row[key]["measured_us"], 4)
-    del c
     torch.cuda.empty_cache()
     return row
 

@@ -107,8 +107,6 @@ def weight_floor_ms(model: Any, copy_gbs: float) -> float:
 
 
 def run_variant(fmt: str, args: argparse.Namespace, copy_gbs: float) -> dict[str, Any]:
-    import torch
-
     from autoopt.nn.e2e import _graphed_decode_ms, build_model
 
     row: dict[str, Any] = {"format": fmt, "impl": "transformers" if fmt == "bf16" else "autoopt optimize()"}

@@ -158,9 +158,7 @@ def _decode(**kw):
 
 def test_cuda_graphs_price_each_decode_kernel_at_its_in_graph_launch():
     from autoopt.kernels.constants import constants
-    from autoopt.planning.recommendation import GRAPH_LAUNCH_US
-
-    from autoopt.planning.recommendation import GLUE_KERNEL_US
+    from autoopt.planning.recommendation import GLUE_KERNEL_US, GRAPH_LAUNCH_US
 
     plain, graphed = _decode(), _decode(cuda_graphs=True)
     saved = plain.predicted["decode_step_us"] - graphed.predicted["decode_step_us"]
