@@ -54,7 +54,9 @@ def moe_align(topk_ids: Any, block_m: int, num_experts: int) -> tuple[Any, Any, 
     flat = topk_ids.reshape(-1).to(torch.int64)
     numel = flat.numel()
     dev = flat.device
-    counts = torch.bincount(flat, minlength=num_experts)[:num_experts]
+    # scatter_add, not bincount: CUDA's bincount reads the maximum id back to the host, which a CUDA graph
+    # cannot capture (optimize()'s decode step is captured whole)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
