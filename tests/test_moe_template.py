@@ -242,3 +242,13 @@ def test_the_tuner_searches_the_fused_moe_space_from_the_models_pick():
     result = tune(H100, op, budget_trials=4, evaluate=evaluate)
     assert seen[0].key() == top.key() and len(seen) <= 4
     assert all(c.kernel == "fused_moe" for c in seen) and result.best.config.kernel == "fused_moe"
+
+
+@pytest.mark.parametrize("gemm", MOE_GEMMS)
+def test_the_store_columns_keep_which_gemm_a_fused_moe_op_is(gemm):
+    from autoopt.results.records import op_columns, op_from_columns
+    from autoopt.results.winners import op_key
+
+    op = OpSpec(kind="fused_moe", shape=(16, *QWEN3), weight="fp8", moe_gemm=gemm)
+    cols = op_columns(op)
+    assert op_from_columns(*cols) == op and op_key(op) == " ".join(cols)

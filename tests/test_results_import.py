@@ -112,13 +112,16 @@ def test_an_invalid_file_leaves_the_store_untouched(tmp_path):
 
 _names = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF), max_size=24).filter(str.isprintable)
 _kind_shape = st.sampled_from(sorted(OP_KINDS)).flatmap(lambda kind: st.tuples(
-    st.just(kind), st.lists(st.integers(1, 16 if kind == "gemv" else 8192), min_size=len(OP_KINDS[kind][0]),
-                            max_size=len(OP_KINDS[kind][0]))))
+    st.just(kind), st.lists(st.integers(1, 16 if kind == "gemv" else 512 if kind == "fused_moe" else 8192),
+                            min_size=len(OP_KINDS[kind][0]), max_size=len(OP_KINDS[kind][0]))))
 
 
 @st.composite
 def valid_rows(draw: st.DrawFn) -> StoredResult:
     kind, shape = draw(_kind_shape)
+    moe = kind == "fused_moe"
+    if moe:  # top-k of at most E experts
+        shape[2] = min(shape[2], shape[1])
     label = draw(st.sampled_from(LABELS))
     us = draw(st.floats(0.001, 1e7)) if label == "measured" else draw(st.none() | st.floats(0, 1e7))
     return StoredResult(
@@ -126,7 +129,8 @@ def valid_rows(draw: st.DrawFn) -> StoredResult:
                    triton=draw(_names)),
         op=OpSpec(
             kind=kind, shape=tuple(shape), dtype=draw(st.sampled_from(OP_KINDS[kind][1])),
-            layout=draw(st.sampled_from(("nk", "kn")))),
+            layout="nk" if moe else draw(st.sampled_from(("nk", "kn"))),
+            moe_gemm=draw(st.sampled_from(("both", "gate_up", "down"))) if moe else None),
         config=KernelConfig(
             kernel=draw(_names.filter(bool)), template=draw(_names),
             params=draw(st.dictionaries(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,15}", fullmatch=True),
