@@ -322,31 +322,12 @@ def _alu_iter_us(gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int, path: s
     return QuantGemmTemplate._alu_us(gpu, sur, bm, bn, bk, path)
 
 
-def regime(op: OpSpec) -> int:
-    """The routing regime the measured factors are kept per: routed rows per expert ``M * topk / E`` below
-    4 (sparse decode: most experts see one token or none), 64, 512, or above."""
-    m, e, topk, _, _ = op.shape
-    rows = m * topk / e
-    return 0 if rows < 4 else 1 if rows < 64 else 2 if rows < 512 else 3
-
-
-def measured_factor(gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> float:
-    """What the fused-MoE kernel measured over the hand model for this config's class on this GPU's
-    architecture (``templates/moe_factors.py``, fitted on H100 grids); 1 where nothing was measured."""
-    if not gpu.arch.startswith("sm_90"):
-        return 1.0
-    from autoopt.templates.moe_factors import FACTORS
-
-    p = config.params
-    return math.exp(FACTORS.get((regime(op), p["BLOCK_SIZE_M"], p["BLOCK_SIZE_N"], config.num_warps), 0.0))
-
-
 def moe_cost(gpu: GPUProfile, op: OpSpec, config: KernelConfig, probs: Sequence[float] | None = None,
-             *, bound: bool = False, hand: bool = False) -> Prediction:
+             *, bound: bool = False) -> Prediction:
     """Predicted time of ``op`` (kind ``fused_moe``) under ``config``; ``probs``: each expert's chance to be
     in one token's top-k (default uniform, :func:`skewed_probs` for a stress case). ``bound=True`` prices
-    perfect L2 reuse (a lower bound over GROUP_SIZE_M); ``hand=True`` leaves out the measured factor."""
-    us, parts, terms = _cost(gpu, op, config, probs, bound=bound, detail=True, hand=hand)
+    perfect L2 reuse (a lower bound over GROUP_SIZE_M)."""
+    us, parts, terms = _cost(gpu, op, config, probs, bound=bound, detail=True)
     m, e, topk, _, _ = op.shape
     floor = floor_us(gpu, op)
     terms["floor_us"] = floor
@@ -358,10 +339,8 @@ def moe_cost(gpu: GPUProfile, op: OpSpec, config: KernelConfig, probs: Sequence[
 
 
 def _cost(gpu: GPUProfile, op: OpSpec, config: KernelConfig, probs: Sequence[float] | None, *, bound: bool,
-          detail: bool, hand: bool = False) -> tuple[float, list[str], dict[str, float]]:
-    """moe_cost's total (and, with ``detail``, its parts and terms), times the measured factor of the
-    config's class unless ``hand`` (the same factor for every GROUP_SIZE_M and BLOCK_SIZE_K under one
-    bounded_space root, so its bound stays a bound)."""
+          detail: bool) -> tuple[float, list[str], dict[str, float]]:
+    """moe_cost's total (and, with ``detail``, its parts and terms)."""
     p = config.params
     bm, bn, bk, group = p["BLOCK_SIZE_M"], p["BLOCK_SIZE_N"], p["BLOCK_SIZE_K"], p["GROUP_SIZE_M"]
     warps, stages = config.num_warps, config.num_stages
@@ -391,15 +370,10 @@ def _cost(gpu: GPUProfile, op: OpSpec, config: KernelConfig, probs: Sequence[flo
             parts.append(f"{g.n_out}x{g.k_in}: {us:.3g} us (W x{rw}, A x{ra})")
     fixed = x.fixed_us(bm)
     total += sum(fixed.values())
-    factor = 1.0 if hand else measured_factor(gpu, op, config)
-    total *= factor
     terms: dict[str, float] = {}
     if detail:
         terms = {"padded_rows": blocks_f * bm, "touched_experts": x.touched, "ctas_per_sm": float(occ), **fixed,
-                 "dram_us": dram_total, "compute_us": compute_total, "launch_us": c.launch_us * len(parts),
-                 "measured_factor": factor}
-        if factor != 1.0:
-            parts.append(f"x{factor:.3g} measured (moe_factors)")
+                 "dram_us": dram_total, "compute_us": compute_total, "launch_us": c.launch_us * len(parts)}
     return total, parts, terms
 
 

@@ -3,7 +3,6 @@ constraints, cost model, bounds) and moe_config (the runtime-shaped best config)
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
@@ -253,18 +252,3 @@ def test_the_store_columns_keep_which_gemm_a_fused_moe_op_is(gemm):
     op = OpSpec(kind="fused_moe", shape=(16, *QWEN3), weight="fp8", moe_gemm=gemm)
     cols = op_columns(op)
     assert op_from_columns(*cols) == op and op_key(op) == " ".join(cols)
-
-
-def test_the_measured_factor_applies_on_hopper_and_nowhere_else():
-    from autoopt.hardware.library import load_profile
-    from autoopt.templates.moe import FusedMoeTemplate, measured_factor, moe_cost
-    from autoopt.templates.moe_factors import FACTORS
-
-    op = OpSpec(kind="fused_moe", shape=(1024, 8, 2, 14336, 4096), dtype="bf16")  # 256 rows an expert: regime 2
-    h100, a100 = load_profile("h100-sxm").gpu, load_profile("a100-sxm-80gb").gpu
-    cfg = next(c for c in FusedMoeTemplate().space(h100, op) if c.params["BLOCK_SIZE_M"] == 128
-               and c.params["BLOCK_SIZE_N"] == 256 and c.num_warps == 8)
-    assert measured_factor(h100, op, cfg) == pytest.approx(math.exp(FACTORS[(2, 128, 256, 8)]))
-    assert moe_cost(h100, op, cfg).us == pytest.approx(moe_cost(h100, op, cfg, hand=True).us
-                                                      * measured_factor(h100, op, cfg))
-    assert measured_factor(a100, op, cfg) == 1.0
