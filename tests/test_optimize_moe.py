@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 from test_optimize import assert_restored, ids, logits, rel, snapshot, torch_fallback  # noqa: E402, F401
 
 from autoopt.nn import _moe, dispatch  # noqa: E402
-from autoopt.nn.match import Context, MoEMatch, NoMatch  # noqa: E402
+from autoopt.nn.match import MOE_OFF, OPS, Context, MoEMatch, NoMatch  # noqa: E402
 from autoopt.nn.modules import AutooptGatedMLP, AutooptMoEExperts  # noqa: E402
 from autoopt.nn.optimize import optimize, restore  # noqa: E402
 from autoopt.nn.recognize import recognize  # noqa: E402
@@ -191,7 +191,7 @@ def test_without_the_kernel_module_the_experts_run_torch_and_say_why(monkeypatch
 def test_restore_brings_back_the_original_blocks_experts(kernel):
     model = build("qwen2_moe")
     snap = snapshot(model)
-    optimize(model)
+    optimize(model, ops=[*OPS])
     assert restore(model) > 0
     assert_restored(model, snap)
 
@@ -207,7 +207,7 @@ def test_bf16_logits_match_and_generate_runs(family):
     with torch.no_grad():
         want = model.generate(x, max_new_tokens=4, do_sample=False)
     snap = snapshot(model)
-    report = optimize(model)
+    report = optimize(model, ops=[*OPS])
     assert report.counts()["moe"] == {"replaced": 2}
     assert report.row("model.layers.0.mlp").kernels["fused_moe"].startswith(f"torch ({dispatch.NO_CUDA}")
     assert rel(logits(model, x), ref) < 2e-2
@@ -223,7 +223,7 @@ def test_bf16_logits_match_and_generate_runs(family):
 @pytest.mark.usefixtures("torch_fallback")
 def test_experts_with_a_gelu_activation_are_left_alone_with_the_reason():
     model = build("mixtral", hidden_act="gelu")
-    report = optimize(model)
+    report = optimize(model, ops=["moe"])
     row = report.row("model.layers.0.mlp")
     assert (row.kind, row.status) == ("moe", "kept")
     assert row.reason == ("experts.act_fn GELUActivation does not compute SiLU: the fused-MoE kernel computes "
@@ -312,3 +312,13 @@ def test_the_kernel_matches_the_contract_under_the_interpreter():
     weights = torch.rand(m, topk, generator=gen)
     out = kernel.fused_experts(hidden, w13, w2, weights, topk_ids, config=_moe._moe_config(m, e, n, k, topk))
     assert rel(out, _moe.torch_experts(hidden, w13, w2, weights, topk_ids)) < 1e-4
+
+
+@pytest.mark.usefixtures("torch_fallback")
+def test_by_default_moe_blocks_keep_transformers_experts_and_say_they_measured_faster():
+    model = build("mixtral")
+    report = optimize(model)
+    row = report.row("model.layers.0.mlp")
+    assert (row.kind, row.status, row.reason) == ("moe", "kept", MOE_OFF)
+    assert "grouped_mm" in MOE_OFF and "moe_e2e.json" in MOE_OFF
+    assert not any(isinstance(m, AutooptMoEExperts) for m in model.modules())

@@ -76,6 +76,8 @@ from autoopt.backend.accuracy import rel_error
 from autoopt.nn._moe import torch_experts
 from autoopt.nn.compare import FLOAT_DTYPES, sample, tolerance
 from autoopt.nn.match import (
+    DEFAULT_OPS,
+    MOE_OFF,
     ONE_BY_ONE,
     OPS,
     QKV,
@@ -718,7 +720,7 @@ def _moe(m: nn.Module, parts: MoEParts, context: Context) -> MoEMatch | NoMatch:
     """A MoE block as a match (its router and experts probed), or why not: then the walk goes on into it (a
     shared expert is an MLP of its own)."""
     if "moe" not in context.ops:
-        return NoMatch(kind="moe", reason="moe not in ops=", descend=True)
+        return NoMatch(kind="moe", reason=MOE_OFF if context.ops == DEFAULT_OPS else "moe not in ops=", descend=True)
     found = _moe_match(m, parts, context)
     if isinstance(found, str):
         return NoMatch(kind="moe", reason=found, descend=True)
