@@ -269,6 +269,19 @@ def rel(a: Any, b: Any) -> float:
     return float((a.float() - b).norm() / b.norm().clamp_min(1e-30))
 
 
+def spin(ms: float = 50.0) -> None:
+    """Keep the GPU busy for ``ms`` before a point is timed: after the CPU-side set-up between points its
+    clocks may have dropped (run 2 timed the same M = 1 config at 68 and at 132 us within one run)."""
+    import torch
+
+    a = torch.randn(2048, 2048, device=RUN["device"], dtype=getattr(torch, RUN["dtype"]))
+    t0 = time.perf_counter()
+    while (time.perf_counter() - t0) * 1e3 < ms:
+        for _ in range(8):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def time_us(run: Any, floor_ms: float = 3.0) -> float:
     import torch
 
@@ -369,6 +382,7 @@ def run_case(args: argparse.Namespace, mod: Any, profile: Any, idx: int, m: int,
     t0 = time.time()
     top = zero_shot(profile, e, n, k, topk, dtype, m, args.tune_top)
     row["zero_shot_s"] = round(time.time() - t0, 3)
+    spin()
     sets = {"b_default": mod.get_default_config(m, e, n, k, topk, None if dtype == "bf16" else dtype, None),
             "c_zero_shot": top[0]}
     if table:
@@ -398,6 +412,14 @@ def run_case(args: argparse.Namespace, mod: Any, profile: Any, idx: int, m: int,
             timed += 1
             if best is None or r["measured_us"] < best[0]:
                 best = (r["measured_us"], cfg)
+    # the named sets again after the grid (GPU warm), keeping each set's faster pass: a set timed while the
+    # clocks ramped must not lose to the grid for that reason
+    for name in ("a_shipped", "b_default", "c_zero_shot"):
+        if name in row and "measured_us" in row[name]:
+            again = measure(lambda cfg=row[name]["config"]: vllm_runner(mod, c, cfg, sm90), ref, tol)
+            if "measured_us" in again:
+                row[name]["measured_us_passes"] = [row[name]["measured_us"], again["measured_us"]]
+                row[name]["measured_us"] = min(row[name]["measured_us"], again["measured_us"])
     # the search's best counts every config timed here: the grid and the sets above
     pool = [(v["measured_us"], v["config"]) for kname, v in row.items()
             if kname[:2] in ("a_", "b_", "c_", "d_") and isinstance(v, dict) and "measured_us" in v]
