@@ -41,15 +41,15 @@ from autoopt.kernels import constraints as C
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.cost import (
     SUBPARTITIONS,
-    _mma_efficiency,
-    _reuse,
-    _smem_intensity,
-    _softmax,
-    _wgmma_width_efficiency,
     constants,
     floor_us,
+    l2_reuse,
+    mma_efficiency,
+    overlap_max,
     peak_flops,
     run_efficiency,
+    smem_intensity,
+    wgmma_width_efficiency,
 )
 from autoopt.kernels.gpu_key import gpu_key
 from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
@@ -248,16 +248,16 @@ def _sm_us(x: _Ctx, g: _Gemm, blocks: int, rows_per_block: float, bm: int, bn: i
     conc = max(1, min(occ, tiles_per_sm))
     t_comp = 0.0
     if x.peak:
-        rate = x.peak * c.tc_efficiency * _mma_efficiency(gpu, mma, c) / sms
+        rate = x.peak * c.tc_efficiency * mma_efficiency(gpu, mma, c) / sms
         idle = 1.0
         if mma == "wgmma":
             rate *= c.pointer_wgmma_efficiency  # gathered A rows: pointer loads, never TMA
             if occ * warps < 8:
                 rate *= c.single_warpgroup_efficiency
-            rate *= _wgmma_width_efficiency(bm, bn, warps, c)
+            rate *= wgmma_width_efficiency(bm, bn, warps, c)
         else:
             idle = SUBPARTITIONS / min(SUBPARTITIONS, occ * warps)
-        smem_pen = max(1.0, x.smem_need / _smem_intensity(bm, bn, warps, x.a_e, mma)) if x.smem_need else 1.0
+        smem_pen = max(1.0, x.smem_need / smem_intensity(bm, bn, warps, x.a_e, mma)) if x.smem_need else 1.0
         t_comp = 2.0 * max(bm, 16) * bn * bk / rate * max(smem_pen, idle) * 1e6  # padded rows computed too
     # masked rows of a block are not fetched: only its real rows of A come through L2
     it_bytes = (min(bm, rows_per_block) * x.a_e + min(bn, g.n_out) * g.w_e) * bk
@@ -285,7 +285,7 @@ def _dram_bytes(x: _Ctx, g: _Gemm, blocks: float, bm: int, bn: int, group_m: int
     if reuse and per_expert > 1.0:
         tm = math.ceil(per_expert - 1e-9)
         tn = -(-g.n_out // bn)
-        ra, rw = _reuse(tm, tn, group_m, conc_grid, bm * g.k_in * x.a_e, min(bn, g.n_out) * g.k_in * g.w_e, x.l2)
+        ra, rw = l2_reuse(tm, tn, group_m, conc_grid, bm * g.k_in * x.a_e, min(bn, g.n_out) * g.k_in * g.w_e, x.l2)
     out = m * topk * g.n_out * DTYPE_BYTES[x.op.dtype]
     return a_bytes * ra + x.touched * g.w_bytes * rw + out, ra, rw
 
@@ -362,7 +362,7 @@ def _cost(gpu: GPUProfile, op: OpSpec, config: KernelConfig, probs: Sequence[flo
         conc_grid = min(blocks * -(-g.n_out // bn), x.lim.sm_count * occ)
         moved, ra, rw = _dram_bytes(x, g, blocks_f, bm, bn, group, conc_grid, reuse=not bound)
         dram = moved / (x.bw * c.dram_efficiency) * 1e6 / run_efficiency(bn, bk, g.w_e, "nk", c)
-        us = _softmax(sm, dram, c.overlap_exponent) + c.launch_us
+        us = overlap_max(sm, dram, c.overlap_exponent) + c.launch_us
         total += us
         if detail:
             dram_total += dram

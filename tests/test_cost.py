@@ -171,8 +171,8 @@ def test_one_n256_wgmma_per_warpgroup_outranks_two_n128_at_m4096(profile):
 
 def test_wgmma_width_prices_n128_slices_and_narrower_below_them():
     c = cost.constants()
-    assert cost._wgmma_width_efficiency(128, 256, 8, c) == 1.0  # two 64x256 slices
-    assert cost._wgmma_width_efficiency(256, 128, 8, c) == c.n128_wgmma_efficiency == 0.95
-    assert cost._wgmma_width_efficiency(64, 256, 8, c) == 0.95  # one row of slices: 64x128 each
-    assert cost._wgmma_width_efficiency(64, 64, 4, c) == pytest.approx(0.95 * c.narrow_wgmma_efficiency)
-    assert cost._wgmma_width_efficiency(64, 64, 8, c) == pytest.approx(0.95 * c.narrow_wgmma_efficiency ** 2)
+    assert cost.wgmma_width_efficiency(128, 256, 8, c) == 1.0  # two 64x256 slices
+    assert cost.wgmma_width_efficiency(256, 128, 8, c) == c.n128_wgmma_efficiency == 0.95
+    assert cost.wgmma_width_efficiency(64, 256, 8, c) == 0.95  # one row of slices: 64x128 each
+    assert cost.wgmma_width_efficiency(64, 64, 4, c) == pytest.approx(0.95 * c.narrow_wgmma_efficiency)
+    assert cost.wgmma_width_efficiency(64, 64, 8, c) == pytest.approx(0.95 * c.narrow_wgmma_efficiency ** 2)

@@ -46,12 +46,17 @@ __all__ = [
     "constants",
     "explicit",
     "floor_us",
+    "l2_reuse",
     "matmul_lower_bound",
+    "mma_efficiency",
+    "overlap_max",
     "peak_flops",
     "predict_matmul",
     "predict_stream",
     "set_constants",
+    "smem_intensity",
     "using",
+    "wgmma_width_efficiency",
 ]
 
 
@@ -111,7 +116,7 @@ def _finish(gpu: GPUProfile, op: OpSpec, terms: dict[str, float], total: float, 
                       reason=reason, breakdown=terms)
 
 
-def _softmax(a: float, b: float, p: float) -> float:
+def overlap_max(a: float, b: float, p: float) -> float:
     """Smooth max ``(a^p + b^p)^(1/p)``: overlapped terms never overlap perfectly, and the smaller
     one still moves the total (so configs tied on their bound still rank by the other term)."""
     hi = max(a, b)
@@ -129,14 +134,14 @@ MMA_KINDS = ("mma_sync", "wgmma", "tcgen05", "mfma", "fma")
 SUBPARTITIONS = 4
 
 
-def _mma_efficiency(gpu: GPUProfile, mma: str, c: CostConstants) -> float:
+def mma_efficiency(gpu: GPUProfile, mma: str, c: CostConstants) -> float:
     f = gpu.features
     if mma == "mma_sync" and (f.wgmma or f.tcgen05):
         return c.mma_sync_fraction  # full rate on sm_90a/sm_100a needs wgmma/tcgen05
     return 1.0
 
 
-def _wgmma_width_efficiency(bm: int, bn: int, num_warps: int, c: CostConstants) -> float:
+def wgmma_width_efficiency(bm: int, bn: int, num_warps: int, c: CostConstants) -> float:
     """wgmma rate kept for the width N of each warpgroup's instruction (its 64-row slice of the tile):
     every m64nNk16 re-reads its 64x16 A fragment from shared memory, so narrower instructions move
     more bytes per FLOP. N = 256, the widest: 1; N = 128: ``n128_wgmma_efficiency``; below that,
@@ -153,7 +158,7 @@ def _wgmma_width_efficiency(bm: int, bn: int, num_warps: int, c: CostConstants) 
     return c.n128_wgmma_efficiency * c.narrow_wgmma_efficiency ** halvings
 
 
-def _smem_intensity(bm: int, bn: int, num_warps: int, e: float, mma: str) -> float:
+def smem_intensity(bm: int, bn: int, num_warps: int, e: float, mma: str) -> float:
     """FLOP per byte of shared memory read by the MMA: per warp tile (mma.sync) or per 64-row
     warpgroup slice with N = BLOCK_N (wgmma/tcgen05 read both operands from SMEM)."""
     if mma in ("wgmma", "tcgen05"):
@@ -163,7 +168,7 @@ def _smem_intensity(bm: int, bn: int, num_warps: int, e: float, mma: str) -> flo
     return 2.0 * wm * wn / ((wm + wn) * e)
 
 
-def _reuse(tm: int, tn: int, group_m: int, conc: int, a_blk: float, w_blk: float, l2: float) -> tuple[int, int]:
+def l2_reuse(tm: int, tn: int, group_m: int, conc: int, a_blk: float, w_blk: float, l2: float) -> tuple[int, int]:
     """DRAM reads of each A row-block and each W column-block after L2 reuse.
 
     Tiles are issued in group-M order (``group_m`` row-blocks walked column by
@@ -227,13 +232,13 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     smem_pen = 1.0
     idle = 1.0  # 1 / the share of the SM's sub-partitions that resident warps keep busy
     if peak:
-        rate = peak * c.tc_efficiency * _mma_efficiency(gpu, mma, c) / sms
+        rate = peak * c.tc_efficiency * mma_efficiency(gpu, mma, c) / sms
         if mma == "wgmma" and not persistent:
             rate *= c.pointer_wgmma_efficiency
         if mma == "wgmma":
             if occ * warps < 8:
                 rate *= c.single_warpgroup_efficiency
-            rate *= _wgmma_width_efficiency(bm, bn, warps, c)
+            rate *= wgmma_width_efficiency(bm, bn, warps, c)
         if mma in ("mma_sync", "mfma", "fma"):
             # An SM is four sub-partitions, each with its own warp scheduler, tensor core and FMA units, and
             # a warp runs on one of them (H100 whitepaper; AMD CUs: four SIMDs): fewer than four resident
@@ -243,7 +248,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
             idle = SUBPARTITIONS / min(SUBPARTITIONS, occ * warps)
         if mma != "fma" and gpu.sm_clock_max_mhz:
             need = peak / (sms * gpu.sm_clock_max_mhz * 1e6) / c.smem_bytes_per_clk
-            smem_pen = max(1.0, need / _smem_intensity(bm, bn, warps, e, mma))
+            smem_pen = max(1.0, need / smem_intensity(bm, bn, warps, e, mma))
         # shared-memory bandwidth is the SM's, not a sub-partition's: the slower of the two limits holds
         # (16x64 tiles with 2 warps, smem-bound either way, measured as fast as with 4 on the H200)
         t_comp = it_flops / rate * max(smem_pen, idle) * 1e6
@@ -271,7 +276,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     # DRAM: operands after L2 reuse, output (or fp32 partials) once.
     l2_eff = (gpu.l2_bytes or 0) * c.l2_usable_fraction
     conc_grid = min(tiles, sms * occ)
-    ra, rw = _reuse(tm, tn, p.get("GROUP_M", 1), conc_grid, min(bm, m) * k * e, min(bn, n) * k * w_e, l2_eff)
+    ra, rw = l2_reuse(tm, tn, p.get("GROUP_M", 1), conc_grid, min(bm, m) * k * e, min(bn, n) * k * w_e, l2_eff)
     a_bytes, w_bytes = m * k * e, n * k * w_e
     out_bytes = m * n * (4 * split if split > 1 else out_e)  # stream-K partials stay in L2
     dram_bytes = a_bytes * ra + w_bytes * rw + out_bytes
@@ -286,7 +291,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     if split > 1:  # fp32 partials read back by a second kernel, output written once
         reduce_us = (m * n * 4 * split + m * n * out_e) / (bw * c.dram_efficiency) * 1e6
         launch += c.launch_us
-    main_us = _softmax(sm_us, dram_us, c.overlap_exponent)
+    main_us = overlap_max(sm_us, dram_us, c.overlap_exponent)
     total = main_us + reduce_us + launch
 
     compute_us = work * t_comp
@@ -388,10 +393,10 @@ def busiest_sm_dram_us(m: int, n: int, k: int, bm: int, bn: int, split: int, e: 
 #   t_it_eff = max(t_it, (lat + t_l2) / (depth * conc)) >= max(iter_us, (lat + t_l2) / (depth_hi * conc_hi));
 #   fills = ceil(tiles_per_sm / conc) * lat >= ceil(tiles_per_sm / conc_hi) * lat (persistent: exact);
 #   epilogue = tiles_per_sm * epilogue_iters * t_it >= the same with iter_us (constants are >= 0);
-#   dram_us: the reuse factors ra, rw from _reuse are >= 1, so perfect reuse (1, 1) is a floor;
+#   dram_us: the reuse factors ra, rw from l2_reuse are >= 1, so perfect reuse (1, 1) is a floor;
 #     its busiest-SM floor depends only on the blocks and split: exact;
 #   reduce_us and launch depend only on split-K and the shape: exact;
-#   _softmax(a, b, p) = (a^p + b^p)^(1/p) is nondecreasing in a and in b for a, b >= 0, p > 0.
+#   overlap_max(a, b, p) = (a^p + b^p)^(1/p) is nondecreasing in a and in b for a, b >= 0, p > 0.
 # Hence softmax(sm_lb, dram_lb) + reduce + launch <= predict_matmul(...).us.
 
 
@@ -492,7 +497,7 @@ class MatmulBound:
                                       bk))
         b /= run_efficiency(bn, bk, self.e, self.layout, c)
         p = c.overlap_exponent
-        hi = a if a > b else b  # _softmax(a, b, p), inlined
+        hi = a if a > b else b  # overlap_max(a, b, p), inlined
         if hi <= 0:
             return fixed
         return hi * ((a / hi) ** p + (b / hi) ** p) ** (1 / p) + fixed
@@ -538,7 +543,7 @@ def predict_stream(gpu: GPUProfile, op: OpSpec, *, programs: int, threads: int, 
     l2_us = l2_bytes / (bw * c.l2_bw_ratio) * 1e6
     peak = peak_flops(gpu, "fp32", tensor=False)
     compute_us = op.flops / peak * 1e6 if peak else 0.0
-    main = _softmax(_softmax(sm_us, dram_us + l2_us, c.overlap_exponent), compute_us, c.overlap_exponent)
+    main = overlap_max(overlap_max(sm_us, dram_us + l2_us, c.overlap_exponent), compute_us, c.overlap_exponent)
     total = main + c.launch_us
     terms = {"compute_us": compute_us, "dram_us": dram_us, "l2_us": l2_us,
              "latency_us": max(0.0, sm_us - per_sm * iters * t_bw), "launch_us": c.launch_us,
@@ -553,7 +558,7 @@ class StreamBound:
     Same expressions in the same order, so with the same arguments it equals
     ``predict_stream(...).us`` up to rounding. It is a lower bound when the caller
     passes a lower bound of ``dram_bytes``/``l2_bytes`` (the total is nondecreasing
-    in both: the smooth max :func:`_softmax` is nondecreasing in each argument).
+    in both: the smooth max :func:`overlap_max` is nondecreasing in each argument).
     """
 
     __slots__ = ("c", "compute_us", "dram_rate", "l2_rate", "l2_total_rate", "lat", "sms")
@@ -581,4 +586,4 @@ class StreamBound:
         dram_us = dram_bytes / self.dram_rate * 1e6
         l2_us = l2_bytes / self.l2_total_rate * 1e6
         p = c.overlap_exponent
-        return _softmax(_softmax(sm_us, dram_us + l2_us, p), self.compute_us, p) + c.launch_us
+        return overlap_max(overlap_max(sm_us, dram_us + l2_us, p), self.compute_us, p) + c.launch_us
