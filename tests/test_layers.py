@@ -23,6 +23,7 @@ LAYERS: tuple[str, ...] = (
     "autoopt.cli",
     "autoopt",                                         # the package root: the lazy public API
     "autoopt.api | autoopt.report",
+    "autoopt.regret",                                  # measured regret of recommend()'s choices (cli only)
     "autoopt.nn",                                      # torch-facing ops (custom ops over the backend kernels)
     "autoopt.fleet",                                  # evaluations over every GPU (worker processes)
     "autoopt.tuning | autoopt.trace",                 # trace: profiler traces summarized and compared

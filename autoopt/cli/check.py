@@ -1,5 +1,6 @@
 """``autoopt check memory|pipeline|all``: autoopt's memory and step-time predictions against this GPU
-(see :mod:`autoopt.validation`; this is the one module that imports it)."""
+(see :mod:`autoopt.validation`; this is the one module that imports it); ``autoopt check regret``: whether
+recommend()'s choices measure fastest here (:mod:`autoopt.regret`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autoopt.cli._common import FORMATS, UsageError, add_profile_arg, chosen_profile, emit
 
@@ -20,8 +21,9 @@ if TYPE_CHECKING:
 def register(sub: Subparsers) -> None:
     """Add ``check``."""
     sp = sub.add_parser("check", help="run a Llama-shaped model on this GPU: predicted vs measured memory, step time")
-    sp.add_argument("which", choices=("memory", "pipeline", "all"), metavar="memory|pipeline|all",
-                    help="memory: allocator peak on one GPU; pipeline: 2-stage step time on two GPUs")
+    sp.add_argument("which", choices=("memory", "pipeline", "all", "regret"), metavar="memory|pipeline|all|regret",
+                    help="memory: allocator peak on one GPU; pipeline: 2-stage step time on two GPUs; regret: "
+                         "each alternative recommend() weighs, measured, against its pick")
     sp.add_argument("--model", default="llama-3-8b", help="catalog model whose shapes are built (dense Llama-style)")
     sp.add_argument("--layers", type=int, default=4, help="layers of the memory-check model")
     sp.add_argument("--pipeline-layers", dest="pipeline_layers", type=int, default=8,
@@ -37,6 +39,11 @@ def register(sub: Subparsers) -> None:
                     help="skip the second prediction with measured bandwidth and bf16 rate")
     sp.add_argument("--no-cuda-graphs", dest="no_cuda_graphs", action="store_true", help="time decode eagerly only")
     sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--batches", default="1,8,32", help="regret: the workloads' batches (default %(default)s)")
+    sp.add_argument("--formats", help="regret: weight formats to try (default: all the autoopt runtime runs here)")
+    sp.add_argument("--gpus", type=int, default=1, help="regret: GPUs of this host to plan layouts for (default 1)")
+    sp.add_argument("--tiny", action="store_true", help="regret: a tiny model of the same family (CPU, CI)")
+    sp.add_argument("--steps", type=int, default=20, help="regret: timed decode steps per option (default 20)")
     sp.add_argument("--format", choices=FORMATS[:2], default="table")
     sp.add_argument("--out", metavar="FILE", help="also write the result file (JSON)")
     sp.set_defaults(func=cmd_check)
@@ -44,6 +51,8 @@ def register(sub: Subparsers) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """``autoopt check memory|pipeline|all``: autoopt's memory and step-time predictions against this GPU."""
+    if args.which == "regret":
+        return _regret(args)
     from autoopt.validation.run import run_checks
     from autoopt.validation.table import summary_table
 
@@ -75,3 +84,45 @@ def _options(args: argparse.Namespace) -> CheckOptions:
                         batch=args.batch, prompt_len=args.prompt_len, gen_len=args.gen_len, warmup=args.warmup,
                         reps_prefill=args.reps_prefill, reps_decode=args.reps_decode,
                         cuda_graphs=not args.no_cuda_graphs, seed=args.seed)
+
+
+def _regret(args: argparse.Namespace) -> int:
+    """``autoopt check regret``: measure each alternative here and score recommend()'s pick."""
+    from autoopt.regret import parse_batches
+    from autoopt.regret.run import run_regret
+
+    batches = parse_batches(args.batches)
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip()) if args.formats else None
+    if not 1 <= args.steps <= 10_000:
+        raise UsageError(f"check regret: --steps {args.steps} is out of range; expected 1 to 10000")
+    if args.layers is not None and not 1 <= args.layers <= 1000:
+        raise UsageError(f"check regret: --layers {args.layers} is out of range; expected 1 to 1000")
+    out = Path(args.out) if args.out else None
+    if out is not None and not out.resolve().parent.is_dir():
+        raise UsageError(f"check regret: cannot write {args.out!r}: its folder does not exist")
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    run = run_regret(args.model, chosen_profile(args.profile), device=device, gpus=args.gpus, batches=batches,
+                     formats=formats, layers=args.layers, tiny=args.tiny, steps=args.steps)
+    data = run.to_dict()
+    if out is not None:
+        out.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {out}", file=sys.stderr)
+    emit(data, args.format, _regret_table(data))
+    return 0
+
+
+def _regret_table(data: dict[str, Any]) -> str:
+    lines = [f"{data['model']} ({data['layers'] or 'all'} layers) measured on {data['device']}, predicted for "
+             f"{data['predicted_for']}"]
+    for w in data["workloads"]:
+        regret = "-" if w["regret"] is None else f"{100 * w['regret']:.1f} %"
+        lines.append(f"batch {w['batch']}: recommended {w['recommended'] or '-'} ({w['recommended_reason']}), "
+                     f"measured best {w['measured_best']}, regret {regret}")
+        for r in w["options"]:
+            pred = "-" if r["predicted_ms"] is None else f"{r['predicted_ms']:.3f}"
+            meas = "-" if r["measured_ms"] is None else f"{r['measured_ms']:.3f}"
+            lines.append(f"  {r['label']:<34} predicted {pred:>9} ms  measured {meas:>9} ms  {r['why']}")
+    lines += [f"note: {n}" for n in data["notes"]]
+    return "\n".join(lines)

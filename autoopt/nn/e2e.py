@@ -22,7 +22,7 @@ from autoopt._log import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["PARTS", "VARIANTS", "build_model", "run"]
+__all__ = ["PARTS", "VARIANTS", "build_model", "decode_step_ms", "run"]
 
 VARIANTS = ("eager", "compile", "optimize", "optimize+compile")
 #: what run() measures per variant: prefill latency, decode through ``model.generate``, the kernel
@@ -171,6 +171,29 @@ def _graphed_decode_ms(model: Any, batch: int, prompt: int, steps: int, compiled
         torch.cuda.synchronize()
     del graph
     return start.elapsed_time(end) / (steps - 1)
+
+
+def decode_step_ms(model: Any, batch: int, prompt: int, steps: int, *, graphed: bool) -> float:
+    """Time of one decode step (forward over a static cache + greedy argmax) at ``batch``: replayed from one
+    CUDA graph (``graphed``, CUDA only), else the median of ``steps`` eager steps, each synchronised."""
+    if graphed:
+        return _graphed_decode_ms(model, batch, prompt, steps)
+    import torch
+    from transformers import StaticCache
+
+    device = str(next(model.parameters()).device)
+    dev = "cuda" if device.startswith("cuda") else device
+    cache = StaticCache(config=model.config, max_cache_len=prompt + steps + 8)
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=device)
+    with torch.inference_mode():
+        tok = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits.argmax(-1)
+        pos = torch.tensor([prompt], device=device)
+
+        def step() -> None:
+            logits = model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+            tok.copy_(logits[:, -1:].argmax(-1))
+            pos.add_(1)
+        return _median_ms(step, dev, steps)
 
 
 def _last_logits(model: Any, prompts: Any) -> Any:

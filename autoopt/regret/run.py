@@ -1,0 +1,191 @@
+"""Measure every alternative and score recommend()'s pick against the fastest: regret, predicted vs measured.
+
+Per workload (one batch): recommend()'s pick is the weight format it chooses under the ``autoopt`` runtime
+(``optimize(weights="auto")``'s answer) with CUDA graphs where it predicts them faster. Each runnable
+:class:`~autoopt.regret.options.Option` is built fresh (the catalog model with random bf16 weights, ``layers``
+decoder layers), optimised into its format and timed as a decode step (``autoopt.nn.e2e.decode_step_ms``).
+Regret is the recommended option's measured step over the fastest measured one, less 1 (0: the pick was
+the fastest), i.e. the best tokens/s over the recommended tokens/s, less 1. Predictions come from
+``recommend()`` for the same model (its layer count), batch, format and graphs, on ``hardware``: when that
+profile is not the measuring device the run says so and its predicted/measured ratios mean nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autoopt.errors import AutooptError
+from autoopt.hardware.profile import HardwareProfile
+from autoopt.regret.options import FORMATS, Option, enumerate_options
+
+__all__ = ["Measured", "RegretRun", "Workload", "predicted_ms", "recommended", "run_regret"]
+
+#: tokens of context behind each measured decode step (the static cache holds them)
+PROMPT = 128
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measured:
+    """One option: predicted and measured decode step in ms (None with ``why`` where not available)."""
+
+    option: Option
+    predicted_ms: float | None = None
+    measured_ms: float | None = None
+    why: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"option": self.option.to_dict(), "label": self.option.label, "predicted_ms": self.predicted_ms,
+                "measured_ms": self.measured_ms, "why": self.why,
+                "predicted_over_measured": (round(self.predicted_ms / self.measured_ms, 4)
+                                            if self.predicted_ms and self.measured_ms else None)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """One batch: recommend()'s pick, the fastest measured option, the regret, every option's row."""
+
+    batch: int
+    recommended: str | None
+    recommended_reason: str
+    best: str | None
+    regret: float | None
+    rows: tuple[Measured, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "recommended": self.recommended, "recommended_reason": self.recommended_reason,
+                "measured_best": self.best, "regret": self.regret, "options": [r.to_dict() for r in self.rows]}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegretRun:
+    """The whole run: what was measured where, per workload, and how close the predictions were."""
+
+    model: str
+    layers: int | None
+    device: str
+    predicted_for: str
+    workloads: tuple[Workload, ...]
+    elapsed_s: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def prediction_stats(self) -> dict[str, Any]:
+        logs = [math.log(r.predicted_ms / r.measured_ms) for w in self.workloads for r in w.rows
+                if r.predicted_ms and r.measured_ms]
+        if not logs:
+            return {"n": 0}
+        return {"n": len(logs), "median_abs_ln": round(statistics.median(abs(x) for x in logs), 4),
+                "worst_ratio": round(math.exp(max(logs, key=abs)), 4)}
+
+    def to_dict(self) -> dict[str, Any]:
+        regrets = [w.regret for w in self.workloads if w.regret is not None]
+        return {"model": self.model, "layers": self.layers, "device": self.device,
+                "predicted_for": self.predicted_for, "elapsed_s": round(self.elapsed_s, 1),
+                "regret": {"n": len(regrets), "max": max(regrets) if regrets else None,
+                           "median": statistics.median(regrets) if regrets else None},
+                "prediction": self.prediction_stats(), "notes": list(self.notes),
+                "workloads": [w.to_dict() for w in self.workloads], "label": "measured (regret), predicted (recommend)"}
+
+
+def _spec(model: str, layers: int | None) -> Any:
+    from autoopt.planning.catalog import get_model
+
+    spec = get_model(model)
+    return dataclasses.replace(spec, num_layers=layers) if layers else spec
+
+
+def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
+    """recommend()'s decode step for ``option`` (runtime ``autoopt``, one device), in ms."""
+    from autoopt.planning.recommendation import recommend
+
+    rec = recommend(hardware, spec, batch=option.batch, prompt_len=PROMPT, gen_len=16, phase="decode",
+                    weight_dtype=option.weights, runtime="autoopt", max_devices=1, cuda_graphs=option.cuda_graphs)
+    return float(rec.predicted["decode_step_us"]) / 1e3
+
+
+def recommended(hardware: HardwareProfile, spec: Any, batch: int, options: Sequence[Option]
+                ) -> tuple[Option | None, str]:
+    """recommend()'s pick among ``options`` for ``batch``: its weight format, graphs where predicted faster."""
+    from autoopt.planning.recommendation import recommend
+
+    try:
+        rec = recommend(hardware, spec, batch=batch, prompt_len=PROMPT, gen_len=16, phase="decode",
+                        runtime="autoopt", max_devices=1)
+    except AutooptError as exc:
+        return None, f"recommend() could not plan it: {exc}"
+    fmt = rec.quant.format.name
+    same = [o for o in options if o.batch == batch and o.runnable and o.weights == fmt]
+    if not same:
+        return None, f"recommend() chose {fmt}, which is not among the runnable options here"
+    pick = min(same, key=lambda o: predicted_ms(hardware, spec, o))
+    return pick, f"recommend(): {fmt} ({rec.quant.reason}); {'with' if pick.cuda_graphs else 'without'} CUDA graphs"
+
+
+def measure_ms(model: str, option: Option, *, device: str, layers: int | None, tiny: bool, steps: int) -> float:
+    """Build ``model``, optimise it into ``option``'s format and time its decode step."""
+    import torch
+
+    from autoopt.nn.e2e import build_model, decode_step_ms
+    from autoopt.nn.optimize import optimize
+
+    net = build_model(model, dtype="bf16", device=device, tiny=tiny, layers=layers)
+    try:
+        optimize(net, weights=FORMATS[option.weights])
+        return decode_step_ms(net, option.batch, PROMPT, steps, graphed=option.cuda_graphs)
+    finally:
+        del net
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+
+def _workload(batch: int, rows: list[Measured], pick: Option | None, reason: str) -> Workload:
+    timed = [r for r in rows if r.measured_ms is not None]
+    best = min(timed, key=lambda r: r.measured_ms or math.inf) if timed else None
+    mine = next((r for r in timed if pick is not None and r.option == pick), None)
+    regret = (round(mine.measured_ms / best.measured_ms - 1.0, 4)
+              if mine is not None and best is not None and mine.measured_ms and best.measured_ms else None)
+    return Workload(batch=batch, recommended=pick.label if pick else None, recommended_reason=reason,
+                    best=best.option.label if best else None, regret=regret, rows=tuple(rows))
+
+
+def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int = 1,
+               batches: tuple[int, ...] = (1, 8, 32), formats: tuple[str, ...] | None = None,
+               layers: int | None = None, tiny: bool = False, steps: int = 20,
+               on_workload: Callable[[Workload], None] | None = None) -> RegretRun:
+    """Enumerate, predict, measure and score every batch of ``batches`` for ``model`` on ``device``."""
+    t0 = time.time()
+    gpu = hardware.gpu if device.startswith("cuda") else None
+    options = enumerate_options(gpu, gpus=gpus, batches=batches, formats=formats)
+    spec = _spec(model, layers)
+    measuring = gpu.name if gpu is not None else "cpu"
+    notes = []
+    if hardware.gpu is None or (gpu is not None and hardware.gpu.name != gpu.name) or gpu is None:
+        notes.append(f"predictions are for {hardware.gpu.name if hardware.gpu else hardware.name}, measurements on "
+                     f"{measuring}: their ratios test the code path, not the model")
+    workloads = []
+    for batch in batches:
+        pick, reason = recommended(hardware, spec, batch, options)
+        rows = []
+        for opt in (o for o in options if o.batch == batch):
+            if not opt.runnable:
+                rows.append(Measured(option=opt, why=opt.why))
+                continue
+            try:
+                pred: float | None = predicted_ms(hardware, spec, opt)
+            except AutooptError as exc:
+                pred = None
+                notes.append(f"{opt.label}: no prediction ({exc})")
+            rows.append(Measured(option=opt, predicted_ms=pred,
+                                 measured_ms=measure_ms(model, opt, device=device, layers=layers, tiny=tiny,
+                                                        steps=steps)))
+        workloads.append(_workload(batch, rows, pick, reason))
+        if on_workload is not None:
+            on_workload(workloads[-1])
+    return RegretRun(model=model, layers=layers, device=measuring,
+                     predicted_for=hardware.gpu.name if hardware.gpu else hardware.name,
+                     workloads=tuple(workloads), elapsed_s=time.time() - t0, notes=tuple(notes))

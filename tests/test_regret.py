@@ -1,0 +1,106 @@
+"""Measured regret (autoopt.regret): the alternatives enumerated, the regret arithmetic, and the harness end to
+end on the CPU with a tiny model (the same code path a GPU run takes, the kernels falling back to torch)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autoopt.hardware.library import load_profile
+from autoopt.regret import BATCHES, Option, RegretOptionError, enumerate_options, parse_batches
+from autoopt.regret.run import Measured, _workload
+
+H100 = load_profile("h100-sxm").gpu
+A100 = load_profile("a100-sxm-80gb").gpu
+
+
+def test_on_an_h100_every_format_runs_with_and_without_graphs_at_each_batch():
+    opts = enumerate_options(H100)
+    assert len(opts) == len(BATCHES) * 4 * 2
+    assert {o.weights for o in opts} == {"bf16", "fp8", "int8", "int4"}
+    assert {(o.batch, o.cuda_graphs) for o in opts} == {(b, g) for b in BATCHES for g in (False, True)}
+    assert all(o.runnable and o.gpus == 1 for o in opts)
+
+
+def test_an_a100_has_no_w8a8_fp8_to_try():
+    assert {o.weights for o in enumerate_options(A100, batches=(1,))} == {"bf16", "int8", "int4"}
+
+
+def test_the_cpu_tries_no_cuda_graphs_and_no_fp8():
+    opts = enumerate_options(None, batches=(1,))
+    assert {(o.weights, o.cuda_graphs) for o in opts} == {("bf16", False), ("int8", False), ("int4", False)}
+
+
+def test_multi_gpu_layouts_are_listed_with_the_reason_they_are_not_run():
+    opts = enumerate_options(H100, gpus=4, batches=(8,), formats=("bf16",))
+    multi = [o for o in opts if o.gpus == 4]
+    assert [o.layout for o in multi] == ["tensor-parallel", "replicas"]
+    assert all(not o.runnable and "torchrun" in o.why for o in multi)
+
+
+@pytest.mark.parametrize("bad", ["", "0", "1,x", "-1", "5000", "1.5"])
+def test_a_bad_batch_list_is_refused_with_the_accepted_range(bad):
+    with pytest.raises(RegretOptionError, match="1 to 4096"):
+        parse_batches(bad)
+
+
+def test_batches_parse_sorted_and_unique():
+    assert parse_batches("32, 1,8,1") == (1, 8, 32)
+
+
+def test_an_unknown_format_is_refused_naming_the_known_ones():
+    with pytest.raises(RegretOptionError, match="bf16, fp8, int8, int4"):
+        enumerate_options(H100, formats=("nf4",))
+
+
+def test_an_option_round_trips_through_its_dict():
+    opt = Option(weights="int4", cuda_graphs=True, batch=8)
+    assert Option.from_dict(opt.to_dict()) == opt
+    with pytest.raises(RegretOptionError, match="batch"):
+        Option.from_dict({**opt.to_dict(), "batch": "eight"})
+
+
+def _row(fmt: str, ms: float) -> Measured:
+    return Measured(option=Option(weights=fmt, cuda_graphs=True, batch=1), predicted_ms=1.0, measured_ms=ms)
+
+
+def test_regret_is_the_picks_measured_step_over_the_fastest_less_one():
+    rows = [_row("bf16", 9.0), _row("fp8", 6.0), _row("int4", 5.0)]
+    w = _workload(1, rows, rows[1].option, "recommend(): fp8")
+    assert (w.recommended, w.best, w.regret) == ("fp8 graphs b1", "int4 graphs b1", 0.2)
+
+
+def test_a_pick_that_measured_fastest_has_zero_regret():
+    rows = [_row("bf16", 9.0), _row("fp8", 6.0)]
+    assert _workload(1, rows, rows[1].option, "").regret == 0.0
+
+
+def test_no_pick_means_no_regret_and_the_reason_kept():
+    w = _workload(1, [_row("bf16", 9.0)], None, "recommend() chose fp8, which is not among the runnable options here")
+    assert (w.recommended, w.regret) == (None, None) and "fp8" in w.recommended_reason
+
+
+@pytest.mark.slow
+def test_the_harness_runs_end_to_end_on_the_cpu_and_writes_its_table(tmp_path):
+    out = tmp_path / "regret.json"
+    proc = subprocess.run([sys.executable, "-m", "autoopt", "check", "regret", "--model", "llama-3-8b", "--tiny",
+                           "--layers", "1", "--batches", "1,2", "--formats", "bf16,int8", "--profile", "h100-sxm",
+                           "--steps", "2", "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert [w["batch"] for w in data["workloads"]] == [1, 2]
+    rows = [r for w in data["workloads"] for r in w["options"]]
+    assert {r["label"] for r in rows} == {"bf16 eager b1", "int8 eager b1", "bf16 eager b2", "int8 eager b2"}
+    assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 for r in rows)
+    assert data["device"] == "cpu" and "test the code path" in data["notes"][0]
+    assert "batch 1: recommended" in proc.stdout
+
+
+def test_the_cli_refuses_a_bad_batch_list_in_one_line():
+    proc = subprocess.run([sys.executable, "-m", "autoopt", "check", "regret", "--batches", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "1 to 4096" in proc.stderr
