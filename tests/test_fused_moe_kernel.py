@@ -172,3 +172,14 @@ def test_torch_baseline_is_the_per_expert_loop():
     base = registry.torch_baseline(inp, op)
     assert base is not None
     assert rel(base(), registry.reference(inp, op)) <= 1e-5
+
+
+def test_compile_only_inputs_carry_a_real_routing_for_the_align_step():
+    # precompile workers run the launcher on uninitialised tensors; the align step indexes by the expert ids,
+    # so garbage ids were out-of-bounds device asserts there (seen on the H100 during export --tune)
+    from autoopt.backend.registry import make_inputs
+
+    op = OpSpec(kind="fused_moe", shape=(5, 6, 2, 32, 64), dtype="fp16")
+    inputs = make_inputs(op, "cpu", empty=True)
+    assert inputs["topk_ids"].shape == (5, 2) and int(inputs["topk_ids"].min()) >= 0
+    assert int(inputs["topk_ids"].max()) < 6

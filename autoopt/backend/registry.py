@@ -147,8 +147,10 @@ def make_inputs(op: OpSpec, device: Any, seed: int = 0, *, empty: bool = False) 
     import torch
 
     if empty:
-        return {k: torch.empty(v.shape, dtype=v.dtype, device=device)
-                for k, v in make_inputs(op, "meta", seed).items()}
+        out = {k: torch.empty(v.shape, dtype=v.dtype, device=device) for k, v in make_inputs(op, "meta", seed).items()}
+        if op.kind == "fused_moe":  # its launcher's align step indexes by the expert ids: real ones, even to compile
+            out.update(_moe_routing(op, device, torch.Generator(device="cpu").manual_seed(seed)))
+        return out
 
     gen = torch.Generator(device="cpu").manual_seed(seed)
     if op.kind == "fused_moe":
@@ -208,9 +210,7 @@ def _moe_inputs(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
 
     m, e, topk, n, k = op.shape
     x = _randn((m * topk, n) if op.moe_gemm == "down" else (m, k), op.dtype, device, gen)
-    logits = torch.randn((m, e), generator=gen)
-    weights, ids = torch.softmax(logits, dim=-1).topk(topk, dim=-1)
-    out: dict[str, Any] = {"x": x, "topk_weights": weights.to(device), "topk_ids": ids.to(device)}
+    out: dict[str, Any] = {"x": x, **_moe_routing(op, device, gen)}
     fmt = op.weight_format
     for name, (rows, cols) in (("w13", (2 * n, k)), ("w2", (k, n))):
         if fmt is None:
@@ -225,10 +225,20 @@ def _moe_inputs(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
         packed = [quantize(_randn((rows, cols), op.dtype, device, gen, cols ** -0.5), fmt) for _ in range(e)]
         out[name] = torch.stack([q.qweight for q in packed])
         out[f"{name}_scale"] = torch.stack([q.scales.float() for q in packed])
-    if str(device) == "meta":
-        out["topk_weights"] = torch.empty((m, topk), dtype=torch.float32, device="meta")
-        out["topk_ids"] = torch.empty((m, topk), dtype=torch.int64, device="meta")
     return out
+
+
+def _moe_routing(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
+    """A routing as a router makes one: softmax over random logits, its top-k (``topk_weights`` fp32,
+    ``topk_ids`` int64), drawn on the CPU and moved."""
+    import torch
+
+    m, e, topk, _, _ = op.shape
+    if str(device) == "meta":
+        return {"topk_weights": torch.empty((m, topk), dtype=torch.float32, device="meta"),
+                "topk_ids": torch.empty((m, topk), dtype=torch.int64, device="meta")}
+    weights, ids = torch.softmax(torch.randn((m, e), generator=gen), dim=-1).topk(topk, dim=-1)
+    return {"topk_weights": weights.to(device), "topk_ids": ids.to(device)}
 
 
 def _moe_reference(inputs: dict[str, Any], op: OpSpec) -> Any:
