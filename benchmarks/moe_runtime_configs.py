@@ -24,6 +24,13 @@ reported only for a config whose output matched the float32 per-expert reference
 ``--jobs`` processes so the timed loop finds every kernel in Triton's cache::
 
     PYTHONPATH=. python benchmarks/moe_runtime_configs.py --vllm-src .vllm --out $OUT/moe_runtime_configs.json
+
+``.vllm/`` (git-ignored; the device run carries it) from the wheel, on a machine with the package registry::
+
+    pip download --no-deps vllm==0.33.0 -d /tmp/vllm && mkdir -p .vllm/configs && cd /tmp/vllm &&
+    unzip -q vllm-*.whl 'vllm/model_executor/layers/fused_moe/*' && cd - &&
+    cp /tmp/vllm/vllm/model_executor/layers/fused_moe/fused_moe.py .vllm/ &&
+    cp /tmp/vllm/vllm/model_executor/layers/fused_moe/configs/*NVIDIA_H* .vllm/configs/
 """
 
 from __future__ import annotations
