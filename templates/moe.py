@@ -73,8 +73,8 @@ SPACE: dict[str, tuple[int, ...]] = {
     "num_stages": (2, 3, 4, 5),
 }
 #: formats the backend kernel runs (autoopt/backend/kernels/fused_moe.py): 16-bit experts, W8A8 FP8
-#: per channel and per 128 x 128 block
-FORMATS = (None, "fp8", "fp8_block")
+#: per channel and per 128 x 128 block, W8A16 INT8 per channel
+FORMATS = (None, "fp8", "fp8_block", "int8")
 #: the binomial sums run over mean +- this many standard deviations (the tails beyond hold < 1e-30)
 _SD_WINDOW = 12.0
 
@@ -390,7 +390,8 @@ class FusedMoeTemplate(Template):
     def applies(self, gpu: GPUProfile, op: OpSpec) -> bool:
         fmt = op.weight_format
         return (op.kind in self.ops and gpu.features.tensor_cores and not gpu.features.mfma
-                and (fmt is None or (fmt.name in ("fp8", "fp8_block") and fmt.quantizes_activations)))
+                and (fmt is None or (fmt.name in ("fp8", "fp8_block") and fmt.quantizes_activations)
+                     or fmt.spec == "int8"))
 
     def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
         s = SPACE

@@ -148,7 +148,7 @@ def test_fused_experts_refuse_weights_not_in_the_fused_layout():
 # -- through the registry and the runner --------------------------------------------------------------
 
 @pytest.mark.parametrize("gemm", ["both", "gate_up", "down"])
-@pytest.mark.parametrize("weight", [None, "fp8", "fp8_block"])
+@pytest.mark.parametrize("weight", [None, "fp8", "fp8_block", "int8"])
 def test_runner_checks_the_kernel_against_the_float64_reference(gemm, weight):
     op = OpSpec(kind="fused_moe", shape=(7, 5, 2, 64, 160), dtype="fp16", weight=weight, moe_gemm=gemm)
     cfg = KernelConfig(kernel="fused_moe", params={**CFG, "BLOCK_SIZE_K": 64})
@@ -183,3 +183,35 @@ def test_compile_only_inputs_carry_a_real_routing_for_the_align_step():
     inputs = make_inputs(op, "cpu", empty=True)
     assert inputs["topk_ids"].shape == (5, 2) and int(inputs["topk_ids"].min()) >= 0
     assert int(inputs["topk_ids"].max()) < 6
+
+
+def _int8_experts(w):
+    """Per-output-channel symmetric int8 codes and fp32 scales of ``w`` ``[E, N, K]``."""
+    s = w.float().abs().amax(dim=2) / 127.0
+    return torch.round(w.float() / s[:, :, None]).clamp(-127, 127).to(torch.int8), s
+
+
+@pytest.mark.parametrize(("m", "e", "topk"), [(1, 4, 2), (7, 5, 2), (17, 3, 1)])
+def test_int8_weight_only_experts_match_the_dequantized_reference(m, e, topk):
+    gen = torch.Generator().manual_seed(m * 10 + e)
+    n, k = 32, 64
+    x = torch.randn(m, k, generator=gen).half()
+    w13 = torch.randn(e, 2 * n, k, generator=gen) / k ** 0.5
+    w2 = torch.randn(e, k, n, generator=gen) / n ** 0.5
+    q13, s13 = _int8_experts(w13)
+    q2, s2 = _int8_experts(w2)
+    weights, ids = torch.softmax(torch.randn(m, e, generator=gen), -1).topk(topk, -1)
+    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4,
+           "num_stages": 2}
+    got = fused_experts(x, q13, q2, weights, ids, config=cfg, w13_scale=s13, w2_scale=s2).float()
+    d13, d2 = (q13.float() * s13[:, :, None]).half(), (q2.float() * s2[:, :, None]).half()
+    want = fused_experts(x, d13, d2, weights, ids, config=cfg).float()
+    assert (got - want).norm() / want.norm() < 5e-3
+
+
+def test_int8_experts_refuse_scales_that_are_not_one_per_output_channel():
+    q = torch.zeros(2, 8, 16, dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"one scale per output channel, \[E, N_out\]"):
+        fused_moe_gemm(torch.zeros(1, 16).half(), q, torch.zeros(1, 8).half(), moe_align(torch.zeros(1, 1).long(),
+                       16, 2), {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1,
+                                "num_warps": 4, "num_stages": 2}, a_div=1, num_valid=1, w_scale=torch.ones(2))

@@ -217,7 +217,8 @@ def _moe_inputs(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
             out[name] = _randn((e, rows, cols), op.dtype, device, gen, cols ** -0.5)
             continue
         if str(device) == "meta":
-            out[name] = torch.empty((e, rows, cols), dtype=torch.float8_e4m3fn, device="meta")
+            out[name] = torch.empty((e, rows, cols), dtype=torch.int8 if fmt.name == "int8" else torch.float8_e4m3fn,
+                                    device="meta")
             out[f"{name}_scale"] = torch.empty((e, *fmt.scale_shape(rows, cols)), dtype=torch.float32, device="meta")
             continue
         from autoopt.backend.quant import quantize

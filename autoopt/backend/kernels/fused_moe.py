@@ -18,8 +18,11 @@ Weights as transformers 5 stores fused experts (``MixtralExperts``, ``Qwen3MoeEx
 ``[E, 2N, K]``, ``down_proj`` ``[E, K, N]``), which is also vLLM's ``w13``/``w2`` layout. 16-bit experts, or
 W8A8 FP8: e4m3 experts with fp32 scales per expert (``[E]``), per output channel (``[E, N_out]``) or
 per 128 x 128 block (``[E, ceil(N_out/128), ceil(K/128)]``), activations quantized per token (per token per
-128-group for blocks) by ``act_quant.py`` before each GEMM. Under Triton's CPU interpreter (triton 3.9)
-a bf16 ``tl.dot`` is wrong and there is no fp8 dot: the operands go through fp32 / fp16 there (exact).
+128-group for blocks) by ``act_quant.py`` before each GEMM; or W8A16 INT8 (vLLM's ``int8_w8a16``): int8 experts
+with an fp32 scale per output channel (``[E, N_out]``), the 16-bit activations as they are, each weight tile
+converted to their type on chip (exact: |code| <= 127) and the channel scale applied once after the K loop.
+Under Triton's CPU interpreter (triton 3.9) a bf16 ``tl.dot`` is wrong and there is no fp8 dot: the operands
+go through fp32 / fp16 there (exact).
 """
 
 from __future__ import annotations
@@ -37,8 +40,11 @@ __all__ = ["CONFIG_KEYS", "fused_experts", "fused_moe_gemm", "fused_moe_prepare"
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 #: side of a block-FP8 scale block (DeepSeek-V3's 128 x 128; autoopt.kernels.quant.FP8_BLOCK)
 _FP8_BLOCK = 128
-#: scale kinds of the weight (constexpr QUANT): none, per expert, per output channel, per 128 x 128 block
-_Q_NONE, _Q_TENSOR, _Q_CHANNEL, _Q_BLOCK = 0, 1, 2, 3
+#: scale kinds of the weight (constexpr QUANT): none, FP8 per expert, FP8 per output channel, FP8 per 128 x 128
+#: block (these three with e4m3 activations), INT8 per output channel with 16-bit activations
+_Q_NONE, _Q_TENSOR, _Q_CHANNEL, _Q_BLOCK, _Q_INT8 = 0, 1, 2, 3, 4
+#: the kinds whose activations are quantized to e4m3 before each GEMM
+_W8A8 = (_Q_TENSOR, _Q_CHANNEL, _Q_BLOCK)
 
 
 def moe_align(topk_ids: Any, block_m: int, num_experts: int) -> tuple[Any, Any, Any]:
@@ -110,6 +116,8 @@ def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, topk_w_ptr,  # type
         k_ok = offs_k < K - k * BLOCK_SIZE_K
         a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+        if QUANT == 4:  # int8 codes are exact in the activations' 16-bit type
+            w = w.to(a.dtype)
         if DOT_CAST == 1:
             a = a.to(tl.float16)
             w = w.to(tl.float16)
@@ -133,6 +141,8 @@ def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, topk_w_ptr,  # type
         else:
             w_s = tl.load(w_s_ptr + expert * stride_wse + offs_n * stride_wsn, mask=n_ok, other=0.0)
             acc = acc * (a_s[:, None] * w_s[None, :])
+    if QUANT == 4:
+        acc = acc * tl.load(w_s_ptr + expert * stride_wse + offs_n * stride_wsn, mask=n_ok, other=0.0)[None, :]
     if MUL_ROUTED:
         acc = acc * tl.load(topk_w_ptr + slot, mask=valid, other=0.0).to(tl.float32)[:, None]
     c_ptrs = c_ptr + slot[:, None] * stride_cm + offs_n[None, :] * stride_cn
@@ -140,9 +150,16 @@ def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, topk_w_ptr,  # type
 
 
 def _quant_kind(w: Any, w_scale: Any | None) -> int:
+    import torch
+
     if w_scale is None:
         return _Q_NONE
     e, n_out, k = w.shape
+    if w.dtype == torch.int8:
+        if tuple(w_scale.shape) != (e, n_out):
+            raise ValueError(f"int8 experts {tuple(w.shape)} take one scale per output channel, [E, N_out] = "
+                             f"{[e, n_out]}; got {tuple(w_scale.shape)}")
+        return _Q_INT8
     if w_scale.dim() == 1 or w_scale.numel() == e:
         return _Q_TENSOR
     if w_scale.dim() == 2 and tuple(w_scale.shape) == (e, n_out):
@@ -189,7 +206,7 @@ def fused_moe_gemm(a: Any, w: Any, out: Any, align: tuple[Any, Any, Any], config
     _, n_out, k = w.shape
     em = sorted_ids.numel()
     grid = (triton.cdiv(em, bm) * triton.cdiv(n_out, bn),)
-    if quant != _Q_NONE and a_scale is None:
+    if quant in _W8A8 and a_scale is None:
         raise ValueError("FP8 experts take e4m3 activations with their scales (a_scale)")
     a_s = a_scale if a_scale is not None else a
     w_s = w_scale if w_scale is not None else w
@@ -197,10 +214,10 @@ def fused_moe_gemm(a: Any, w: Any, out: Any, align: tuple[Any, Any, Any], config
         a_s = a_scale[:, None]
     if quant == _Q_TENSOR:
         w_s = w_s.reshape(-1, 1, 1)
-    elif quant == _Q_CHANNEL:
+    elif quant in (_Q_CHANNEL, _Q_INT8):
         w_s = w_s[:, :, None]
     tw = topk_weights.reshape(-1) if topk_weights is not None else a
-    dot_cast = _dot_cast(w.dtype)
+    dot_cast = _dot_cast(a.dtype if quant == _Q_INT8 else w.dtype)
 
     def run() -> None:
         _fused_moe_kernel[grid](
@@ -262,18 +279,18 @@ def fused_moe_prepare(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_id
     def run() -> None:
         align = moe_align(topk_ids, cfg["BLOCK_SIZE_M"], e)
         if gemm == "down":
-            x, xs = _quantize_rows(hidden, quant) if quant else (hidden, None)
+            x, xs = _quantize_rows(hidden, quant) if quant in _W8A8 else (hidden, None)
             fused_moe_gemm(x, w2, out, align, cfg, a_div=1, num_valid=slots, w_scale=w2_scale, a_scale=xs,
                            topk_weights=topk_weights)()
             return
-        x, xs = _quantize_rows(hidden, quant) if quant else (hidden, None)
+        x, xs = _quantize_rows(hidden, quant) if quant in _W8A8 else (hidden, None)
         first = out if gemm == "gate_up" else inter
         fused_moe_gemm(x, w13, first, align, cfg, a_div=topk, num_valid=slots, w_scale=w13_scale, a_scale=xs)()
         if gemm == "gate_up":
             return
         assert inter is not None and act is not None and partial is not None
         torch.mul(torch.nn.functional.silu(inter[:, :n]), inter[:, n:], out=act)
-        y, ys = _quantize_rows(act, quant) if quant else (act, None)
+        y, ys = _quantize_rows(act, quant) if quant in _W8A8 else (act, None)
         fused_moe_gemm(y, w2, partial, align, cfg, a_div=1, num_valid=slots, w_scale=w2_scale, a_scale=ys,
                        topk_weights=topk_weights)()
         torch.sum(partial.view(m, topk, k), dim=1, out=out)
