@@ -9,7 +9,8 @@ loop measures the host): per call, in microseconds, median of ``--repeat`` loops
 - ``prepare_us[kernel]``: :func:`autoopt.backend.registry.prepare` alone (binds a config, no launch);
 - ``launch_us[kernel]``: calling a prepared launcher (Triton's launch path alone);
 - ``public_us[op]``: the public function (``autoopt.nn.linear`` ...): validation, dispatch, allocation,
-  prepare, launch, through the custom op; ``torch_us[op]``: the torch op it replaces.
+  prepare, launch, through the custom op; ``torch_us[op]``: the torch op it replaces;
+- ``quant_public_us[format]``: ``autoopt.nn.ops.quant_linear`` (what a quantized linear runs) per weight format.
 
 Without CUDA (Triton interpreter) only dispatch and prepare are measured.
 """
@@ -85,6 +86,31 @@ def _prefill_host(ann: Any, dispatch: Any, prepare: Any, dt: Any, dev: Any) -> d
         out["rms_norm_public_us"] = host_us(lambda: ann.rms_norm(x, nw, 1e-5))
         out["swiglu_public_us"] = host_us(lambda: ann.swiglu(gu))
         out["empty_us"] = host_us(lambda: torch.empty(m, 4096, device=dev, dtype=dt))
+    return out
+
+
+def _quant_host(dt: Any, dev: Any, calls: int, repeat: int, sync: Any) -> dict[str, Any]:
+    """Per call, in us: ``autoopt.nn.ops.quant_linear`` (the op every quantized linear runs) at a decode shape
+    (1 x 256 x 256: the host's cost, the kernel is ~5 us) per format, beside torch's F.linear on the 16-bit
+    weight: what a quantized model's ops add on the host that a CUDA graph must hide."""
+    import torch
+
+    from autoopt.backend.quant import quantize
+    from autoopt.kernels.quant import parse_weight
+    from autoopt.nn.ops import quant_linear
+
+    x = torch.randn(1, 256, device=dev, dtype=dt)
+    w = torch.randn(256, 256, device=dev, dtype=dt) / 16
+    out: dict[str, Any] = {"torch_linear_bf16": per_call_us(lambda: torch.nn.functional.linear(x, w), calls,
+                                                            repeat, sync)}
+    with torch.inference_mode():
+        for spec in ("fp8", "int8", "int4", "int4-asym"):
+            qw = quantize(w, parse_weight(spec))
+
+            def call(qw: Any = qw, spec: str = spec) -> Any:
+                return quant_linear(x, qw.qweight, qw.scales, qw.offsets, weight=qw.fmt.spec, k=256)
+            call()  # rank + compile
+            out[spec] = per_call_us(call, calls, repeat, sync)
     return out
 
 
@@ -165,6 +191,7 @@ def main() -> None:
                 res["torch_us"][name] = per_call_us(theirs, args.calls, args.repeat, sync)
     if cuda:
         res["prefill_host_us"] = _prefill_host(ann, dispatch, prepare, dt, dev)
+        res["quant_public_us"] = _quant_host(dt, dev, args.calls, args.repeat, sync)
     res["fallbacks"] = {f"{o}: {r}": n for (o, r), n in dispatch.fallback_counts().items()}
     text = json.dumps(res, indent=1)
     print(text)
