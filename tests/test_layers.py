@@ -34,7 +34,8 @@ LAYERS: tuple[str, ...] = (
     "autoopt.plugins | autoopt.results",
     "autoopt.kernels",
     "autoopt.hardware",
-    "autoopt._hash | autoopt._lazy | autoopt._log | autoopt._paths | autoopt._serde | autoopt.errors",
+    "autoopt._files | autoopt._hash | autoopt._lazy | autoopt._log | autoopt._paths | autoopt._serde | "
+    "autoopt.errors",
 )
 
 

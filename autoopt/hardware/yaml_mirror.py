@@ -20,13 +20,13 @@ mirrors with the rank cache (:func:`write`).
 
 from __future__ import annotations
 
-import os
 import stat
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from autoopt._files import write_atomic
 from autoopt._log import get_logger
 
 log = get_logger(__name__)
@@ -127,8 +127,6 @@ def write(files: Iterable[Path], mirror: Path) -> Path:
             continue
         out[path.name] = {"text": text, "data": data}
     doc = {"format": FORMAT, "version": VERSION, "files": out}
-    tmp = mirror.with_name(f".{mirror.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=0) + "\n", encoding="utf-8")
-    os.replace(tmp, mirror)
+    write_atomic(mirror, json.dumps(doc, indent=0) + "\n")
     clear_cache()
     return mirror

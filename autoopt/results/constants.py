@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from autoopt._files import write_atomic
 from autoopt._log import get_logger
 from autoopt.errors import StoreError
 from autoopt.hardware.profile import GPUProfile
@@ -216,8 +217,6 @@ def save(gpu: GPUProfile, consts: CostConstants, *, fitted: Iterable[str] = (),
     """Keep ``consts`` as the calibrated constants of ``gpu``'s device (atomically); returns the file.
 
     StoreError when the cache is off or the file cannot be written."""
-    import contextlib
-    import tempfile  # here, not at import: tempfile (shutil, bz2, lzma, random) is ~5 ms of a cold rank()
 
     from autoopt.results import keys
 
@@ -233,17 +232,7 @@ def save(gpu: GPUProfile, consts: CostConstants, *, fitted: Iterable[str] = (),
     text = json.dumps(record.to_dict(), indent=1, sort_keys=False) + "\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(path, text)
     except OSError as exc:
         raise StoreError(f"cannot write the constants file: {exc.strerror or exc}", source=str(path)) from None
     clear_cache()

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoopt._files import write_atomic
 from autoopt._log import get_logger
 from autoopt.errors import StoreError
 from autoopt.results import keys
@@ -172,11 +173,8 @@ def export_file(rows: Iterable[StoredResult], path: str | os.PathLike[str]) -> i
     folder and renamed over ``path``, so a reader never sees half a file."""
     doc = document(rows)
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        os.replace(tmp, target)
+        write_atomic(target, json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise StoreError(f"cannot write: {exc.strerror or exc}", source=str(target)) from None
     return len(doc["rows"])

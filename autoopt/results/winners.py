@@ -26,7 +26,6 @@ timestamp tick that leave both files' sizes and the WAL header unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
@@ -35,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoopt._files import write_atomic
 from autoopt._hash import sha256_hex
 from autoopt._log import get_logger
 from autoopt.errors import StoreError
@@ -193,15 +193,11 @@ def write(folder: Path, *, device: str, torch: str, triton: str, store: list[Any
     path = snapshot_file(folder, device, torch, triton)
     doc = {"format": FORMAT, "version": VERSION, "device": device, "torch": torch, "triton": triton,
            "store": store, "shipped": shipped, "ops": {k: [list(r) for r in v] for k, v in sorted(ops.items())}}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(doc, separators=(",", ":")), encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(doc, separators=(",", ":")))
     except OSError as exc:
         log.debug("winners snapshot %s not written: %s", path, exc)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         return None
     return path
 

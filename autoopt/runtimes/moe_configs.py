@@ -47,12 +47,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autoopt._files import write_atomic
 from autoopt.errors import ExportError, RuntimeRuleError
 
 __all__ = ["CONFIG_KEYS", "ENV_VARS", "M_VALUES", "RUNTIMES", "ConfigFileName", "MoeEntry", "MoeShard",
@@ -351,21 +351,6 @@ def _ours(sidecar: Path) -> bool:
     return isinstance(data, dict) and data.get("generator") == _GENERATOR
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``: a reader
-    (a starting server) sees the old file or the new one, never half of one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _folder(folder: Path) -> None:
     """Create ``folder`` (and its parents), or say why it cannot be one."""
     for p in (folder, *folder.parents):
@@ -409,8 +394,8 @@ def write_configs(runtime: str, shard: MoeShard, gpu_name: str, entries: Mapping
             "triton_version": triton_version, **(provenance or {}),
             "entries": {str(m): entries[m].to_dict() for m in sorted(entries)}}
     try:
-        _atomic_write(side, json.dumps(meta, indent=2) + "\n")
-        _atomic_write(path, text)
+        write_atomic(side, json.dumps(meta, indent=2) + "\n")
+        write_atomic(path, text)
     except OSError as exc:
         raise ExportError(f"cannot write ({exc.strerror or exc})", path=str(path)) from None
     return Written(path=path, sidecar=side, measured=labels.count("measured"), predicted=labels.count("predicted"),

@@ -51,6 +51,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoopt._files import write_atomic
 from autoopt._log import get_logger
 from autoopt.errors import AutooptError, ConfigError, OpError
 from autoopt.hardware.profile import GPUProfile
@@ -521,13 +522,7 @@ def _write_file(path: Path, gpu: GPUProfile, entries: Mapping[str, str], *, cons
               "autoopt_version": _version(), "sources": code_sources(), "constants": dict(constants),
               "templates": list(templates), "entries": len(entries)}
     lines = [json.dumps(header, sort_keys=True), *(f"{k}\t{v}" for k, v in sorted(entries.items()))]
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_bytes(zlib.compress(("\n".join(lines) + "\n").encode("utf-8"), 9))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_atomic(path, zlib.compress(("\n".join(lines) + "\n").encode("utf-8"), 9))
     return path
 
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from autoopt._files import write_atomic
 from autoopt._log import get_logger
 
 log = get_logger(__name__)
@@ -130,13 +130,6 @@ class JsonWinnerStore:
             data[key] = {**record, "version": RECORD_VERSION}
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=".autotune-", suffix=".json", dir=self.path.parent)
-                try:
-                    with os.fdopen(fd, "w") as f:
-                        json.dump(data, f, indent=1, sort_keys=True)
-                    os.replace(tmp, self.path)
-                except BaseException:
-                    Path(tmp).unlink(missing_ok=True)
-                    raise
+                write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True))
             except OSError as exc:  # a read-only cache must not break the kernel: it re-tunes next time
                 self._warn(f"cannot write {self.path}: {exc}")
