@@ -18,11 +18,10 @@ only for the smaller one).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import time
-import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("moe_e2e: no CUDA device", file=sys.stderr)
         return 2
-    from benchmarks.quant_e2e import environment
+    from benchmarks.quant_e2e import environment, isolated
 
     t0 = time.time()
     out = Path(args.out)
@@ -100,17 +99,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows[variant] = {"skipped": "time budget"}
                 continue
             t1 = time.time()
-            try:
-                row, logits = run_variant(name, variant, prompts, ref)
-                if variant == "eager":
-                    ref = logits
-            except Exception as exc:
-                row = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}",
-                       "traceback": traceback.format_exc()[-1500:]}
-            finally:
-                gc.collect()
-                torch._dynamo.reset()
-                torch.cuda.empty_cache()
+            got, failed = isolated(partial(run_variant, name, variant, prompts, ref))
+            row = failed or got[0]
+            if got is not None and variant == "eager":
+                ref = got[1]
             row["wall_s"] = round(time.time() - t1, 1)
             rows[variant] = row
             report["elapsed_s"] = round(time.time() - t0, 1)

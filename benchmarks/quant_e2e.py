@@ -54,6 +54,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,22 @@ def step(row: dict[str, Any], name: str, fn: Callable[[], Any]) -> Any:
         return None
 
 
+def isolated(fn: Callable[[], Any]) -> tuple[Any, dict[str, Any] | None]:
+    """Run one variant (its model built inside ``fn``): ``(result, None)``, or ``(None, the failure as a row)``
+    so the next variant still runs; the GPU is cleared after it either way (gc, dynamo's cache, CUDA's)."""
+    import torch
+
+    try:
+        return fn(), None
+    except Exception as exc:  # data, not a crash
+        return None, {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}",
+                      "traceback": traceback.format_exc()[-2000:]}
+    finally:
+        gc.collect()
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+
+
 def measure(model: Any, row: dict[str, Any], args: argparse.Namespace, reference: Any, prompts: Any,
             copy_gbs: float) -> Any:
     """Everything the module docstring lists, into ``row``; returns the variant's logits."""
@@ -278,17 +295,13 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         if prompts is None:
             prompts = torch.randint(0, 128256, (8, 64), generator=gen).to("cuda")
-        try:
-            got = run_variant(row, impl, fmt, args, profile, reference, prompts, report["measured_copy_gbs"])
-            if fmt is None:
-                reference = got
-        except Exception as exc:  # a variant that cannot be built or quantized: recorded, the next one runs
-            row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
-            row["traceback"] = traceback.format_exc()[-2000:]
-        finally:
-            gc.collect()
-            torch._dynamo.reset()
-            torch.cuda.empty_cache()
+        # a variant that cannot be built or quantized is recorded, and the next one runs
+        got, failed = isolated(partial(run_variant, row, impl, fmt, args, profile, reference, prompts,
+                                       report["measured_copy_gbs"]))
+        if failed:
+            row.update(failed)
+        elif fmt is None:
+            reference = got
         row["wall_s"] = round(time.time() - t0, 1)
         report["elapsed_s"] = round(time.time() - t_start, 1)
         out.write_text(json.dumps(report, indent=1, default=str) + "\n")

@@ -18,12 +18,11 @@ over the measured copy bandwidth, as in ``quant_e2e.py``::
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import sys
 import tempfile
 import time
-import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         print("quant_trace: no CUDA device; this harness profiles a model on a GPU", file=sys.stderr)
         return 2
     from benchmarks.hw_limit import copy_gbs
-    from benchmarks.quant_e2e import environment
+    from benchmarks.quant_e2e import environment, isolated
 
     t0 = time.time()
     out = Path(args.out)
@@ -142,15 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                               "measured_copy_gbs": round(copy_gbs(), 1), "variants": {}}
     for fmt in [f for f in args.formats.split(",") if f]:
         t1 = time.time()
-        try:
-            row = run_variant(fmt, args, report["measured_copy_gbs"])
-        except Exception as exc:  # recorded; the next variant runs
-            row = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}",
-                   "traceback": traceback.format_exc()[-2000:]}
-        finally:
-            gc.collect()
-            torch._dynamo.reset()
-            torch.cuda.empty_cache()
+        got, failed = isolated(partial(run_variant, fmt, args, report["measured_copy_gbs"]))
+        row = failed or got
         row["wall_s"] = round(time.time() - t1, 1)
         report["variants"][fmt] = row
         report["elapsed_s"] = round(time.time() - t0, 1)
