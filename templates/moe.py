@@ -388,10 +388,8 @@ class FusedMoeTemplate(Template):
     quantized_weights = True
 
     def applies(self, gpu: GPUProfile, op: OpSpec) -> bool:
-        fmt = op.weight_format
         return (op.kind in self.ops and gpu.features.tensor_cores and not gpu.features.mfma
-                and (fmt is None or (fmt.name in ("fp8", "fp8_block") and fmt.quantizes_activations)
-                     or fmt.spec == "int8"))
+                and op.weight in FORMATS)
 
     def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
         s = SPACE
