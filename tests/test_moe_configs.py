@@ -256,6 +256,15 @@ def test_autoopts_own_file_is_replaced_without_force(tmp_path):
     assert write_configs("vllm", shard(), H100, choose_all(fixed, shard()), tmp_path).replaced
 
 
+def test_a_sidecar_that_is_not_a_regular_file_is_not_taken_for_autoopts(tmp_path):
+    theirs = tmp_path / "E=8,N=14336,device_name=NVIDIA_H100_80GB_HBM3.json"
+    theirs.write_text('{"1": {}}')
+    os.mkfifo(tmp_path / sidecar_name(theirs.name))  # reading it would block forever
+    with pytest.raises(ExportError, match="autoopt did not write it"):
+        write_configs("vllm", shard(), H100, choose_all(fixed, shard()), tmp_path)
+    assert theirs.read_text() == '{"1": {}}'
+
+
 def test_an_out_path_that_is_a_file_is_refused(tmp_path):
     f = tmp_path / "file"
     f.write_text("x")

@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -343,9 +344,18 @@ class Written:
                 "predicted": self.predicted, "replaced": self.replaced}
 
 
+#: a sidecar holds 18 entries of a few hundred bytes; anything far larger is not one of ours
+_MAX_SIDECAR_BYTES = 1 << 20
+
+
 def _ours(sidecar: Path) -> bool:
+    """Whether ``sidecar`` is autoopt's: a regular file (a FIFO or a device would block or never end) of a
+    sane size holding autoopt's JSON."""
     try:
-        data = json.loads(sidecar.read_text())
+        st = sidecar.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_SIDECAR_BYTES:
+            return False
+        data = json.loads(sidecar.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and data.get("generator") == _GENERATOR
