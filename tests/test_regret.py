@@ -104,3 +104,26 @@ def test_the_cli_refuses_a_bad_batch_list_in_one_line():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "1 to 4096" in proc.stderr
+
+
+def test_an_option_that_fails_to_run_is_a_row_with_the_reason_and_the_run_goes_on(monkeypatch):
+    from autoopt.regret import run
+
+    def oom(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 96.00 GiB")
+    monkeypatch.setattr(run, "measure_ms", oom)
+    row = run._measured("llama-3-8b", Option(weights="int4", cuda_graphs=True, batch=32), 4.5, device="cuda",
+                        layers=2, tiny=False, steps=3)
+    assert (row.measured_ms, row.predicted_ms) == (None, 4.5)
+    assert row.why.startswith("RuntimeError: CUDA out of memory")
+
+
+def test_the_pick_is_recommends_format_with_the_graphs_setting_predicted_faster():
+    from autoopt.regret.run import _spec, recommended
+
+    hw = load_profile("h100-sxm")
+    spec = _spec("llama-3-8b", 2)
+    opts = enumerate_options(H100, batches=(1,))
+    predicted = {o: (3.0 if o.cuda_graphs else 4.0) for o in opts}
+    pick, reason = recommended(hw, spec, 1, predicted)
+    assert pick is not None and pick.cuda_graphs and reason.startswith(f"recommend(): {pick.weights}")

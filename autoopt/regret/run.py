@@ -16,7 +16,7 @@ import dataclasses
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,9 +108,10 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
     return float(rec.predicted["decode_step_us"]) / 1e3
 
 
-def recommended(hardware: HardwareProfile, spec: Any, batch: int, options: Sequence[Option]
+def recommended(hardware: HardwareProfile, spec: Any, batch: int, predicted: Mapping[Option, float | None]
                 ) -> tuple[Option | None, str]:
-    """recommend()'s pick among ``options`` for ``batch``: its weight format, graphs where predicted faster."""
+    """recommend()'s pick among the options ``predicted`` prices for ``batch``: its weight format, with CUDA
+    graphs where they are predicted faster."""
     from autoopt.planning.recommendation import recommend
 
     try:
@@ -119,10 +120,10 @@ def recommended(hardware: HardwareProfile, spec: Any, batch: int, options: Seque
     except AutooptError as exc:
         return None, f"recommend() could not plan it: {exc}"
     fmt = rec.quant.format.name
-    same = [o for o in options if o.batch == batch and o.runnable and o.weights == fmt]
+    same = [o for o, us in predicted.items() if o.batch == batch and o.weights == fmt and us is not None]
     if not same:
         return None, f"recommend() chose {fmt}, which is not among the runnable options here"
-    pick = min(same, key=lambda o: predicted_ms(hardware, spec, o))
+    pick = min(same, key=lambda o: predicted[o] or math.inf)
     return pick, f"recommend(): {fmt} ({rec.quant.reason}); {'with' if pick.cuda_graphs else 'without'} CUDA graphs"
 
 
@@ -143,6 +144,24 @@ def measure_ms(model: str, option: Option, *, device: str, layers: int | None, t
             torch.cuda.empty_cache()
 
 
+def _device_name(device: str) -> str:
+    """The name of the device the measurements run on, as the profiles name GPUs (torch's name)."""
+    if not device.startswith("cuda"):
+        return "cpu"
+    import torch
+
+    return str(torch.cuda.get_device_name(torch.device(device)))
+
+
+def _measured(model: str, opt: Option, predicted: float | None, **kw: Any) -> Measured:
+    """One option's row: its measured step, or why it could not be measured (the run goes on)."""
+    try:
+        return Measured(option=opt, predicted_ms=predicted, measured_ms=measure_ms(model, opt, **kw))
+    except Exception as exc:  # an option that fails to build, quantize or run (OOM) is data, not the end
+        why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        return Measured(option=opt, predicted_ms=predicted, why=why)
+
+
 def _workload(batch: int, rows: list[Measured], pick: Option | None, reason: str) -> Workload:
     timed = [r for r in rows if r.measured_ms is not None]
     best = min(timed, key=lambda r: r.measured_ms or math.inf) if timed else None
@@ -159,30 +178,29 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
                on_workload: Callable[[Workload], None] | None = None) -> RegretRun:
     """Enumerate, predict, measure and score every batch of ``batches`` for ``model`` on ``device``."""
     t0 = time.time()
-    gpu = hardware.gpu if device.startswith("cuda") else None
+    cuda = device.startswith("cuda")
+    gpu = hardware.gpu if cuda else None
     options = enumerate_options(gpu, gpus=gpus, batches=batches, formats=formats)
     spec = _spec(model, layers)
-    measuring = gpu.name if gpu is not None else "cpu"
+    measuring = _device_name(device)
+    planned = hardware.gpu.name if hardware.gpu else hardware.name
     notes = []
-    if hardware.gpu is None or (gpu is not None and hardware.gpu.name != gpu.name) or gpu is None:
-        notes.append(f"predictions are for {hardware.gpu.name if hardware.gpu else hardware.name}, measurements on "
-                     f"{measuring}: their ratios test the code path, not the model")
+    if planned != measuring:
+        notes.append(f"predictions are for {planned}, measurements on {measuring}: their ratios test the code "
+                     "path, not the model")
     workloads = []
     for batch in batches:
-        pick, reason = recommended(hardware, spec, batch, options)
-        rows = []
-        for opt in (o for o in options if o.batch == batch):
-            if not opt.runnable:
-                rows.append(Measured(option=opt, why=opt.why))
-                continue
+        predicted: dict[Option, float | None] = {}
+        for opt in (o for o in options if o.batch == batch and o.runnable):
             try:
-                pred: float | None = predicted_ms(hardware, spec, opt)
+                predicted[opt] = predicted_ms(hardware, spec, opt)
             except AutooptError as exc:
-                pred = None
+                predicted[opt] = None
                 notes.append(f"{opt.label}: no prediction ({exc})")
-            rows.append(Measured(option=opt, predicted_ms=pred,
-                                 measured_ms=measure_ms(model, opt, device=device, layers=layers, tiny=tiny,
-                                                        steps=steps)))
+        pick, reason = recommended(hardware, spec, batch, predicted)
+        rows = [Measured(option=o, why=o.why) if not o.runnable else
+                _measured(model, o, predicted[o], device=device, layers=layers, tiny=tiny, steps=steps)
+                for o in options if o.batch == batch]
         workloads.append(_workload(batch, rows, pick, reason))
         if on_workload is not None:
             on_workload(workloads[-1])
