@@ -56,22 +56,27 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # -- the config per token count ---------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1024)
 def _config_for(m: int, experts: int, n: int, k: int, topk: int) -> tuple[tuple[str, int], ...]:
     """The config the runtimes' files would hold for this shape: rank()'s pick for the fused_moe op at the
-    runtime M key nearest ``m`` (vLLM's lookup: a new prefill length reuses a bucket's config instead of
-    ranking, and compiling, one per length), on the GPU the ops rank for; a winner measured on this device
+    runtime M key nearest ``m`` (vLLM's lookup: a new prefill length reuses its bucket's config instead of
+    ranking, and compiling, one per length)."""
+    from autoopt.runtimes.moe_configs import nearest_m
+
+    return _ranked(nearest_m(m), experts, n, k, topk)
+
+
+@functools.lru_cache(maxsize=256)
+def _ranked(key_m: int, experts: int, n: int, k: int, topk: int) -> tuple[tuple[str, int], ...]:
+    """rank()'s pick for the fused_moe op on the GPU the ops rank for; a winner measured on this device
     before comes first (rank(measured=True))."""
     import torch
 
     from autoopt.kernels.ops import OpSpec
     from autoopt.nn.dispatch import _gpu_for
-    from autoopt.runtimes.moe_configs import nearest_m
     from autoopt.search.moe import moe_config
 
     dev_type = "cuda" if torch.cuda.is_available() else "cpu"
     gpu = _gpu_for(torch.device(dev_type), dev_type)
-    key_m = nearest_m(m)
     if gpu is None:
         raise RuntimeError("no GPU profile to rank the fused-MoE config for")
     op = OpSpec(kind="fused_moe", shape=(key_m, experts, topk, n, k), dtype="bf16")
