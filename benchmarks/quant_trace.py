@@ -92,8 +92,6 @@ def profile_steps(model: Any, compiled: bool, steps: int) -> dict[str, Any]:
 
 def weight_floor_ms(model: Any, copy_gbs: float) -> float:
     """Bytes of every linear's stored weight (packed + scales) and the LM head, over the copy bandwidth."""
-    import torch
-
     seen: set[int] = set()
     total = 0
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
@@ -101,7 +99,6 @@ def weight_floor_ms(model: Any, copy_gbs: float) -> float:
             continue
         seen.add(id(t))
         total += t.numel() * t.element_size()
-    torch.cuda.synchronize()
     return total / (copy_gbs * 1e9) * 1e3
 
 
