@@ -67,6 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prefill-m", type=int, default=2048, help="tokens of the prefill GEMMs (default %(default)s)")
     ap.add_argument("--top", type=int, default=1, help="cost-model configs timed per op (default %(default)s)")
     ap.add_argument("--rep-ms", type=int, default=100, help="do_bench rep window in ms (default %(default)s)")
+    ap.add_argument("--per-path", action="store_true",
+                    help="take --top per kernel and path (the GEMV's FMA path, BLOCK_M = 1, and its dot path apart)")
+    ap.add_argument("--dot-grid", action="store_true",
+                    help="also time the int4 decode GEMV's dot-path grid (BLOCK_M 16, BLOCK_N 32-256, BLOCK_K 64/128, "
+                         "4/8 warps, 3/4 stages, SPLIT_K 1/2/4), the calibration set of its cost factor")
     ap.add_argument("--no-torchao", action="store_true", help="skip torchao even when it imports")
     return ap.parse_args(argv)
 
@@ -156,8 +161,12 @@ def autoopt_rows(lin: Linear, spec: str, gpu: Any, copy_gbs: float, args: argpar
     inputs = {"a": lin.x, **q.tensors()}
     ref = registry.reference(inputs, op).float()
     tol = registry.tolerance(op)
-    ranking = rank(gpu, op, top=max(4 * args.top, 12), measured=False)
-    for overall, kernel_rank, cand in per_kernel(ranking.candidates, args.top):
+    ranking = rank(gpu, op, top=100_000 if args.per_path else max(4 * args.top, 12), measured=False)
+    picks = per_kernel(ranking.candidates, args.top, per_path=args.per_path)
+    if args.dot_grid and kind == "gemv" and fmt.name == "int4":
+        picks += [(i + 1, i + 1, c) for i, c in enumerate(ranking.candidates) if in_dot_grid(c.config)
+                  and all(c is not p[2] for p in picks)]
+    for overall, kernel_rank, cand in picks:
         row = {"linear": lin.name, "m": lin.m, "n": lin.n, "k": lin.k, "impl": f"autoopt {cand.config.kernel}",
                "format": fmt.spec, "rank": kernel_rank, "overall_rank": overall, "config": dict(cand.config.params),
                "path": cand.config.path, "predicted_us": round(cand.predicted_us, 3), "predicted_bound": cand.bound,
@@ -187,17 +196,29 @@ def autoopt_rows(lin: Linear, spec: str, gpu: Any, copy_gbs: float, args: argpar
         attempt(rows, row, run)
 
 
-def per_kernel(candidates: Any, top: int) -> list[tuple[int, int, Any]]:
+def per_kernel(candidates: Any, top: int, *, per_path: bool = False) -> list[tuple[int, int, Any]]:
     """(overall rank, rank within its kernel, candidate): the first ``top`` of every kernel among the
-    ranked candidates (prefill: the Triton dequantize-in-the-loop GEMM and dequantize + cuBLAS both)."""
-    seen: dict[str, int] = {}
+    ranked candidates (prefill: the Triton dequantize-in-the-loop GEMM and dequantize + cuBLAS both);
+    ``per_path``: of every kernel and GEMV path (``BLOCK_M == 1`` FMAs, else the dot)."""
+    seen: dict[tuple[str, bool], int] = {}
     out = []
     for i, cand in enumerate(candidates):
-        n = seen.get(cand.config.kernel, 0)
+        key = (cand.config.kernel, per_path and cand.config.params.get("BLOCK_M") == 1)
+        n = seen.get(key, 0)
         if n < top:
-            seen[cand.config.kernel] = n + 1
+            seen[key] = n + 1
             out.append((i + 1, n + 1, cand))
     return out
+
+
+#: --dot-grid's axes (the int4 GEMV's dot path at M = 1)
+DOT_GRID = {"BLOCK_M": (16,), "BLOCK_N": (32, 64, 128, 256), "BLOCK_K": (64, 128), "SPLIT_K": (1, 2, 4),
+            "num_warps": (4, 8), "num_stages": (3, 4)}
+
+
+def in_dot_grid(config: Any) -> bool:
+    """Whether a ranked config lies on ``DOT_GRID``."""
+    return all(config.params.get(key) in values for key, values in DOT_GRID.items())
 
 
 def torch_rows(lin: Linear, gpu: Any, copy_gbs: float, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:

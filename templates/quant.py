@@ -57,6 +57,8 @@ GEMM_BMS, GEMM_BNS = (16, 32, 64, 128, 256), (32, 64, 128, 256)
 GEMM_WARPS, GEMM_STAGES = (2, 4, 8), (2, 3, 4, 5)
 #: GROUP_M only orders tiles; 8 was never slower than 1 for the plain GEMM (templates/gemm.py GROUPS)
 GEMM_GROUP_M = 8
+#: the dot path's tile rows: mma.sync's M (the kernel pads M to it)
+DOT_TILE_M = 16
 
 
 def _fmt(op: OpSpec) -> WeightFormat:
@@ -204,15 +206,25 @@ class QuantGemvTemplate(_QuantTemplate):
         m, n, k = op.shape
         return GemvTemplate.axes(gpu, OpSpec(kind="gemv", shape=(m, n, _fmt(op).padded_k(k))))
 
+    @staticmethod
+    def block_ms(op: OpSpec) -> tuple[int, ...]:
+        """``BLOCK_M`` values: ``next_pow2(M)``, and at M = 1 for int4 also the 16-row dot tile too (the FMA
+        path's int4 decode binds the CUDA cores: 6.7 SASS instructions a weight against the dot path's
+        3.2, counted in the sm_90 loops of ``quant_gemv.py``)."""
+        m = op.shape[0]
+        if m == 1 and _fmt(op).name == "int4":
+            return 1, DOT_TILE_M
+        return (C.next_pow2(m),)
+
     def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
-        bm = C.next_pow2(op.shape[0])
-        for bn, bk, splits in self.axes(gpu, op):
-            for warps in GEMV_WARPS:
-                for stages in GEMV_STAGES:
-                    for s in splits:
-                        yield KernelConfig(kernel=self.kernel, template=self.name, path="standard",
-                                           params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s,
-                                                   "num_warps": warps, "num_stages": stages})
+        for bm in self.block_ms(op):
+            for bn, bk, splits in self.axes(gpu, op):
+                for warps in GEMV_WARPS:
+                    for stages in GEMV_STAGES:
+                        for s in splits:
+                            yield KernelConfig(kernel=self.kernel, template=self.name, path="standard",
+                                               params={"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": s,
+                                                       "num_warps": warps, "num_stages": stages})
 
     @staticmethod
     def resources(gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> tuple[int, float, int]:
@@ -249,7 +261,10 @@ class QuantGemvTemplate(_QuantTemplate):
         p = config.params
         lim = C.limits(gpu)
         bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
-        out += block_rules(gpu, op.dtype, (m, n, kp), bm, bn, bk)
+        if bm in self.block_ms(op):
+            out += block_rules(gpu, op.dtype, (m, n, kp), C.next_pow2(m), bn, bk)
+        else:
+            out += block_rules(gpu, op.dtype, (m, n, kp), bm, bn, bk)
         if out:
             return out
         out += _bk_problems(fmt, bk, dot=bm > 1)
@@ -267,12 +282,14 @@ class QuantGemvTemplate(_QuantTemplate):
     @staticmethod
     def _work(op: OpSpec, bm: int, bn: int, bk: int) -> DequantWork:
         """Dequantization per weight on this config's path, with the dot path's per-tile scaling
-        (int4: ``16 s P + (z - 24 s) S``, 2 FMAs an output and 16 row-sum adds a K column, at M = 16;
+        (int4: ``s P``, 1 FMA an output at M = 16; asymmetric adds ``z S``, 1 FMA an output and 16 row-sum
+        adds a K column;
         block-FP8: one scale-and-add an output) spread over the tile's weights."""
         fmt = _fmt(op)
         work = dequant_work(fmt, fma=bm == 1)
         if bm > 1:
-            extra = {"int4": 32 / bk + 16 / bn, "fp8_block": 32 / bk}.get(fmt.name, 0.0)
+            extra = {"int4": 16 / bk + (0.0 if fmt.symmetric else 16 / bk + 16 / bn),
+                     "fp8_block": 32 / bk}.get(fmt.name, 0.0)
             work = replace(work, fp_ops=work.fp_ops + extra)
         return work
 

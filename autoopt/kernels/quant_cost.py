@@ -70,7 +70,7 @@ DEQUANT_RATES = DequantRates()
 #: shared memory beside wgmma, loads the pipeliner does not stage, spills at 128 x 256 tiles), not an
 #: instruction count: int4 symmetric x6 (median |ln(pred/measured)| 1.01 -> 0.07), asymmetric x7
 #: (1.19 -> 0.09), int8 x1.5 (0.28 -> 0.03). e4m3 weight-only was not timed: x1, a lead.
-DOT_MEASURED_FACTOR = {"int4": 6.0, "int4-asym": 7.0, "int8": 1.5}
+DOT_MEASURED_FACTOR = {"int4": 1.0, "int4-asym": 1.0, "int8": 1.5}  # int4 REFIT PENDING
 #: The int4 decode GEMV (FMA path, M = 1) against its hand count: on the H100 qperf run
 #: (``benchmarks/results/h100/quant_kernels_qperf.json``, 15 timed configs a format over Llama-3-8B's five
 #: linears) it ran 1.51x (symmetric) and 1.50x (asymmetric) the prediction at the median, while fp8 and int8 ran
@@ -130,11 +130,11 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
         return DequantWork(int_ops=3.0, fp_ops=1.05)
     smem = 2.0 if wgmma else 4.0
     if fmt.name == "int4":
-        # extract, shift, and/or into 16 bits (1 + q/16), pair packing (PRMT) a half: 3 INT ops a weight;
-        # the per-tile scaling is priced by the template (it scales with BLOCK_M, not the weight count);
-        # times the measured factor
+        # quant_gemv.int4_unpack16's PTX, 4 bytes a call: PRMT 1, SHF 3, LOP3 4 (INT) and 4 paired
+        # bf16x2/f16x2 FMAs (q - 8, two values each) per 8 weights; the per-tile scaling is priced by the
+        # template (it scales with BLOCK_M, not the weight count); times the measured factor
         f = DOT_MEASURED_FACTOR["int4" if fmt.symmetric else "int4-asym"]
-        return DequantWork(int_ops=3.0 * f, smem_bytes=smem)
+        return DequantWork(int_ops=1.0 * f, fp_ops=0.5 * f, smem_bytes=smem)
     if fmt.name == "int8":
         # extract 1, int8 -> fp32 (I2F) 1 conversion, fp32 -> 16-bit packed in pairs (F2F x2) half a one;
         # times the measured factor

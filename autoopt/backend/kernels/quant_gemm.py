@@ -45,7 +45,7 @@ def _quant_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # t
                        FMT: tl.constexpr, G: tl.constexpr, ACT: tl.constexpr, HAS_Z: tl.constexpr,
                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_W: tl.constexpr,
-                       EVEN_X: tl.constexpr, DOT_F16: tl.constexpr):
+                       EVEN_X: tl.constexpr, DOT_F16: tl.constexpr, ASM: tl.constexpr):
     # Group-M ordering (Triton matmul tutorial): GROUP_M row bands share the W tiles they load through L2;
     # gemm_tma's helper, as the epilogue kernels use it (the last band's tiles rotated)
     pid_m, pid_n = _tile_of(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
@@ -96,7 +96,7 @@ def _quant_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # t
                 else:
                     a_lo = tl.load(a_rows + k_lo[None, :], mask=(k_lo < K)[None, :], other=0.0)
                     a_hi = tl.load(a_rows + k_hi[None, :], mask=(k_hi < K)[None, :], other=0.0)
-                acc = int4_tile_dot(acc, a_lo, a_hi, wb, s_ptr, z_ptr, offs_wn, stride_sn, grp, HAS_Z, DOT_F16)
+                acc = int4_tile_dot(acc, a_lo, a_hi, wb, s_ptr, z_ptr, offs_wn, stride_sn, grp, HAS_Z, DOT_F16, ASM)
             else:
                 if EVEN_X:
                     a = tl.load(a_rows + pb[None, :])
@@ -148,7 +148,7 @@ def quant_gemm_prepare(a: Any, qw: Any, out: Any, params: dict[str, int], *, bia
     ng = s.shape[1] if s.dim() == 2 else 1
     meta = dict(FMT=FMT_CODES[f.name], G=g, ACT=act, HAS_Z=qw.offsets is not None, HAS_BIAS=bias is not None,
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=params.get("GROUP_M", 8), EVEN_W=even_w,
-                EVEN_X=even_x, DOT_F16=dot_f16, num_warps=params.get("num_warps", 4),
+                EVEN_X=even_x, DOT_F16=dot_f16, ASM=not interp, num_warps=params.get("num_warps", 4),
                 num_stages=params.get("num_stages", 3))
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     b = bias if bias is not None else s

@@ -36,8 +36,8 @@ import triton.language as tl
 from autoopt.backend.kernels import interpreter_active
 from autoopt.backend.kernels.gemm import splitk_reduce_prepare
 
-__all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "int4_as_float", "int4_as_half",
-           "int4_tile_dot", "quant_gemv_prepare", "row_tiles", "weight_views"]
+__all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "int4_as_float", "int4_tile_dot",
+           "int4_unpack16", "quant_gemv_prepare", "row_tiles", "weight_views"]
 
 #: the kernels' FMT constexpr per format name
 FMT_CODES = {"fp8": 0, "fp8_block": 1, "int8": 2, "int4": 3}
@@ -64,17 +64,6 @@ def int4_as_float(b, SHIFT: tl.constexpr, one):  # type: ignore[no-untyped-def]
 
 
 @triton.jit
-def int4_as_half(b, SHIFT: tl.constexpr, F16: tl.constexpr):  # type: ignore[no-untyped-def]
-    """``1 + q/16`` of the nibble at bit ``SHIFT`` in fp16 (``F16``) or bf16, from int16 ``b``:
-    the code goes to the top mantissa bits under exponent 0 (fp16 0x3C00, 10 fraction bits;
-    bf16 0x3F80, 7 fraction bits)."""
-    q = (b >> SHIFT) & 0xF
-    if F16:
-        return ((q << 6) | 0x3C00).to(tl.float16, bitcast=True)
-    return ((q << 3) | 0x3F80).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
 def e4m3_exact(b, INT8: tl.constexpr):  # type: ignore[no-untyped-def]
     """The codes ``b`` (int8 view) as exact fp32 values: int8 as they are, e4m3 by the bit trick times
     2^120 (no Triton e4m3 type: it needs sm_89+, and this path serves fp8 weights on any GPU); the
@@ -84,24 +73,86 @@ def e4m3_exact(b, INT8: tl.constexpr):  # type: ignore[no-untyped-def]
     return e4m3_bits_scaled(b.to(tl.int32)) * 1.329227995784916e36
 
 
+#: int4 codes ``q`` as 16-bit ``q - 8`` (exact in bf16 and fp16), four packed bytes ``[b3 b2 b1 b0]`` a
+#: 32-bit register: one PRMT to ``[b3 b1 b2 b0]``, three shifts, four LOP3 (``(t & 0x000F000F) | MAGIC``
+#: makes a pair ``MAGIC + q``: bf16 0x4300 = 128, fp16 0x6400 = 1024, where the code lands on the unit
+#: bit) and four paired subtractions of ``MAGIC + 8`` (one instruction for two values): 1.5 instructions a
+#: weight. Triton's own ops for the same decode (extract, shift, and, or, convert, pack per value) took ~4,
+#: and the ``MAGIC + q`` form without the subtraction needs the activations' row sums every tile.
+_UNPACK_ASM = """
+{
+.reg .b32 t, u, o, n;
+mov.b32 o, ONE;
+mov.b32 n, NEG;
+prmt.b32 t, $4, $4, 0x3120;
+lop3.b32 u, t, 0x000F000F, MAGIC, 0xea;
+fma.rn.TYPE $0, u, o, n;
+shr.u32 u, t, 8;
+lop3.b32 u, u, 0x000F000F, MAGIC, 0xea;
+fma.rn.TYPE $1, u, o, n;
+shr.u32 u, t, 4;
+lop3.b32 u, u, 0x000F000F, MAGIC, 0xea;
+fma.rn.TYPE $2, u, o, n;
+shr.u32 u, t, 12;
+lop3.b32 u, u, 0x000F000F, MAGIC, 0xea;
+fma.rn.TYPE $3, u, o, n;
+}
+"""
+
+
+def _unpack_asm(type_: str, magic: int, one: int, neg: int) -> str:
+    """The decode for one 16-bit type: its magic pair, 1.0 pair and -(magic + 8) pair (bit patterns)."""
+    return (_UNPACK_ASM.replace("TYPE", type_).replace("MAGIC", f"0x{magic:08X}").replace("ONE", f"0x{one:08X}")
+            .replace("NEG", f"0x{neg:08X}"))
+
+
+# bf16: 0x4300 = 128, 0x3F80 = 1.0, 0xC308 = -136; fp16: 0x6400 = 1024, 0x3C00 = 1.0, 0xE408 = -1032
+_UNPACK_BF16 = tl.constexpr(_unpack_asm("bf16x2", 0x43004300, 0x3F803F80, 0xC308C308))
+_UNPACK_F16 = tl.constexpr(_unpack_asm("f16x2", 0x64006400, 0x3C003C00, 0xE408E408))
+
+
+@triton.jit
+def int4_unpack16(wb, F16: tl.constexpr, ASM: tl.constexpr):  # type: ignore[no-untyped-def]
+    """(low nibbles, high nibbles) of the packed bytes ``wb`` as 16-bit ``q - 8`` (fp16 if ``F16`` else bf16).
+    ``ASM``: the PTX above (4 bytes a call); else Triton ops (the interpreter runs no PTX)."""
+    if ASM:
+        if F16:
+            lo, hi = tl.inline_asm_elementwise(_UNPACK_F16, "=r,=r,=r,=r,r", [wb],
+                                               dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+        else:
+            lo, hi = tl.inline_asm_elementwise(_UNPACK_BF16, "=r,=r,=r,=r,r", [wb],
+                                               dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        b16 = wb.to(tl.int16)
+        lo = (b16 & 0xF) - 8
+        hi = ((b16 >> 4) & 0xF) - 8
+        if F16:
+            lo = lo.to(tl.float16)
+            hi = hi.to(tl.float16)
+        else:
+            lo = lo.to(tl.bfloat16)
+            hi = hi.to(tl.bfloat16)
+    return lo, hi
+
+
 @triton.jit
 def int4_tile_dot(acc, x_lo, x_hi, wb, s_ptr, z_ptr, offs_wn, stride_sn, grp,  # type: ignore[no-untyped-def]
-                  HAS_Z: tl.constexpr, DOT_F16: tl.constexpr):
+                  HAS_Z: tl.constexpr, DOT_F16: tl.constexpr, ASM: tl.constexpr):
     """``acc`` plus one K-tile of int4 codes ``wb`` (bytes ``[BLOCK_N, BLOCK_K/2]``, one group ``grp``) against
-    the activations of its low and high halves: dots on ``1 + q/16``, then ``16 s P + (z - 24 s) S``."""
+    the activations of its low and high halves: dots on ``q - 8``, scaled by the group's ``s``; asymmetric
+    (``w = (q - 8) s + z``) adds ``z S``, ``S`` the row sums of X."""
     if DOT_F16:
         x_lo = x_lo.to(tl.float16)
         x_hi = x_hi.to(tl.float16)
-    b16 = wb.to(tl.int16)
-    p = tl.dot(x_lo, tl.trans(int4_as_half(b16, 0, DOT_F16)))
-    p = tl.dot(x_hi, tl.trans(int4_as_half(b16, 4, DOT_F16)), p)
-    sx = tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
+    w_lo, w_hi = int4_unpack16(wb, DOT_F16, ASM)
+    p = tl.dot(x_lo, tl.trans(w_lo))
+    p = tl.dot(x_hi, tl.trans(w_hi), p)
     s = tl.load(s_ptr + offs_wn * stride_sn + grp).to(tl.float32)
+    out = acc + s[None, :] * p
     if HAS_Z:
+        sx = tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
         z = tl.load(z_ptr + offs_wn * stride_sn + grp).to(tl.float32)
-        out = acc + 16.0 * s[None, :] * p + sx[:, None] * (z - 24.0 * s)[None, :]
-    else:
-        out = acc + s[None, :] * (16.0 * p - 24.0 * sx[:, None])
+        out += sx[:, None] * z[None, :]
     return out
 
 
@@ -132,7 +183,8 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                        M, N, K, NG, stride_xm, stride_wn, stride_sn, stride_cs, stride_cm, tiles_per_split, one_bits,
                        FMT: tl.constexpr, G: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       DOT_M: tl.constexpr, EVEN_W: tl.constexpr, EVEN_X: tl.constexpr, DOT_F16: tl.constexpr):
+                       DOT_M: tl.constexpr, EVEN_W: tl.constexpr, EVEN_X: tl.constexpr, DOT_F16: tl.constexpr,
+                       ASM: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -246,7 +298,7 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                 else:
                     x_lo = tl.load(x_lo_ptrs, mask=m_ok[:, None] & (k_lo < K)[None, :], other=0.0)
                     x_hi = tl.load(x_hi_ptrs, mask=m_ok[:, None] & (k_hi < K)[None, :], other=0.0)
-                acc = int4_tile_dot(acc, x_lo, x_hi, b, s_ptr, z_ptr, offs_wn, stride_sn, grp, HAS_Z, DOT_F16)
+                acc = int4_tile_dot(acc, x_lo, x_hi, b, s_ptr, z_ptr, offs_wn, stride_sn, grp, HAS_Z, DOT_F16, ASM)
             else:  # int8 / e4m3 codes (fp8_block: one 128-block a tile, BLOCK_K <= 128)
                 x_ptrs = x_ptr + offs_m[:, None] * stride_xm + pb[None, :]
                 if EVEN_X:
@@ -314,7 +366,7 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
     dot_f16 = x.dtype == torch.float16 or interpreter_active()
     meta = dict(FMT=FMT_CODES[f.name], G=g, HAS_Z=qw.offsets is not None, HAS_BIAS=bias is not None,
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_M=max(16, bm), EVEN_W=even_w, EVEN_X=even_x,
-                DOT_F16=dot_f16, num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 2))
+                DOT_F16=dot_f16, ASM=not interpreter_active(), num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 2))
     grid = (triton.cdiv(n, bn), split_k)
     b = bias if bias is not None else s
     stride_sn = s.stride(0)
