@@ -208,11 +208,14 @@ class QuantGemvTemplate(_QuantTemplate):
 
     @staticmethod
     def block_ms(op: OpSpec) -> tuple[int, ...]:
-        """``BLOCK_M`` values: ``next_pow2(M)``, and at M = 1 for int4 also the 16-row dot tile too (the FMA
-        path's int4 decode binds the CUDA cores: 6.7 SASS instructions a weight against the dot path's
-        3.2, counted in the sm_90 loops of ``quant_gemv.py``)."""
+        """``BLOCK_M`` values: ``next_pow2(M)``, and at M = 1 for symmetric int4 also the 16-row dot tile (the
+        FMA path's int4 decode takes 6.7 SASS instructions a weight against the dot path's 3.2, counted in
+        the sm_90 loops of ``quant_gemv.py``; on the H100, ``quant_kernels_int4dot.json``, the dot path's
+        best ran 0.84-0.97x the FMA path's time on Llama-3-8B's four linears). Asymmetric int4 keeps the
+        FMA path: its dot tile also sums the activations for the offsets, and its best ran 1.03-1.36x."""
         m = op.shape[0]
-        if m == 1 and _fmt(op).name == "int4":
+        fmt = _fmt(op)
+        if m == 1 and fmt.name == "int4" and fmt.symmetric:
             return 1, DOT_TILE_M
         return (C.next_pow2(m),)
 
@@ -286,7 +289,7 @@ class QuantGemvTemplate(_QuantTemplate):
         adds a K column;
         block-FP8: one scale-and-add an output) spread over the tile's weights."""
         fmt = _fmt(op)
-        work = dequant_work(fmt, fma=bm == 1)
+        work = dequant_work(fmt, fma=bm == 1, gemv=True)
         if bm > 1:
             extra = {"int4": 16 / bk + (0.0 if fmt.symmetric else 16 / bk + 16 / bn),
                      "fp8_block": 32 / bk}.get(fmt.name, 0.0)

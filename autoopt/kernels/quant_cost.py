@@ -63,14 +63,18 @@ class DequantRates:
 DEQUANT_RATES = DequantRates()
 
 #: Measured over hand-counted work of the Triton dequantize-in-the-K-loop GEMM (``quant_gemm.py``, dot
-#: path), fitted on the 15 timed configs per format of the first H100 run
-#: (``benchmarks/results/h100/quant_kernels.json``, M = 2048, Llama-3-8B's five linears; replayed by
-#: ``benchmarks/replay_quant.py``): the hand counts priced gate_up int4 at 842 us, it ran 2072-2886 us.
-#: The factor stands for what the count misses (the dequantized tile's trip through registers and
-#: shared memory beside wgmma, loads the pipeliner does not stage, spills at 128 x 256 tiles), not an
-#: instruction count: int4 symmetric x6 (median |ln(pred/measured)| 1.01 -> 0.07), asymmetric x7
-#: (1.19 -> 0.09), int8 x1.5 (0.28 -> 0.03). e4m3 weight-only was not timed: x1, a lead.
-DOT_MEASURED_FACTOR = {"int4": 1.0, "int4-asym": 1.0, "int8": 1.5}  # int4 REFIT PENDING
+#: path), fitted on timed configs of Llama-3-8B's linears at M = 2048 on the H100 (replayed by
+#: ``benchmarks/replay_quant.py``). int4, since its codes decode by PTX (``quant_gemv.int4_unpack16``):
+#: ``quant_kernels_int4dot_prefill.json``, 32 configs over both int4 formats ran 2.3-3.5x the hand
+#: count's price (gate_up 842 us priced, 1931-2979 measured); x16 takes median |ln(pred/measured)| from
+#: 1.01 to 0.21. The factor stands for what the count misses (the wgmma operand's trip through shared
+#: memory after the decode, loads the pipeliner does not stage, spills at 128 x 256 tiles), not an
+#: instruction count. int8 x1.5 (first run, ``quant_kernels.json``: median |ln| 0.28 -> 0.03). e4m3
+#: weight-only was not timed: x1, a lead. The GEMV's dot path (M <= 16) keeps the hand count: its
+#: conversion runs on the packed bytes in registers (Triton moves the layout change before the decode),
+#: and on ``quant_kernels_int4dot.json`` (642 dot configs) no factor from 0.5 to 16 beat x1's median
+#: |ln| 0.33 (symmetric).
+DOT_MEASURED_FACTOR = {"int4": 16.0, "int4-asym": 16.0, "int8": 1.5}
 #: The int4 decode GEMV (FMA path, M = 1) against its hand count: on the H100 qperf run
 #: (``benchmarks/results/h100/quant_kernels_qperf.json``, 15 timed configs a format over Llama-3-8B's five
 #: linears) it ran 1.51x (symmetric) and 1.50x (asymmetric) the prediction at the median, while fp8 and int8 ran
@@ -104,7 +108,8 @@ def gemv_measured_factor(fmt: WeightFormat) -> float:
     return 1.0
 
 
-def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: bool = False) -> DequantWork:
+def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: bool = False,
+                 gemv: bool = False) -> DequantWork:
     """Per-weight work of the code the kernels run for ``fmt`` (hand counts, see the module docstring).
 
     ``fma``: the M = 1 GEMV path (fp32 FMAs, the FMA itself counted: one a weight); else a dot path
@@ -112,7 +117,8 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
     nothing (GEMVs never quantize activations, so they pass False). ``wgmma``: the dot reads its W
     operand from shared memory (sm_90a), so the dequantized tile is stored there once (2 bytes a
     weight); mma.sync takes it in registers through a layout conversion via shared memory (stored
-    and read back: 4 bytes a weight).
+    and read back: 4 bytes a weight). ``gemv``: the decode GEMV's dot path, priced by the hand count
+    (``DOT_MEASURED_FACTOR`` is the GEMM's).
     """
     if w8a8:
         return DequantWork()
@@ -133,8 +139,8 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
         # quant_gemv.int4_unpack16's PTX, 4 bytes a call: PRMT 1, SHF 3, LOP3 4 (INT) and 4 paired
         # bf16x2/f16x2 FMAs (q - 8, two values each) per 8 weights; the per-tile scaling is priced by the
         # template (it scales with BLOCK_M, not the weight count); times the measured factor
-        f = DOT_MEASURED_FACTOR["int4" if fmt.symmetric else "int4-asym"]
-        return DequantWork(int_ops=1.0 * f, fp_ops=0.5 * f, smem_bytes=smem)
+        f = 1.0 if gemv else DOT_MEASURED_FACTOR["int4" if fmt.symmetric else "int4-asym"]
+        return DequantWork(int_ops=1.0 * f, fp_ops=0.5 * f, smem_bytes=smem * f)
     if fmt.name == "int8":
         # extract 1, int8 -> fp32 (I2F) 1 conversion, fp32 -> 16-bit packed in pairs (F2F x2) half a one;
         # times the measured factor

@@ -366,7 +366,8 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
     dot_f16 = x.dtype == torch.float16 or interpreter_active()
     meta = dict(FMT=FMT_CODES[f.name], G=g, HAS_Z=qw.offsets is not None, HAS_BIAS=bias is not None,
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_M=max(16, bm), EVEN_W=even_w, EVEN_X=even_x,
-                DOT_F16=dot_f16, ASM=not interpreter_active(), num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 2))
+                DOT_F16=dot_f16, ASM=not interpreter_active(), num_warps=params.get("num_warps", 4),
+                num_stages=params.get("num_stages", 2))
     grid = (triton.cdiv(n, bn), split_k)
     b = bias if bias is not None else s
     stride_sn = s.stride(0)
