@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 from _recommend_hw import H100, H200, HOST, RTX3070, nvlink_box, one
@@ -21,6 +23,8 @@ from autoopt.planning.split import (
 )
 
 WL = Workload(batch=1, prompt_len=512, gen_len=128)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_llama3_70b_bf16_gets_a_valid_split_of_two_or_four_h100():
@@ -77,9 +81,29 @@ def test_cpu_stage_takes_layers_that_do_not_fit_the_gpu():
     assert plan.comm_us > 0  # hidden state over PCIe gen4 x16
 
 
-def test_allreduce_follows_the_nccl_ring_model():
-    # 3.6 us + 2 x 7 hops x 0.47 us + 1 MB x 2 x 7/8 / 450 GB/s
-    assert allreduce_us(1e6, 8, 450.0, "nvlink") == pytest.approx(3.6 + 14 * 0.47 + 1e6 * 1.75 / 450e3)
+def test_pcie_allreduce_follows_the_nccl_ring_model():
+    # 3.6 us + 2 x 7 hops x 1.0 us + 1 MB x 2 x 7/8 / 32 GB/s
+    assert allreduce_us(1e6, 8, 32.0, "pcie") == pytest.approx(3.6 + 14 * 1.0 + 1e6 * 1.75 / 32e3)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_nvlink_allreduce_is_within_15_percent_of_every_measured_h100_size(tp):
+    rows = json.loads((ROOT / "benchmarks" / "results" / "h100" / f"nccl_allreduce_tp{tp}.json").read_text())["rows"]
+    assert len(rows) == 15 and rows[0]["bytes"] == 16 << 10 and rows[-1]["bytes"] == 256 << 20
+    for r in rows:
+        assert 1 / 1.15 < allreduce_us(r["bytes"], tp, 450.0, "nvlink") / r["measured_us"] < 1.15, r["bytes"]
+
+
+def test_nvlink_allreduce_of_a_small_message_pays_the_low_latency_protocols_latency():
+    # 16 KiB on 2 H100s: LL's 8 us + 16 KiB / 10 GB/s of bus bandwidth (measured 10.1 us)
+    assert allreduce_us(16 << 10, 2, 450.0, "nvlink") == pytest.approx(8.0 + (16 << 10) / 10e3)
+
+
+def test_nvlink_allreduce_beyond_the_measured_groups_adds_ring_steps_to_the_largest():
+    # 8 GPUs: the 4-GPU table plus 2 x 4 more ring steps of 0.47 us
+    table = ((13.0, 10.0), (16.0, 240.0), (25.0, 310.0))
+    assert allreduce_us(16 << 10, 8, 450.0, "nvlink") == pytest.approx(
+        min(lat + 8 * 0.47 + (16 << 10) * 1.75 / (gbs * 1e3) for lat, gbs in table))
 
 
 def test_pcie_rate_from_generation_and_width():

@@ -45,9 +45,25 @@ log = get_logger(__name__)
 #: PCIe GB/s per lane per direction after line coding (PCIe base spec: 2.5/5 GT/s 8b/10b,
 #: 8/16/32 GT/s 128b/130b, 64 GT/s FLIT mode).
 PCIE_LANE_GBS = {1: 0.25, 2: 0.5, 3: 0.985, 4: 1.969, 5: 3.938, 6: 7.563}
-#: NCCL ring/LL latency model (tuning.cc): base and per-step hardware latency, microseconds.
+#: NCCL ring/LL latency model (tuning.cc): base and per-step hardware latency, microseconds. Prices PCIe
+#: all-reduces, and the extra ring steps of an NVLink group larger than the measured ones below.
 NCCL_BASE_US = 3.6
 NCCL_HOP_US = {"nvlink": 0.47, "pcie": 1.0}
+#: NVLink all-reduce, measured: per group size, NCCL's three protocols as (latency us, bus GB/s); a message
+#: takes the fastest, ``latency + bus bytes / bus GB/s`` with bus bytes ``2 (tp - 1) / tp`` of the message
+#: (nccl-tests' busbw), as NCCL's tuner picks LL / LL128 / Simple. Fitted on the H100 SXM host (NVLink4,
+#: 450 GB/s a direction; NCCL 2.28.9, torch 2.11): bf16 all-reduces of 16 KiB to 256 MiB replayed from a
+#: CUDA graph (``benchmarks/nccl_allreduce.py``, ``benchmarks/results/h100/nccl_allreduce_tp{2,4}.json``).
+#: Max |ln(predicted / measured)| 0.117 over 15 sizes on 2 GPUs, 0.120 on 4 (all within 13 %); fitted on
+#: the even sizes alone, the odd ones come within 14 % on 4 GPUs but 26 % low at 2 MiB on 2 GPUs, where NCCL
+#: changes protocol between 1 and 2 MiB. Bus GB/s scale with another link's rate; the old model, off by
+#: 0.38-0.76x here, did not see the protocols' latencies (10-17 us for the smallest, not 4-7).
+NCCL_NVLINK_PROTOCOLS: dict[int, tuple[tuple[float, float], ...]] = {
+    2: ((8.0, 10.0), (10.0, 100.0), (25.0, 280.0)),
+    4: ((13.0, 10.0), (16.0, 240.0), (25.0, 310.0)),
+}
+#: the per-direction NVLink GB/s the protocol table was measured on (H100 SXM, NVLink4)
+NCCL_NVLINK_MEASURED_GBS = 450.0
 CPU = -1  # device index of the host CPU
 
 
@@ -237,10 +253,19 @@ def _head_time_us(dev: Device, model: ModelSpec, fmt: QuantFormat, batch: int, t
 
 
 def allreduce_us(nbytes: float, tp: int, bw_gbs: float, path: str) -> float:
+    """Predicted microseconds of an all-reduce of ``nbytes`` over ``tp`` GPUs joined by ``path`` links of
+    ``bw_gbs`` a direction, replayed in a CUDA graph: NVLink from the measured protocol table (the
+    largest measured group at most ``tp``, plus the ring steps beyond it), PCIe from NCCL's ring model."""
     if tp <= 1:
         return 0.0
+    bus = nbytes * 2 * (tp - 1) / tp
+    if path == "nvlink":
+        size = max(g for g in NCCL_NVLINK_PROTOCOLS if g <= tp)
+        extra = 2 * (tp - size) * NCCL_HOP_US["nvlink"]
+        scale = bw_gbs / NCCL_NVLINK_MEASURED_GBS
+        return min(lat + extra + bus / (gbs * scale * 1e3) for lat, gbs in NCCL_NVLINK_PROTOCOLS[size])
     lat = NCCL_BASE_US + 2 * (tp - 1) * NCCL_HOP_US[path]
-    return lat + nbytes * 2 * (tp - 1) / tp / (bw_gbs * 1e3)
+    return lat + bus / (bw_gbs * 1e3)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
