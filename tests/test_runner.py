@@ -217,3 +217,13 @@ def test_cache_over_its_byte_budget_keeps_only_the_newest_op(monkeypatch: pytest
     for n in (64, 64 + 1):
         evaluate(OpSpec(kind="add", shape=(2, n), dtype="fp32"), CFG)
     assert [k[1] for k in runner._CACHE] == [(2, 65)]
+
+
+def test_a_many_launch_kernel_is_timed_from_a_cuda_graph_and_the_rest_per_call(monkeypatch) -> None:
+    import triton.testing
+
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: 0.5)
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", lambda fn, **kw: 0.07)
+    assert registry.KERNELS["fused_moe"].graph_timed and not registry.KERNELS["gemm"].graph_timed
+    assert runner._time_us(lambda: None, registry.KERNELS["fused_moe"].graph_timed, 25, 100) == pytest.approx(70.0)
+    assert runner._time_us(lambda: None, registry.KERNELS["gemm"].graph_timed, 25, 100) == pytest.approx(500.0)

@@ -83,6 +83,9 @@ class KernelEntry:
     quantized: bool = False
     #: whether it reads plain and quantized weights alike (``quantized`` then says nothing)
     any_weight: bool = False
+    #: whether one call is many launches (torch ops between Triton kernels): timed replayed from a CUDA
+    #: graph, since timing each call from the host measures the host's enqueue, not the GPU
+    graph_timed: bool = False
 
 
 _KERNELS = "autoopt.backend.kernels"
@@ -101,7 +104,11 @@ KERNELS: dict[str, KernelEntry] = {
     "quant_gemm": KernelEntry(name="quant_gemm", kinds=("gemm",), module=f"{_KERNELS}.quant_gemm", quantized=True),
     "quant_dequant_cublas": KernelEntry(name="quant_dequant_cublas", kinds=("gemm",),
                                         module=f"{_KERNELS}.quant_dequant", quantized=True),
-    "fused_moe": KernelEntry(name="fused_moe", kinds=("fused_moe",), module=f"{_KERNELS}.fused_moe", any_weight=True),
+    # One fused_moe call is ~20 launches (the align's torch ops, two GEMMs, SwiGLU, the sum): timed per
+    # call on the H100 host it took 495-1135 us for every M of Mixtral's TP8 shard, against the kernels'
+    # 60-800 us (benchmarks/results/h100/moe_tune_scaling.json): the host's enqueue.
+    "fused_moe": KernelEntry(name="fused_moe", kinds=("fused_moe",), module=f"{_KERNELS}.fused_moe", any_weight=True,
+                             graph_timed=True),
 }
 
 
