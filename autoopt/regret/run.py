@@ -73,6 +73,8 @@ class RegretRun:
     workloads: tuple[Workload, ...]
     elapsed_s: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the software the measurements ran on (torch, triton, transformers, the GPU driver)
+    env: dict[str, str] = field(default_factory=dict)
 
     def prediction_stats(self) -> dict[str, Any]:
         logs = [math.log(r.predicted_ms / r.measured_ms) for w in self.workloads for r in w.rows
@@ -84,7 +86,7 @@ class RegretRun:
 
     def to_dict(self) -> dict[str, Any]:
         regrets = [w.regret for w in self.workloads if w.regret is not None]
-        return {"model": self.model, "layers": self.layers, "device": self.device,
+        return {"model": self.model, "layers": self.layers, "device": self.device, "env": dict(self.env),
                 "predicted_for": self.predicted_for, "elapsed_s": round(self.elapsed_s, 1),
                 "regret": {"n": len(regrets), "max": max(regrets) if regrets else None,
                            "median": statistics.median(regrets) if regrets else None},
@@ -153,6 +155,26 @@ def _device_name(device: str) -> str:
     return str(torch.cuda.get_device_name(torch.device(device)))
 
 
+def environment() -> dict[str, str]:
+    """Versions of what the measurements ran on; a package that does not import is left out."""
+    import importlib
+
+    env = {}
+    for name in ("torch", "triton", "transformers"):
+        try:
+            env[name] = str(importlib.import_module(name).__version__)
+        except Exception:  # a missing or broken package is simply not recorded
+            continue
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        env["driver"] = str(pynvml.nvmlSystemGetDriverVersion())
+    except Exception:  # no NVML (CPU runs): no driver recorded
+        pass
+    return env
+
+
 def _measured(model: str, opt: Option, predicted: float | None, **kw: Any) -> Measured:
     """One option's row: its measured step, or why it could not be measured (the run goes on)."""
     try:
@@ -206,4 +228,4 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
             on_workload(workloads[-1])
     return RegretRun(model=model, layers=layers, device=measuring,
                      predicted_for=hardware.gpu.name if hardware.gpu else hardware.name,
-                     workloads=tuple(workloads), elapsed_s=time.time() - t0, notes=tuple(notes))
+                     workloads=tuple(workloads), elapsed_s=time.time() - t0, notes=tuple(notes), env=environment())
