@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--parts", default="decode,prefill", help="decode, prefill or both (default %(default)s)")
     ap.add_argument("--shapes", default=",".join(DECODE_SHAPES), help="linears to run (default %(default)s)")
     ap.add_argument("--prefill-m", type=int, default=2048, help="tokens of the prefill GEMMs (default %(default)s)")
+    ap.add_argument("--decode-m", default="1", help="comma list of decode batches (default %(default)s; above 16 the "
+                    "op is a GEMM)")
     ap.add_argument("--top", type=int, default=1, help="cost-model configs timed per op (default %(default)s)")
     ap.add_argument("--rep-ms", type=int, default=100, help="do_bench rep window in ms (default %(default)s)")
     ap.add_argument("--per-path", action="store_true",
@@ -406,10 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     out_path = Path(args.out)
     torchao_ok = report["env"]["torchao"] is not None and not args.no_torchao
     quantize(torch.zeros(1, 128, device=DEVICE), "int4")  # CUDA context and torch kernels warm
-    for part in parts:
+    decode_ms = [int(v) for v in args.decode_m.split(",") if v]
+    for part, m in [(p, m) for p in parts for m in (decode_ms if p == "decode" else [args.prefill_m])]:
         for i, name in enumerate(names):
             n, k = DECODE_SHAPES[name]
-            m = 1 if part == "decode" else args.prefill_m
             print(f"== {part} {name} {m}x{n}x{k}", file=sys.stderr, flush=True)
             rows: list[dict[str, Any]] = []
             try:

@@ -31,7 +31,9 @@ __all__ = [
     "BLOCK_FP8_SERIAL_FACTOR",
     "DEQUANT_RATES",
     "DOT_MEASURED_FACTOR",
+    "GEMV_DOT_MEASURED_FACTOR",
     "GEMV_MEASURED_FACTOR",
+    "MMA_MEASURED_FACTOR",
     "DequantRates",
     "DequantWork",
     "act_quant_us",
@@ -75,6 +77,19 @@ DEQUANT_RATES = DequantRates()
 #: and on ``quant_kernels_int4dot.json`` (642 dot configs) no factor from 0.5 to 16 beat x1's median
 #: |ln| 0.33 (symmetric).
 DOT_MEASURED_FACTOR = {"int4": 16.0, "int4-asym": 16.0, "int8": 1.5}
+#: The same GEMM on mma.sync (tiles under 64 rows: the decoded tile reaches the MMA in registers, Triton
+#: moving the layout change before the decode). The wgmma factor above over-priced it: at M = 32 on the
+#: H100 (``quant_kernels_batched.json``, 12 int4 configs over the four linears) x16 priced 1.65x the
+#: measured median, so rank() sent M = 32 to dequantize + cuBLAS, 1.3-3.1x slower than the Triton GEMM.
+#: Fitted there (in-sample): x4 takes median |ln(pred/measured)| 0.141 (x1) -> 0.108 (x6: 0.114); M = 2048
+#: stays on wgmma, unchanged (0.21).
+MMA_MEASURED_FACTOR = {"int4": 4.0, "int4-asym": 4.0}
+#: The decode GEMV's dot path (M 2..16, and symmetric int4 at M = 1), by format: int4 keeps the hand
+#: count (``quant_kernels_int4dot.json``: no factor from 0.5 to 16 beat x1); e4m3 (``fp8``, its weights
+#: converted to bf16 for the dot) at M = 8 ran 1.0-1.9x its hand-counted price over 12 configs
+#: (``quant_kernels_batched.json``): x2 takes median |ln(pred/measured)| 0.301 -> 0.152 there (in-sample;
+#: x2.5: 0.160).
+GEMV_DOT_MEASURED_FACTOR = {"int4": 1.0, "fp8": 2.0}
 #: The int4 decode GEMV (FMA path, M = 1) against its hand count: on the H100 qperf run
 #: (``benchmarks/results/h100/quant_kernels_qperf.json``, 15 timed configs a format over Llama-3-8B's five
 #: linears) it ran 1.51x (symmetric) and 1.50x (asymmetric) the prediction at the median, while fp8 and int8 ran
@@ -139,7 +154,8 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
         # quant_gemv.int4_unpack16's PTX, 4 bytes a call: PRMT 1, SHF 3, LOP3 4 (INT) and 4 paired
         # bf16x2/f16x2 FMAs (q - 8, two values each) per 8 weights; the per-tile scaling is priced by the
         # template (it scales with BLOCK_M, not the weight count); times the measured factor
-        f = 1.0 if gemv else DOT_MEASURED_FACTOR["int4" if fmt.symmetric else "int4-asym"]
+        key = "int4" if fmt.symmetric else "int4-asym"
+        f = GEMV_DOT_MEASURED_FACTOR["int4"] if gemv else (DOT_MEASURED_FACTOR if wgmma else MMA_MEASURED_FACTOR)[key]
         return DequantWork(int_ops=1.0 * f, fp_ops=0.5 * f, smem_bytes=smem * f)
     if fmt.name == "int8":
         # extract 1, int8 -> fp32 (I2F) 1 conversion, fp32 -> 16-bit packed in pairs (F2F x2) half a one;
@@ -147,7 +163,8 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
         f = DOT_MEASURED_FACTOR["int8"]
         return DequantWork(int_ops=1.0 * f, cvt_ops=1.5 * f, smem_bytes=smem)
     # e4m3 weight-only: extract, shift, and 3; one FMUL by 2^120; fp32 -> 16-bit pair packing half a conversion
-    return DequantWork(int_ops=3.0, fp_ops=1.0, cvt_ops=0.5, smem_bytes=smem)
+    f = GEMV_DOT_MEASURED_FACTOR["fp8"] if gemv else 1.0
+    return DequantWork(int_ops=3.0 * f, fp_ops=1.0 * f, cvt_ops=0.5 * f, smem_bytes=smem * f)
 
 
 def fp32_lanes(gpu: GPUProfile) -> float:
