@@ -199,3 +199,19 @@ def test_the_autoopt_runtime_prices_the_seven_glue_kernels_transformers_attentio
     glue = [o for o in _decode(runtime="autoopt", cuda_graphs=True).ops if o.kernel_class == "rotary"]
     assert [o.occurrences for o in glue] == [32]
     assert glue[0].predicted_us == pytest.approx(7 * GLUE_KERNEL_US)
+
+
+def test_fastest_preference_keeps_the_format_predicted_fastest_and_names_the_others():
+    kw = dict(batch=8, phase="decode", runtime="autoopt", max_devices=1, cuda_graphs=True)
+    rec = recommend("h100-sxm", "llama-3-8b", preference="fastest", **kw)
+    fitting = [name for name, _, fits in rec.quant.considered if fits]
+    times = {n: recommend("h100-sxm", "llama-3-8b", weight_dtype=n, **kw).predicted["decode_step_us"] for n in fitting}
+    assert rec.preference == "fastest" and rec.quant.format.name == min(times, key=times.get)
+    assert rec.predicted["decode_step_us"] == pytest.approx(min(times.values()))
+    assert rec.quant.reason.startswith(f"fastest: {rec.quant.format.name} predicted")
+    assert all(n in rec.quant.reason for n in fitting)
+
+
+def test_fastest_preference_with_a_requested_format_plans_that_format():
+    rec = recommend("h100-sxm", "llama-3-8b", preference="fastest", weight_dtype="bf16", runtime="autoopt")
+    assert rec.quant.format.name == "bf16"

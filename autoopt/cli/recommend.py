@@ -28,7 +28,8 @@ def register(sub: Subparsers) -> None:
     sp.add_argument("--phase", choices=("prefill", "decode", "both"), default="both")
     sp.add_argument("--weight-dtype", dest="weight_dtype")
     sp.add_argument("--kv-dtype", dest="kv_dtype")
-    sp.add_argument("--preference", choices=("speed", "balanced", "quality"), default="balanced")
+    sp.add_argument("--preference", choices=("speed", "balanced", "quality", "fastest"), default="balanced",
+                    help="weight-format rule; fastest: every format that fits priced, the fastest kept")
     sp.add_argument("--runtime", help="plan for this serving runtime's rules: vllm, sglang, llama.cpp, "
                     "transformers, autoopt (or a plugin's)")
     sp.add_argument("--tensor-parallel", dest="tensor_parallel", type=int, help="fix the tensor-parallel degree")

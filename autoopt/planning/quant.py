@@ -51,7 +51,7 @@ __all__ = ["FORMATS", "PREFERENCES", "QuantChoice", "QuantFormat", "available_fo
            "get_format", "weight_bytes"]
 
 log = get_logger(__name__)
-PREFERENCES = ("speed", "balanced", "quality")
+PREFERENCES = ("speed", "balanced", "quality", "fastest")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -261,6 +261,8 @@ def choose_format(gpu: GPUProfile | None, model: ModelSpec, *, preference: str =
       bits among weight-only formats (decode is bandwidth bound).
     - ``balanced``: native FP8 when it fits, else the checkpoint format when it fits,
       else the most bits that fit.
+    - ``fastest``: chosen by :func:`~autoopt.planning.recommendation.recommend`, which prices every format
+      that fits and keeps the fastest; here (one format at a time) it answers as ``balanced``.
     """
     if preference not in PREFERENCES:
         raise ModelError(f"unknown preference {preference!r}; expected one of {', '.join(PREFERENCES)}",

@@ -250,6 +250,11 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
     (default: rank()'s, :func:`~autoopt.planning.moe_configs.rank_chooser`) gives for the phase's M.
     """
     t0 = time.perf_counter()
+    if preference == "fastest" and weight_dtype is None:
+        return _fastest(profile, model, batch=batch, prompt_len=prompt_len, gen_len=gen_len, context=context,
+                        phase=phase, kv_dtype=kv_dtype, max_devices=max_devices, include_cpu=include_cpu, top=top,
+                        compare_wfc=compare_wfc, runtime=runtime, tensor_parallel=tensor_parallel,
+                        pipeline_parallel=pipeline_parallel, cuda_graphs=cuda_graphs, moe_chooser=moe_chooser)
     rt = _runtime(runtime, tensor_parallel, pipeline_parallel)
     hw = _profile(profile)
     if rt is not None:
@@ -281,6 +286,31 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
                           predicted=predicted, notes=fit.notes + costs.notes + _replica_notes(fit, replicas),
                           elapsed_ms=(time.perf_counter() - t0) * 1e3, runtime=rt.name if rt else None,
                           offload=offload, replicas=replicas)
+
+
+#: what ``preference="fastest"`` compares per phase: the predicted time of the phase asked for
+_FASTEST_BY = {"decode": "decode_step_us", "prefill": "prefill_us", "both": "request_us"}
+
+
+def _fastest(profile: HardwareProfile | str | Path, model: Any, **kw: Any) -> Recommendation:
+    """``preference="fastest"``: the plan of every weight format that fits (as ``balanced`` lists them),
+    the one predicted fastest for the phase kept, its reason naming the others' predictions."""
+    t0 = time.perf_counter()
+    first = recommend(profile, model, preference="balanced", **kw)
+    key = _FASTEST_BY.get(first.workload.phase, "request_us")
+    recs = [first if name == first.quant.format.name else
+            recommend(profile, model, preference="balanced", weight_dtype=name, **kw)
+            for name, _, fits in first.quant.considered if fits]
+    timed = [(float(r.predicted[key]), r) for r in recs if r.fits and r.predicted.get(key) is not None]
+    if not timed:
+        return first
+    timed.sort(key=lambda t: t[0])
+    best_us, best = timed[0]
+    others = ", ".join(f"{r.quant.format.name} {us / 1e3:.3f} ms" for us, r in timed[1:])
+    reason = f"fastest: {best.quant.format.name} predicted {best_us / 1e3:.3f} ms ({key})" + \
+        (f" against {others}" if others else "")
+    quant = dataclasses.replace(best.quant, reason=reason, considered=first.quant.considered)
+    return dataclasses.replace(best, preference="fastest", quant=quant, elapsed_ms=(time.perf_counter() - t0) * 1e3)
 
 
 # -- inputs ------------------------------------------------------------------------------
