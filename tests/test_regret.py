@@ -127,3 +127,20 @@ def test_the_pick_is_recommends_format_with_the_graphs_setting_predicted_faster(
     predicted = {o: (3.0 if o.cuda_graphs else 4.0) for o in opts}
     pick, reason = recommended(hw, spec, 1, predicted)
     assert pick is not None and pick.cuda_graphs and reason.startswith(f"recommend(): {pick.weights}")
+
+
+def test_rescoring_a_committed_h100_run_keeps_its_measurements_and_scores_todays_pick():
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.rescore_regret import rescore
+
+    run = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100"
+                      / "regret_1gpu_layers8.json").read_text())
+    out = rescore(run, "h100-sxm")
+    assert [w["batch"] for w in out["workloads"]] == [1, 8, 32]
+    measured = {r["label"]: r["measured_ms"] for w in run["workloads"] for r in w["options"]}
+    assert all(r["measured_ms"] == measured[r["label"]] for w in out["workloads"] for r in w["options"])
+    assert all(w["recommended"] is not None and w["regret"] is not None for w in out["workloads"])

@@ -1,0 +1,102 @@
+"""Re-score a committed ``autoopt check regret`` run with today's model: same measurements, new picks.
+
+A regret run's measured rows (each option built, optimised and timed on the GPU) do not depend on the
+model; its predictions and recommend()'s pick do. This reads a run's JSON, predicts every measured option
+again with :func:`autoopt.regret.run.predicted_ms` on the profile of the GPU it ran on, takes
+:func:`autoopt.regret.run.recommended`'s pick, and writes the table again, labelled: measurements from
+the file, predictions and picks from this commit. Nothing runs on a GPU. A kernel change since the run
+is not re-measured (the note says so); only a GPU run settles what the new picks measure.
+
+    PYTHONPATH=. python benchmarks/rescore_regret.py benchmarks/results/h100/regret_1gpu_layers8.json \
+        --profile h100-sxm --out benchmarks/results/h100/regret_1gpu_layers8_rescored.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run", help="a regret run's JSON (autoopt check regret --out)")
+    ap.add_argument("--profile", required=True, help="the profile of the GPU it was measured on")
+    ap.add_argument("--out", required=True, help="the re-scored JSON to write")
+    return ap.parse_args(argv)
+
+
+def rescore(data: dict[str, Any], profile: str) -> dict[str, Any]:
+    """The run's workloads with predictions, pick and regret from this commit's model."""
+    from autoopt.hardware.library import load_profile
+    from autoopt.regret.options import enumerate_options
+    from autoopt.regret.run import _spec, predicted_ms, recommended
+
+    hw = load_profile(profile)
+    spec = _spec(data["model"], data["layers"])
+    batches = tuple(w["batch"] for w in data["workloads"])
+    options = {o.label: o for o in enumerate_options(hw.gpu, gpus=1, batches=batches, formats=None)}
+    workloads, logs, graphed = [], [], []
+    for w in data["workloads"]:
+        measured = {options[r["label"]]: r["measured_ms"] for r in w["options"]
+                    if r["label"] in options and r["measured_ms"] is not None}
+        predicted = {o: predicted_ms(hw, spec, o) for o in measured}
+        pick, reason = recommended(hw, spec, w["batch"], predicted)
+        best = min(measured, key=lambda o: measured[o])
+        regret = measured[pick] / measured[best] - 1 if pick in measured else None
+        rows = []
+        for o, ms in measured.items():
+            ratio = predicted[o] / ms
+            logs.append(math.log(ratio))
+            if o.cuda_graphs:
+                graphed.append(math.log(ratio))
+            rows.append({"label": o.label, "predicted_ms": round(predicted[o], 4), "measured_ms": ms,
+                         "predicted_over_measured": round(ratio, 4)})
+        workloads.append({"batch": w["batch"], "recommended": pick.label if pick else None,
+                          "recommended_reason": reason, "measured_best": best.label,
+                          "regret": None if regret is None else round(regret, 4),
+                          "regret_in_the_run": w.get("regret"), "options": rows})
+    regrets = [w["regret"] for w in workloads if w["regret"] is not None]
+    return {"label": "re-scored: measured_ms from the run, predicted_ms / recommended from this commit's model",
+            "run": {k: data.get(k) for k in ("model", "layers", "device", "env", "elapsed_s")},
+            "profile": profile, "commit": _commit(),
+            "regret": {"n": len(regrets), "max": max(regrets) if regrets else None,
+                       "median": statistics.median(regrets) if regrets else None},
+            "prediction": {"n": len(logs), "median_abs_ln": round(statistics.median(abs(x) for x in logs), 4)},
+            "prediction_graphed": {"n": len(graphed),
+                                   "median_abs_ln": round(statistics.median(abs(x) for x in graphed), 4),
+                                   "worst_ratio": round(math.exp(max(graphed, key=abs)), 4)},
+            "note": "kernels changed since the run are not re-measured: a pick whose kernels changed measures "
+                    "what the run measured, not what it would measure now",
+            "workloads": workloads}
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                             cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    data = json.loads(Path(args.run).read_text())
+    out = rescore(data, args.profile)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    for w in out["workloads"]:
+        print(f"batch {w['batch']}: recommended {w['recommended']}, measured best {w['measured_best']}, "
+              f"regret {w['regret']} (in the run: {w['regret_in_the_run']})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
