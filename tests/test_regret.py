@@ -34,11 +34,20 @@ def test_the_cpu_tries_no_cuda_graphs_and_no_fp8():
     assert {(o.weights, o.cuda_graphs) for o in opts} == {("bf16", False), ("int8", False), ("int4", False)}
 
 
-def test_multi_gpu_layouts_are_listed_with_the_reason_they_are_not_run():
-    opts = enumerate_options(H100, gpus=4, batches=(8,), formats=("bf16",))
-    multi = [o for o in opts if o.gpus == 4]
-    assert [o.layout for o in multi] == ["tensor-parallel", "replicas"]
-    assert all(not o.runnable and "torchrun" in o.why for o in multi)
+def test_multi_gpu_layouts_run_tensor_parallel_in_bf16_and_replicas_in_every_format():
+    opts = enumerate_options(H100, gpus=4, batches=(8,), formats=("bf16", "int4"))
+    multi = {(o.weights, o.layout, o.cuda_graphs): o for o in opts if o.gpus == 4}
+    assert len(multi) == 8 and all(o.runnable for k, o in multi.items() if k[:2] != ("int4", "tensor-parallel"))
+    assert all(not o.runnable and "DTensor" in o.why for k, o in multi.items() if k[:2] == ("int4", "tensor-parallel"))
+
+
+def test_tensor_parallel_and_replicas_are_measured_under_torchrun_on_two_cpu_processes():
+    # gloo on the CPU: the same torchrun group and transformers tp_plan a GPU host runs with NCCL
+    from autoopt.regret.run import measure_layout_ms
+
+    for layout, weights in (("tensor-parallel", "bf16"), ("replicas", "int4")):
+        opt = Option(weights=weights, cuda_graphs=False, batch=2, gpus=2, layout=layout)
+        assert measure_layout_ms("llama-3-8b", opt, layers=None, tiny=True, steps=2) > 0
 
 
 @pytest.mark.parametrize("bad", ["", "0", "1,x", "-1", "5000", "1.5"])

@@ -41,7 +41,8 @@ def register(sub: Subparsers) -> None:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--batches", default="1,8,32", help="regret: the workloads' batches (default %(default)s)")
     sp.add_argument("--formats", help="regret: weight formats to try (default: all the autoopt runtime runs here)")
-    sp.add_argument("--gpus", type=int, default=1, help="regret: GPUs of this host to plan layouts for (default 1)")
+    sp.add_argument("--gpus", type=int, default=1, help="regret: GPUs of this host; from 2, tensor-parallel and "
+                    "replica layouts too, each under torchrun (default 1)")
     sp.add_argument("--tiny", action="store_true", help="regret: a tiny model of the same family (CPU, CI)")
     sp.add_argument("--steps", type=int, default=20, help="regret: timed decode steps per option (default 20)")
     sp.add_argument("--format", choices=FORMATS[:2], default="table")
@@ -103,6 +104,9 @@ def _regret(args: argparse.Namespace) -> int:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and args.gpus > torch.cuda.device_count():
+        raise UsageError(f"check regret: --gpus {args.gpus} is more than this host's {torch.cuda.device_count()} "
+                         "GPUs; expected 1 to that count")
     run = run_regret(args.model, chosen_profile(args.profile), device=device, gpus=args.gpus, batches=batches,
                      formats=formats, layers=args.layers, tiny=args.tiny, steps=args.steps)
     data = run.to_dict()

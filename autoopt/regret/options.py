@@ -2,9 +2,9 @@
 
 An :class:`Option` is one way to run a decode workload: the weight format ``optimize()`` quantizes into, the
 step replayed from a CUDA graph or not, the batch, and the GPU layout. :func:`enumerate_options` lists
-what recommend() weighs that this host can run. Layouts over several GPUs (tensor parallelism through
-transformers' ``tp_plan="auto"`` under ``torchrun``, data-parallel replicas) are listed with the reason they
-are not run by this harness yet, so a table never silently drops them.
+what recommend() weighs that this host can run, layouts over several GPUs included (tensor parallelism
+through transformers' ``tp_plan="auto"`` under ``torchrun``, data-parallel replicas: one process a GPU); an
+option this host cannot run is listed with its reason, so a table never silently drops it.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def enumerate_options(gpu: GPUProfile | None, *, gpus: int = 1, batches: tuple[i
                       formats: tuple[str, ...] | None = None) -> tuple[Option, ...]:
     """Every alternative for ``batches`` on a host with ``gpus`` GPUs like ``gpu`` (None: CPU only): each format
     the autoopt runtime runs there, with and without CUDA graphs (CUDA only), and on 2+ GPUs the
-    multi-GPU layouts (listed, not runnable here)."""
+    multi-GPU layouts (tensor-parallel in bf16 only, replicas in every format)."""
     if not isinstance(gpus, int) or isinstance(gpus, bool) or not 1 <= gpus <= 64:
         raise RegretOptionError(f"gpus={gpus!r}: expected an integer from 1 to 64")
     out = []
@@ -90,8 +90,16 @@ def enumerate_options(gpu: GPUProfile | None, *, gpus: int = 1, batches: tuple[i
         for fmt in _formats_here(gpu, formats):
             out += [Option(weights=fmt, cuda_graphs=g, batch=batch) for g in graphs]
             if gpus > 1:
-                out += [Option(weights=fmt, cuda_graphs=True, batch=batch, gpus=gpus, layout=layout, runnable=False,
-                               why=f"{layout} over {gpus} GPUs runs under torchrun (transformers tp_plan='auto' / "
-                                   "one process a replica): not in this harness yet")
-                        for layout in LAYOUTS[1:]]
+                out += [_layout_option(fmt, g, batch, gpus, layout) for layout in LAYOUTS[1:] for g in graphs]
     return tuple(out)
+
+
+def _layout_option(fmt: str, graphs: bool, batch: int, gpus: int, layout: str) -> Option:
+    """A multi-GPU option, run under torchrun (:mod:`autoopt.regret.distributed`): replicas in every format;
+    tensor parallelism through transformers' own ``tp_plan="auto"``, which shards 16-bit modules only
+    (optimize()'s fused and quantized modules take no DTensor shards), so bf16 alone."""
+    if layout == "tensor-parallel" and fmt != "bf16":
+        return Option(weights=fmt, cuda_graphs=graphs, batch=batch, gpus=gpus, layout=layout, runnable=False,
+                      why="transformers' tp_plan shards 16-bit modules; optimize()'s quantized ones take no "
+                          "DTensor shards")
+    return Option(weights=fmt, cuda_graphs=graphs, batch=batch, gpus=gpus, layout=layout)

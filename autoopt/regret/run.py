@@ -13,11 +13,14 @@ profile is not the measuring device the run says so and its predicted/measured r
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from autoopt.errors import AutooptError
@@ -102,11 +105,19 @@ def _spec(model: str, layers: int | None) -> Any:
 
 
 def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
-    """recommend()'s decode step for ``option`` (runtime ``autoopt``, one device), in ms."""
+    """recommend()'s decode step for ``option``, in ms: one GPU (runtime ``autoopt``); tensor-parallel over
+    its GPUs (no runtime rule: the runtime registry's transformers entry predates its ``tp_plan``);
+    replicas: one GPU's step at the replica's share of the batch (they run at once)."""
     from autoopt.planning.recommendation import recommend
 
-    rec = recommend(hardware, spec, batch=option.batch, prompt_len=PROMPT, gen_len=16, phase="decode",
-                    weight_dtype=option.weights, runtime="autoopt", max_devices=1, cuda_graphs=option.cuda_graphs)
+    kw: dict[str, Any] = dict(prompt_len=PROMPT, gen_len=16, phase="decode", weight_dtype=option.weights,
+                              cuda_graphs=option.cuda_graphs)
+    if option.layout == "tensor-parallel":
+        rec = recommend(hardware, spec, batch=option.batch, max_devices=option.gpus, tensor_parallel=option.gpus,
+                        **kw)
+    else:
+        batch = math.ceil(option.batch / option.gpus) if option.layout == "replicas" else option.batch
+        rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
     return float(rec.predicted["decode_step_us"]) / 1e3
 
 
@@ -124,15 +135,22 @@ def recommended(hardware: HardwareProfile, spec: Any, batch: int, predicted: Map
     except AutooptError as exc:
         return None, f"recommend() could not plan it: {exc}"
     fmt = rec.quant.format.name
-    same = [o for o, us in predicted.items() if o.batch == batch and o.weights == fmt and us is not None]
+    # the format recommend() keeps, on each layout; tensor parallelism runs 16-bit modules whatever it keeps
+    same = [o for o, us in predicted.items() if o.batch == batch and us is not None
+            and (o.weights == fmt or o.layout == "tensor-parallel")]
     if not same:
         return None, f"recommend() chose {fmt}, which is not among the runnable options here"
     pick = min(same, key=lambda o: predicted[o] or math.inf)
-    return pick, f"recommend(): {fmt} ({rec.quant.reason}); {'with' if pick.cuda_graphs else 'without'} CUDA graphs"
+    where = "" if pick.gpus == 1 else f"; {pick.layout} over {pick.gpus} GPUs (predicted fastest)"
+    return pick, (f"recommend(): {fmt} ({rec.quant.reason}); {'with' if pick.cuda_graphs else 'without'} CUDA "
+                  f"graphs{where}")
 
 
 def measure_ms(model: str, option: Option, *, device: str, layers: int | None, tiny: bool, steps: int) -> float:
-    """Build ``model``, optimise it into ``option``'s format and time its decode step."""
+    """Build ``model``, optimise it into ``option``'s format and time its decode step (a multi-GPU layout:
+    under torchrun, :func:`measure_layout_ms`)."""
+    if option.gpus > 1:
+        return measure_layout_ms(model, option, layers=layers, tiny=tiny, steps=steps)
     import torch
 
     from autoopt.nn.e2e import build_model, decode_step_ms
@@ -146,6 +164,47 @@ def measure_ms(model: str, option: Option, *, device: str, layers: int | None, t
         del net
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
+
+
+#: seconds one multi-GPU option may take under torchrun (start, build, load, time) before it is a failed row
+LAYOUT_TIMEOUT_S = 600
+
+
+def measure_layout_ms(model: str, option: Option, *, layers: int | None, tiny: bool, steps: int,
+                      timeout_s: float = LAYOUT_TIMEOUT_S) -> float:
+    """``option``'s decode step over its GPUs: one torchrun group of ``option.gpus`` processes running
+    :mod:`autoopt.regret.distributed` (gloo on a machine without CUDA); its slowest rank's time."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="autoopt-regret-") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={option.gpus}",
+               "-m", "autoopt.regret.distributed", "--model", model, "--layout", option.layout,
+               "--batch", str(option.batch), "--prompt", str(PROMPT), "--steps", str(steps),
+               "--ckpt", str(Path(tmp) / "ckpt"), "--out", str(out)]
+        weights = FORMATS[option.weights]
+        cmd += ["--weights", weights] if weights else []
+        cmd += (["--graphs"] if option.cuda_graphs else []) + (["--tiny"] if tiny else [])
+        cmd += ["--layers", str(layers)] if layers else []
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            raise AutooptError(f"{option.label}: torchrun did not finish in {timeout_s:g} s") from exc
+        # rank 0 writes the result after every rank's time is gathered: a group that failed in its
+        # teardown afterwards (gloo has aborted there on this project's CPU machine) still measured
+        if not out.is_file():
+            why = _root_cause(run.stderr or run.stdout)
+            raise AutooptError(f"{option.label}: torchrun exited {run.returncode}: {why}")
+        return float(json.loads(out.read_text())["measured_ms"])
+
+
+def _root_cause(log: str) -> str:
+    """The failing rank's exception line from a torchrun log (``[rank0]: ValueError: ...``), else its tail."""
+    import re
+
+    errors = re.findall(r"^\[rank\d+\]:\s*([\w.]*(?:Error|Exception)\b.*)$", log, flags=re.MULTILINE)
+    return errors[0][:400] if errors else " ".join(log.split()[-40:])
 
 
 def _device_name(device: str) -> str:
