@@ -13,9 +13,9 @@ store). Per format:
 - weight-only (``int8``, ``int4``, ``fp8-wo``, ``fp8_block-wo``): the W tile is dequantized on chip
   into the dot's 16-bit type (the Marlin idea: W crosses DRAM packed, the tensor cores see bf16):
   int8/e4m3 codes convert exactly (e4m3 by bit tricks, so this runs on any GPU) and the
-  per-channel scale waits for the epilogue; int4 codes become ``1 + q/16`` (two integer ops, no
-  conversion) and each K-tile, within one group, adds ``16 s P + (z - 24 s) S`` with ``P`` the dot
-  and ``S`` the tile's activation row sums (see ``quant_gemv.py``).
+  per-channel scale waits for the epilogue; int4 codes become ``q - 8`` (``quant_gemv.int4_unpack16``:
+  1.5 instructions a weight, no conversion) and each K-tile, within one group, adds ``s P`` (asymmetric:
+  ``s P + z S``) with ``P`` the dot and ``S`` the tile's activation row sums.
 
 int4 ``BLOCK_K`` is at most the group; ``fp8_block`` ``BLOCK_K`` divides 128 (the templates check both).
 """
@@ -85,7 +85,7 @@ def _quant_gemm_kernel(a_ptr, as_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # t
                 wb = tl.load(w_rows + pb[None, :])
             else:
                 wb = tl.load(w_rows + pb[None, :], mask=(pb < ROW_B)[None, :], other=0)
-            if FMT == 3:  # one int4 group a tile: dot on 1 + q/16, scale and offset per tile
+            if FMT == 3:  # one int4 group a tile: dot on q - 8, scale (and offset) per tile
                 HB: tl.constexpr = G // 2
                 grp = byte0 // HB
                 k_lo = grp * G + pb % HB

@@ -17,9 +17,10 @@ throughput), so codes become floats by bit tricks, two or three integer ops and 
   ``w * 2^-120`` (e4m3 subnormals land on fp32 subnormals); the scale is multiplied by 2^120 at the end.
 
 ``BLOCK_M == 1``: FMAs into fp32, per group (int4, fp8_block: a ``[BLOCK_N, groups, group]`` tile,
-summed per group then scaled) or per row (fp8, int8). ``BLOCK_M > 1``: ``tl.dot`` with M padded to
-16 (the MMA minimum; padded rows are masked loads); int4 codes become ``1 + q/16`` in the dot's
-16-bit type by the same trick, fp8/int8 codes convert exactly (e4m3 by the bit trick, no Triton
+summed per group then scaled) or per row (fp8, int8). ``BLOCK_M > 1`` (and ``BLOCK_M = 16`` at M = 1
+for symmetric int4): ``tl.dot`` with M padded to 16 (the MMA minimum; padded rows are masked loads);
+int4 codes become ``q - 8`` in the dot's 16-bit type by a few lines of PTX (:func:`int4_unpack16`),
+so a tile's dot is scaled by its group's scale alone, fp8/int8 codes convert exactly (e4m3 by the bit trick, no Triton
 e4m3 type, so any GPU; e4m3 and |q| <= 127 fit bf16 and fp16), and a tile spans at most one
 group. The interpreter's bf16 ``tl.dot`` is wrong (triton 3.9), so there (and for fp16
 activations) the dot runs in fp16.
@@ -285,7 +286,7 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
             else:
                 b = tl.load(w_rows[:, None] + pb[None, :], mask=(pb < ROW_B)[None, :], other=0,
                             eviction_policy="evict_first")
-            if FMT == 3:  # one group a tile (BLOCK_K <= G): 1 + q/16 in the dot's type
+            if FMT == 3:  # one group a tile (BLOCK_K <= G): q - 8 in the dot's type
                 HB3: tl.constexpr = G // 2
                 grp = byte0 // HB3
                 k_lo = grp * G + pb % HB3
