@@ -56,6 +56,8 @@ class Fleet:
 
     pool: Dispatcher
     devices: tuple[Device, ...]
+    #: the workers share this host's Triton cache (``--gpus``), so configs compiled here are theirs too
+    local: bool = False
 
     def kinds(self) -> dict[str, list[Device]]:
         """Devices by kind (device fingerprint), in device order."""
@@ -101,7 +103,7 @@ def open_fleet(*, mode: str, gpus: str | None = None, ray: str | None = None, pr
         pool = LocalPool([d.name for d in devices], evaluator=evaluator, timeout_s=timeout_s,
                          kinds={d.name: d.kind for d in devices})
     try:
-        yield Fleet(pool=pool, devices=devices)
+        yield Fleet(pool=pool, devices=devices, local=ray is None)
     finally:
         pool.close()
 
@@ -238,9 +240,10 @@ def tune(fleet: Fleet, ops: Sequence[tuple[str, OpSpec]], *, budget_trials: int 
                 on_trial(name, trial)
 
     store = open_default() if use_store else None
+    ahead = _compile_ahead(fleet)
     try:
         with ThreadPoolExecutor(max_workers=_searches(len(jobs), len(fleet.devices))) as threads:
-            futures = [threads.submit(_tune_job, job, exchange, store, budget_trials, budget_s, report)
+            futures = [threads.submit(_tune_job, job, exchange, store, budget_trials, budget_s, report, ahead)
                        for job in jobs]
             exchange.pump(lambda: all(f.done() for f in futures))
         return [f.result() for f in futures]
@@ -260,8 +263,24 @@ def _searches(jobs: int, devices: int) -> int:
     return max(1, min(jobs, max(2, devices)))
 
 
+def _compile_ahead(fleet: Fleet) -> Callable[[OpSpec, Sequence[KernelConfig]], int] | None:
+    """The compile-ahead pool's ``submit`` for a fleet of this host's GPUs (the one-GPU tuner's, see
+    :mod:`autoopt.tuning.precompile`): its workers fill the Triton cache the GPU workers read, so a trial
+    times a compiled config instead of compiling it first. None for a Ray fleet (other hosts' caches),
+    and where nothing compiles for a CUDA GPU here. The fleet ran without it until 2026-11-27: Mixtral's
+    18-M sweep took 38 s on four H100s against 79 s on one, whose trials found their configs compiled
+    (``benchmarks/results/h100/moe_tune_scaling_graphed.json``); not yet re-measured with it."""
+    if not fleet.local:
+        return None
+    from autoopt.tuning.precompile import default_precompiler
+
+    pool = default_precompiler()
+    return pool.submit if pool is not None else None
+
+
 def _tune_job(job: _Job, exchange: _Exchange, store: Any, budget_trials: int, budget_s: float | None,
-              report: Callable[[str, Trial], None]) -> TunedOp:
+              report: Callable[[str, Trial], None],
+              ahead: Callable[[OpSpec, Sequence[KernelConfig]], int] | None = None) -> TunedOp:
     """One op's search on one kind: proposals evaluated on the fleet, each trial kept as it lands."""
     gpu = job.device.gpu
     failed, previous = campaign.known(store, gpu, job.op)
@@ -279,5 +298,6 @@ def _tune_job(job: _Job, exchange: _Exchange, store: Any, budget_trials: int, bu
         report(job.name, trial)
 
     result = tuner.tune(gpu, job.op, budget_trials=budget_trials, budget_s=budget_s, failed=failed,
-                        on_trial=record, evaluate_many=evaluate_many, batch=job.width, prefetch=False)
+                        on_trial=record, evaluate_many=evaluate_many, batch=job.width,
+                        prefetch=ahead if ahead is not None else False)
     return TunedOp(name=job.name, result=result, previous_us=previous)
