@@ -153,3 +153,14 @@ def test_rescoring_a_committed_h100_run_keeps_its_measurements_and_scores_todays
     measured = {r["label"]: r["measured_ms"] for w in run["workloads"] for r in w["options"]}
     assert all(r["measured_ms"] == measured[r["label"]] for w in out["workloads"] for r in w["options"])
     assert all(w["recommended"] is not None and w["regret"] is not None for w in out["workloads"])
+
+
+def test_a_failed_torchrun_group_is_reported_by_its_ranks_exception_line():
+    from autoopt.regret.run import _root_cause
+
+    log = ("[rank1]:   File \"x.py\", line 3, in f\n"
+           "[rank1]: autoopt.errors.WeightFormatError: weights='int4' quantizes bf16/fp16 weights\n"
+           "E1127 torch/distributed/elastic: failed (exitcode: 1)\n")
+    assert _root_cause(log) == "autoopt.errors.WeightFormatError: weights='int4' quantizes bf16/fp16 weights"
+    assert _root_cause("terminate called without an active exception\nSignal 6 (SIGABRT)") == \
+        "terminate called without an active exception Signal 6 (SIGABRT)"
