@@ -25,10 +25,15 @@ def _cue(kind: str, op: dict[str, Any]) -> Path | None:
 
 
 def crash_once(op: dict[str, Any], config: dict[str, Any], *, device: str, profile: str | None = None) -> Any:
-    """SIGKILL this worker the first time it sees a cued item (the cue file is removed first)."""
+    """SIGKILL this worker the first time it sees a cued item. The cue file is removed first, and only the
+    worker whose removal succeeds dies: two workers on cued items at once both saw it exist, and the
+    second's unlink raised FileNotFoundError, failing its item (a flaky CI run, 2026-11-27)."""
     cue = _cue("crash-once", op)
     if cue is not None:
-        cue.unlink()
+        try:
+            cue.unlink()
+        except FileNotFoundError:  # another worker claimed it
+            return evaluate_item(op, config, device=device, profile=profile)
         os.kill(os.getpid(), signal.SIGKILL)
     return evaluate_item(op, config, device=device, profile=profile)
 
