@@ -125,6 +125,14 @@ def test_recommend_cuda_graphs_flag_prices_decode_as_replayed():
     assert g["workload"]["cuda_graphs"] is True
     assert g["predicted"]["decode_step_us"] < p["predicted"]["decode_step_us"]
 
+def test_recommend_fastest_preference_names_its_pick_and_the_others_times():
+    res = autoopt("recommend", "--model", "llama-3-8b", "--profile", "h100-sxm", "--runtime", "autoopt", "--phase",
+                  "decode", "--batch", "8", "--preference", "fastest", "--format", "json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["preference"] == "fastest" and data["quant"]["reason"].startswith("fastest: ")
+
+
 def test_recommend_reads_a_hugging_face_config_json(tmp_path):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192,
