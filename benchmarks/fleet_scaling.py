@@ -144,7 +144,7 @@ def main() -> int:
     ap.add_argument("--cli", choices=("bench", "tune"), help="time `autoopt bench|tune --gpus` instead")
     ap.add_argument("--trials", type=int, default=6, help="with --cli tune: --trials per op")
     args = ap.parse_args()
-    from autoopt.validation.run import versions
+    from autoopt.backend.software import versions
 
     report: dict[str, Any] = {"versions": versions(), "host_cpus": os.cpu_count()}
     if args.cli:

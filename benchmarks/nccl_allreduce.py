@@ -109,20 +109,13 @@ def predicted(nbytes: int, world: int) -> dict[str, Any]:
 
 
 def environment() -> dict[str, Any]:
-    import platform
-
+    """The device, NCCL's version and what every timing records (:func:`autoopt.backend.software.versions`)."""
     import torch
 
-    env: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                           "nccl": ".".join(map(str, torch.cuda.nccl.version())), "python": platform.python_version()}
-    try:
-        import pynvml
+    from autoopt.backend.software import versions
 
-        pynvml.nvmlInit()
-        env["driver"] = pynvml.nvmlSystemGetDriverVersion()
-    except Exception as exc:
-        env["driver_error"] = f"{type(exc).__name__}: {exc}"
-    return env
+    return {"device": torch.cuda.get_device_name(0), "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+            **versions()}
 
 
 def main(argv: list[str] | None = None) -> int:

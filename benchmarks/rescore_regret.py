@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import stat
 import statistics
 import subprocess
 import sys
@@ -37,10 +38,10 @@ def rescore(data: dict[str, Any], profile: str) -> dict[str, Any]:
     """The run's workloads with predictions, pick and regret from this commit's model."""
     from autoopt.hardware.library import load_profile
     from autoopt.regret.options import enumerate_options
-    from autoopt.regret.run import _spec, predicted_ms, recommended
+    from autoopt.regret.run import model_spec, predicted_ms, recommended
 
     hw = load_profile(profile)
-    spec = _spec(data["model"], data["layers"])
+    spec = model_spec(data["model"], data["layers"])
     batches = tuple(w["batch"] for w in data["workloads"])
     options = {o.label: o for o in enumerate_options(hw.gpu, gpus=1, batches=batches, formats=None)}
     workloads, logs, graphed = [], [], []
@@ -87,9 +88,35 @@ def _commit() -> str | None:
     return out.stdout.strip() or None
 
 
+#: a regret run's JSON is tens of KB; anything past this is not one
+MAX_RUN_BYTES = 16 << 20
+
+
+def load_run(path: Path) -> dict[str, Any]:
+    """A regret run's JSON, checked first: a regular file of sane size holding an object with ``model``,
+    ``layers`` and a ``workloads`` list. ValueError (one line, naming the file) otherwise."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from exc
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RUN_BYTES:
+        raise ValueError(f"{path}: expected a regular file of at most {MAX_RUN_BYTES >> 20} MiB (a regret run's JSON)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("workloads"), list) or "model" not in data:
+        raise ValueError(f"{path}: not a regret run (expected the JSON `autoopt check regret --out` writes)")
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    data = json.loads(Path(args.run).read_text())
+    try:
+        data = load_run(Path(args.run))
+    except ValueError as exc:
+        print(f"rescore_regret: {exc}", file=sys.stderr)
+        return 2
     out = rescore(data, args.profile)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     for w in out["workloads"]:

@@ -264,10 +264,8 @@ class QuantGemvTemplate(_QuantTemplate):
         p = config.params
         lim = C.limits(gpu)
         bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
-        if bm in self.block_ms(op):
-            out += block_rules(gpu, op.dtype, (m, n, kp), C.next_pow2(m), bn, bk)
-        else:
-            out += block_rules(gpu, op.dtype, (m, n, kp), bm, bn, bk)
+        # the 16-row dot tile at M = 1 (block_ms) stands in for next_pow2(M) in the GEMV's rules
+        out += block_rules(gpu, op.dtype, (m, n, kp), C.next_pow2(m) if bm in self.block_ms(op) else bm, bn, bk)
         if out:
             return out
         out += _bk_problems(fmt, bk, dot=bm > 1)

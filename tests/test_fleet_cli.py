@@ -298,9 +298,11 @@ def test_a_fleet_of_this_hosts_gpus_compiles_ahead_and_a_ray_fleet_does_not(monk
     from types import SimpleNamespace
 
     from autoopt.fleet import jobs
+    from autoopt.fleet.pool import LocalPool
     from autoopt.tuning import precompile
 
     pool = SimpleNamespace(submit=lambda op, configs: len(configs))
     monkeypatch.setattr(precompile, "default_precompiler", lambda: pool)
-    assert jobs._compile_ahead(jobs.Fleet(pool=None, devices=(), local=True)) is pool.submit
-    assert jobs._compile_ahead(jobs.Fleet(pool=None, devices=(), local=False)) is None
+    local = LocalPool.__new__(LocalPool)  # its type is the point: no workers started
+    assert jobs._compile_ahead(jobs.Fleet(pool=local, devices=())) is pool.submit
+    assert jobs._compile_ahead(jobs.Fleet(pool=SimpleNamespace(), devices=())) is None

@@ -76,7 +76,13 @@ def build(family: str = "llama", dtype=torch.float32, **overrides):
     else:
         config_cls, model_cls, extra = FAMILIES[family]
         keys = {**COMMON, **extra}
-    config = getattr(transformers, config_cls)(**{**keys, **overrides})
+    return instantiate(config_cls, model_cls, {**keys, **overrides}, dtype)
+
+
+def instantiate(config_cls: str, model_cls: str, keys: dict, dtype=torch.float32):
+    """A transformers model of that class and config, seeded, its weights perturbed off their init (so
+    norms and biases are not all ones and zeros), in ``dtype``."""
+    config = getattr(transformers, config_cls)(**keys)
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():

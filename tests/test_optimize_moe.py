@@ -16,7 +16,15 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_optimize import assert_restored, ids, logits, rel, snapshot, torch_fallback  # noqa: E402, F401
+from test_optimize import (  # noqa: E402, F401
+    assert_restored,
+    ids,
+    instantiate,
+    logits,
+    rel,
+    snapshot,
+    torch_fallback,
+)
 
 from autoopt.nn import _moe, dispatch  # noqa: E402
 from autoopt.nn.match import MOE_OFF, OPS, Context, MoEMatch, NoMatch  # noqa: E402
@@ -57,13 +65,7 @@ KERNEL = "autoopt.backend.kernels.fused_moe"
 
 def build(family: str, dtype=torch.float32, **overrides):
     config_cls, model_cls, extra = FAMILIES[family]
-    config = getattr(transformers, config_cls)(**{**COMMON, **extra, **overrides})
-    torch.manual_seed(0)
-    model = getattr(transformers, model_cls)(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return model.to(dtype)
+    return instantiate(config_cls, model_cls, {**COMMON, **extra, **overrides}, dtype)
 
 
 def blocks(model):
@@ -244,13 +246,8 @@ def test_gpt_oss_experts_are_left_alone_for_their_biases():
 
 def test_transposed_experts_run_on_a_transposed_copy_and_restore_untouched(kernel):
     # Aria stores [E, K, 2N] / [E, N, K]; here hidden 64 == 2N, so only the probe tells the two layouts apart
-    config = transformers.AriaTextConfig(**{**COMMON, "intermediate_size": 32, "num_hidden_layers": 1,
-                                            "moe_num_experts": 4, "moe_topk": 2})
-    torch.manual_seed(0)
-    model = transformers.AriaTextForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    model = instantiate("AriaTextConfig", "AriaTextForCausalLM", {**COMMON, "intermediate_size": 32,
+                        "num_hidden_layers": 1, "moe_num_experts": 4, "moe_topk": 2})
     x = ids()
     ref = logits(model, x)
     snap = snapshot(model)

@@ -128,10 +128,10 @@ def test_an_option_that_fails_to_run_is_a_row_with_the_reason_and_the_run_goes_o
 
 
 def test_the_pick_is_recommends_format_with_the_graphs_setting_predicted_faster():
-    from autoopt.regret.run import _spec, recommended
+    from autoopt.regret.run import model_spec, recommended
 
     hw = load_profile("h100-sxm")
-    spec = _spec("llama-3-8b", 2)
+    spec = model_spec("llama-3-8b", 2)
     opts = enumerate_options(H100, batches=(1,))
     predicted = {o: (3.0 if o.cuda_graphs else 4.0) for o in opts}
     pick, reason = recommended(hw, spec, 1, predicted)
@@ -164,3 +164,33 @@ def test_a_failed_torchrun_group_is_reported_by_its_ranks_exception_line():
     assert _root_cause(log) == "autoopt.errors.WeightFormatError: weights='int4' quantizes bf16/fp16 weights"
     assert _root_cause("terminate called without an active exception\nSignal 6 (SIGABRT)") == \
         "terminate called without an active exception Signal 6 (SIGABRT)"
+
+
+@pytest.mark.parametrize("content", [None, b"\xff\xfe", b"[1, 2]", b'{"model": "x"}'])
+def test_rescoring_refuses_what_is_not_a_regret_run_in_one_line(tmp_path, capsys, content):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.rescore_regret import main
+
+    run = tmp_path / "run.json"
+    if content is None:
+        run.mkdir()  # not a regular file
+    else:
+        run.write_bytes(content)
+    assert main([str(run), "--profile", "h100-sxm", "--out", str(tmp_path / "out.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("rescore_regret: ") and "\n" not in err and not (tmp_path / "out.json").exists()
+
+
+def test_the_cli_refuses_more_gpus_than_the_host_has_in_one_line(monkeypatch, capsys):
+    import torch
+
+    from autoopt.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert main(["check", "regret", "--gpus", "2", "--tiny"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--gpus 2 is more than this host's 1 GPUs" in err

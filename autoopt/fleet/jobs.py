@@ -56,8 +56,6 @@ class Fleet:
 
     pool: Dispatcher
     devices: tuple[Device, ...]
-    #: the workers share this host's Triton cache (``--gpus``), so configs compiled here are theirs too
-    local: bool = False
 
     def kinds(self) -> dict[str, list[Device]]:
         """Devices by kind (device fingerprint), in device order."""
@@ -103,7 +101,7 @@ def open_fleet(*, mode: str, gpus: str | None = None, ray: str | None = None, pr
         pool = LocalPool([d.name for d in devices], evaluator=evaluator, timeout_s=timeout_s,
                          kinds={d.name: d.kind for d in devices})
     try:
-        yield Fleet(pool=pool, devices=devices, local=ray is None)
+        yield Fleet(pool=pool, devices=devices)
     finally:
         pool.close()
 
@@ -270,7 +268,7 @@ def _compile_ahead(fleet: Fleet) -> Callable[[OpSpec, Sequence[KernelConfig]], i
     and where nothing compiles for a CUDA GPU here. The fleet ran without it until 2026-11-27: Mixtral's
     18-M sweep took 38 s on four H100s against 79 s on one, whose trials found their configs compiled
     (``benchmarks/results/h100/moe_tune_scaling_graphed.json``); not yet re-measured with it."""
-    if not fleet.local:
+    if not isinstance(fleet.pool, LocalPool):  # its workers share this host's Triton cache
         return None
     from autoopt.tuning.precompile import default_precompiler
 

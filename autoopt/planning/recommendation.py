@@ -296,10 +296,11 @@ def _fastest(profile: HardwareProfile | str | Path, model: Any, **kw: Any) -> Re
     """``preference="fastest"``: the plan of every weight format that fits (as ``balanced`` lists them),
     the one predicted fastest for the phase kept, its reason naming the others' predictions."""
     t0 = time.perf_counter()
-    first = recommend(profile, model, preference="balanced", **kw)
+    hw, spec = _profile(profile), parse_model(model)  # read once, not once a format
+    first = recommend(hw, spec, preference="balanced", **kw)
     key = _FASTEST_BY.get(first.workload.phase, "request_us")
     recs = [first if name == first.quant.format.name else
-            recommend(profile, model, preference="balanced", weight_dtype=name, **kw)
+            recommend(hw, spec, preference="balanced", weight_dtype=name, **kw)
             for name, _, fits in first.quant.considered if fits]
     timed = [(float(r.predicted[key]), r) for r in recs if r.fits and r.predicted.get(key) is not None]
     if not timed:

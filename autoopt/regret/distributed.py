@@ -51,17 +51,17 @@ def _step_ms(args: argparse.Namespace, rank: int, world: int, device: str) -> fl
 
     from autoopt.nn.e2e import build_model, decode_step_ms
 
-    dtype = "bf16"  # as the one-GPU options build it (optimize() quantizes 16-bit weights)
     if args.layout == "replicas":
         from autoopt.nn.optimize import optimize
 
-        net = build_model(args.model, dtype=dtype, device=device, tiny=args.tiny, layers=args.layers)
+        # bf16, as the one-GPU options build it (optimize() quantizes 16-bit weights)
+        net = build_model(args.model, dtype="bf16", device=device, tiny=args.tiny, layers=args.layers)
         optimize(net, weights=args.weights)
         return decode_step_ms(net, math.ceil(args.batch / world), args.prompt, args.steps, graphed=args.graphs)
     import torch.distributed as dist
 
     if rank == 0:
-        full = build_model(args.model, dtype=dtype, device="cpu", tiny=args.tiny, layers=args.layers)
+        full = build_model(args.model, dtype="bf16", device="cpu", tiny=args.tiny, layers=args.layers)
         full.save_pretrained(args.ckpt)
         del full
     dist.barrier()

@@ -76,8 +76,8 @@ class RegretRun:
     workloads: tuple[Workload, ...]
     elapsed_s: float
     notes: tuple[str, ...] = field(default_factory=tuple)
-    #: the software the measurements ran on (torch, triton, transformers, the GPU driver)
-    env: dict[str, str] = field(default_factory=dict)
+    #: the software the measurements ran on (:func:`autoopt.backend.software.versions`)
+    env: dict[str, Any] = field(default_factory=dict)
 
     def prediction_stats(self) -> dict[str, Any]:
         logs = [math.log(r.predicted_ms / r.measured_ms) for w in self.workloads for r in w.rows
@@ -97,7 +97,8 @@ class RegretRun:
                 "workloads": [w.to_dict() for w in self.workloads], "label": "measured (regret), predicted (recommend)"}
 
 
-def _spec(model: str, layers: int | None) -> Any:
+def model_spec(model: str, layers: int | None) -> Any:
+    """The catalog model's spec, with ``layers`` decoder layers when given (what the harness builds)."""
     from autoopt.planning.catalog import get_model
 
     spec = get_model(model)
@@ -216,26 +217,6 @@ def _device_name(device: str) -> str:
     return str(torch.cuda.get_device_name(torch.device(device)))
 
 
-def environment() -> dict[str, str]:
-    """Versions of what the measurements ran on; a package that does not import is left out."""
-    import importlib
-
-    env = {}
-    for name in ("torch", "triton", "transformers"):
-        try:
-            env[name] = str(importlib.import_module(name).__version__)
-        except Exception:  # a missing or broken package is simply not recorded
-            continue
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        env["driver"] = str(pynvml.nvmlSystemGetDriverVersion())
-    except Exception:  # no NVML (CPU runs): no driver recorded
-        pass
-    return env
-
-
 def _measured(model: str, opt: Option, predicted: float | None, **kw: Any) -> Measured:
     """One option's row: its measured step, or why it could not be measured (the run goes on)."""
     try:
@@ -260,11 +241,13 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
                layers: int | None = None, tiny: bool = False, steps: int = 20,
                on_workload: Callable[[Workload], None] | None = None) -> RegretRun:
     """Enumerate, predict, measure and score every batch of ``batches`` for ``model`` on ``device``."""
+    from autoopt.backend.software import versions
+
     t0 = time.time()
     cuda = device.startswith("cuda")
     gpu = hardware.gpu if cuda else None
     options = enumerate_options(gpu, gpus=gpus, batches=batches, formats=formats)
-    spec = _spec(model, layers)
+    spec = model_spec(model, layers)
     measuring = _device_name(device)
     planned = hardware.gpu.name if hardware.gpu else hardware.name
     notes = []
@@ -289,4 +272,4 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
             on_workload(workloads[-1])
     return RegretRun(model=model, layers=layers, device=measuring,
                      predicted_for=hardware.gpu.name if hardware.gpu else hardware.name,
-                     workloads=tuple(workloads), elapsed_s=time.time() - t0, notes=tuple(notes), env=environment())
+                     workloads=tuple(workloads), elapsed_s=time.time() - t0, notes=tuple(notes), env=versions())

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import gc
 import logging
-import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from autoopt.backend.software import versions
 from autoopt.hardware.profile import HardwareProfile
 from autoopt.validation.memory import MemoryCheck, check_memory
 from autoopt.validation.pipeline import PipelineCheck, check_pipeline
@@ -66,29 +66,6 @@ class CheckRun:
         if self.pipeline is not None:
             out["pipeline"] = self.pipeline.to_dict()
         return out
-
-
-def versions() -> dict[str, Any]:
-    """Python, torch, CUDA, triton and driver versions (what a timing depends on)."""
-    import torch
-
-    out: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                           "cuda": torch.version.cuda}
-    try:
-        import triton
-
-        out["triton"] = triton.__version__
-    except Exception as exc:
-        out["triton"] = f"unavailable: {type(exc).__name__}"
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        v = pynvml.nvmlSystemGetDriverVersion()
-        out["driver"] = v.decode() if isinstance(v, bytes) else v
-    except Exception as exc:
-        out["driver"] = f"unavailable from NVML: {type(exc).__name__}"
-    return out
 
 
 def _failed(what: str, exc: Exception) -> NotRun:
