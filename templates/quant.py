@@ -302,8 +302,10 @@ class QuantGemvTemplate(_QuantTemplate):
         # the dot path computes 16 rows (mma.sync's minimum); the FMA path only the real one
         as_tile = KernelConfig(kernel=config.kernel, path=config.path, template=config.template,
                                params={**p, "BLOCK_M": 1 if bm == 1 else 16, "GROUP_M": 1})
+        # the grouped FMA loop (int4, block-FP8) stages its tiles through cp.async when num_stages > 1
+        staged = bm > 1 or (_fmt(op).group_size is not None and config.num_stages > 1)
         pred = predict_matmul(gpu, op, as_tile, mma="fma" if bm == 1 else "mma_sync", smem_bytes=smem,
-                              regs_per_thread=regs, alu_iter_us=alu)
+                              regs_per_thread=regs, alu_iter_us=alu, staged_loads=staged)
         factor = gemv_measured_factor(_fmt(op)) if bm == 1 else 1.0  # >= 1: node_bound stays a lower bound
         reason = f"{pred.reason}; dequant {alu:.3g} us per K-iteration"
         if factor != 1.0:

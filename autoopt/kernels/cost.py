@@ -194,7 +194,7 @@ def l2_reuse(tm: int, tn: int, group_m: int, conc: int, a_blk: float, w_blk: flo
 def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: str = "mma_sync",
                    smem_bytes: int, regs_per_thread: float, persistent: bool = False,
                    multicast: tuple[int, int] = (1, 1), alu_iter_us: float = 0.0,
-                   consts: CostConstants | None = None) -> Prediction:
+                   staged_loads: bool | None = None, consts: CostConstants | None = None) -> Prediction:
     """Predicted time of a tiled matmul config (see module docstring).
 
     ``mma``: one of :data:`MMA_KINDS`; ``multicast``: (CTAs sharing each W tile,
@@ -202,10 +202,12 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     A quantized weight (``op.weight``) streams at its packed bytes per element, A at the MMA's
     dtype (e4m3 for a W8A8 GEMM, else the activations'); ``alu_iter_us`` is the CUDA-core time
     of one K-iteration of a tile beyond the MMA (dequantizing the W tile), which overlaps it:
-    an iteration takes the longer of the two.
+    an iteration takes the longer of the two. ``staged_loads``: whether the tiles come through
+    cp.async/TMA stages (default: every path but ``fma``, whose loads go straight to registers).
     """
     c = consts or constants()
     lim: Limits = limits(gpu)
+    staged = mma != "fma" if staged_loads is None else staged_loads
     p = config.params
     m, n, k = op.shape
     e = DTYPE_BYTES[op.compute_dtype]
@@ -281,7 +283,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     out_bytes = m * n * (4 * split if split > 1 else out_e)  # stream-K partials stay in L2
     dram_bytes = a_bytes * ra + w_bytes * rw + out_bytes
     # register-fed loads (the FMA path) need enough warps in flight; cp.async/TMA stages do not
-    in_flight = min(1.0, conc * warps / c.warps_for_full_bandwidth) if mma == "fma" else 1.0
+    in_flight = 1.0 if staged else min(1.0, conc * warps / c.warps_for_full_bandwidth)
     dram_us = dram_bytes / (bw * c.dram_efficiency * in_flight) * 1e6
     dram_us = max(dram_us, busiest_sm_dram_us(m, n, k, bm, bn, split, e, sms, bw * c.dram_efficiency, c, bk,
                                               w_e=w_e if op.weight else None))
