@@ -41,13 +41,32 @@ def test_multi_gpu_layouts_run_tensor_parallel_in_bf16_and_replicas_in_every_for
     assert all(not o.runnable and "DTensor" in o.why for k, o in multi.items() if k[:2] == ("int4", "tensor-parallel"))
 
 
-def test_tensor_parallel_and_replicas_are_measured_under_torchrun_on_two_cpu_processes():
+def test_tensor_parallel_and_replicas_are_measured_in_one_torchrun_group_on_two_cpu_processes():
     # gloo on the CPU: the same torchrun group and transformers tp_plan a GPU host runs with NCCL
-    from autoopt.regret.run import measure_layout_ms
+    from autoopt.regret.run import measure_layouts
 
-    for layout, weights in (("tensor-parallel", "bf16"), ("replicas", "int4")):
-        opt = Option(weights=weights, cuda_graphs=False, batch=2, gpus=2, layout=layout)
-        assert measure_layout_ms("llama-3-8b", opt, layers=None, tiny=True, steps=2) > 0
+    opts = [Option(weights=w, cuda_graphs=False, batch=b, gpus=2, layout=layout)
+            for layout, w in (("tensor-parallel", "bf16"), ("replicas", "int4")) for b in (1, 3)]
+    got = measure_layouts("llama-3-8b", opts, layers=None, tiny=True, steps=2)
+    assert list(got) == opts and all(isinstance(ms, float) and ms > 0 for ms in got.values())
+
+
+def test_a_layout_that_fails_in_the_group_is_its_rows_reason_and_the_others_still_measure():
+    from autoopt.regret.run import measure_layouts
+
+    ok = Option(weights="bf16", cuda_graphs=False, batch=1, gpus=2, layout="replicas")
+    bad = Option(weights="bf16", cuda_graphs=True, batch=1, gpus=2, layout="replicas")  # graphs need CUDA
+    got = measure_layouts("llama-3-8b", [ok, bad], layers=None, tiny=True, steps=2)
+    assert isinstance(got[ok], float) and isinstance(got[bad], str) and got[bad]
+
+
+def test_layouts_of_mixed_gpu_counts_are_refused():
+    from autoopt.regret.run import measure_layouts
+
+    with pytest.raises(ValueError, match="one GPU count"):
+        measure_layouts("llama-3-8b", [Option(weights="bf16", cuda_graphs=False, batch=1, gpus=2, layout="replicas"),
+                                       Option(weights="bf16", cuda_graphs=False, batch=1, gpus=4,
+                                              layout="replicas")], layers=None, tiny=True, steps=2)
 
 
 @pytest.mark.parametrize("bad", ["", "0", "1,x", "-1", "5000", "1.5"])

@@ -148,10 +148,8 @@ def recommended(hardware: HardwareProfile, spec: Any, batch: int, predicted: Map
 
 
 def measure_ms(model: str, option: Option, *, device: str, layers: int | None, tiny: bool, steps: int) -> float:
-    """Build ``model``, optimise it into ``option``'s format and time its decode step (a multi-GPU layout:
-    under torchrun, :func:`measure_layout_ms`)."""
-    if option.gpus > 1:
-        return measure_layout_ms(model, option, layers=layers, tiny=tiny, steps=steps)
+    """Build ``model``, optimise it into ``option``'s format and time its decode step on one GPU (the
+    multi-GPU layouts are measured together, :func:`measure_layouts`)."""
     import torch
 
     from autoopt.nn.e2e import build_model, decode_step_ms
@@ -167,37 +165,41 @@ def measure_ms(model: str, option: Option, *, device: str, layers: int | None, t
             torch.cuda.empty_cache()
 
 
-#: seconds one multi-GPU option may take under torchrun (start, build, load, time) before it is a failed row
-LAYOUT_TIMEOUT_S = 600
+#: seconds a torchrun group may take to start, build and load, plus seconds per option it times
+LAYOUT_TIMEOUT_S, LAYOUT_OPTION_S = 600, 120
 
 
-def measure_layout_ms(model: str, option: Option, *, layers: int | None, tiny: bool, steps: int,
-                      timeout_s: float = LAYOUT_TIMEOUT_S) -> float:
-    """``option``'s decode step over its GPUs: one torchrun group of ``option.gpus`` processes running
-    :mod:`autoopt.regret.distributed` (gloo on a machine without CUDA); its slowest rank's time."""
+def measure_layouts(model: str, options: list[Option], *, layers: int | None, tiny: bool,
+                    steps: int) -> dict[Option, float | str]:
+    """Every multi-GPU option of one GPU count in one torchrun group running :mod:`autoopt.regret.distributed`
+    (gloo on a machine without CUDA): each option's slowest rank's time, or why it failed."""
     import subprocess
     import tempfile
 
+    gpus = {o.gpus for o in options}
+    if len(gpus) != 1 or min(gpus) < 2:
+        raise ValueError(f"measure_layouts takes options of one GPU count from 2, got {sorted(gpus)}")
+    plan = [{"layout": o.layout, "weights": FORMATS[o.weights], "batch": o.batch, "graphs": o.cuda_graphs}
+            for o in options]
+    timeout_s = LAYOUT_TIMEOUT_S + LAYOUT_OPTION_S * len(options)
     with tempfile.TemporaryDirectory(prefix="autoopt-regret-") as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={option.gpus}",
-               "-m", "autoopt.regret.distributed", "--model", model, "--layout", option.layout,
-               "--batch", str(option.batch), "--prompt", str(PROMPT), "--steps", str(steps),
-               "--ckpt", str(Path(tmp) / "ckpt"), "--out", str(out)]
-        weights = FORMATS[option.weights]
-        cmd += ["--weights", weights] if weights else []
-        cmd += (["--graphs"] if option.cuda_graphs else []) + (["--tiny"] if tiny else [])
-        cmd += ["--layers", str(layers)] if layers else []
+        out, plan_file = Path(tmp) / "result.json", Path(tmp) / "plan.json"
+        plan_file.write_text(json.dumps(plan))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={min(gpus)}",
+               "-m", "autoopt.regret.distributed", "--model", model, "--plan", str(plan_file),
+               "--prompt", str(PROMPT), "--steps", str(steps), "--ckpt", str(Path(tmp) / "ckpt"), "--out", str(out)]
+        cmd += (["--tiny"] if tiny else []) + (["--layers", str(layers)] if layers else [])
         try:
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        except subprocess.TimeoutExpired as exc:
-            raise AutooptError(f"{option.label}: torchrun did not finish in {timeout_s:g} s") from exc
-        # rank 0 writes the result after every rank's time is gathered: a group that failed in its
+        except subprocess.TimeoutExpired:
+            return dict.fromkeys(options, f"torchrun did not finish in {timeout_s:g} s")
+        # rank 0 writes the results after every rank's times are gathered: a group that failed in its
         # teardown afterwards (gloo has aborted there on this project's CPU machine) still measured
         if not out.is_file():
-            why = _root_cause(run.stderr or run.stdout)
-            raise AutooptError(f"{option.label}: torchrun exited {run.returncode}: {why}")
-        return float(json.loads(out.read_text())["measured_ms"])
+            return dict.fromkeys(options, f"torchrun exited {run.returncode}: {_root_cause(run.stderr or run.stdout)}")
+        results = json.loads(out.read_text())["results"]
+    return {o: (r["measured_ms"] if r["measured_ms"] is not None else str(r["why"]))
+            for o, r in zip(options, results, strict=True)}
 
 
 def _root_cause(log: str) -> str:
@@ -217,8 +219,15 @@ def _device_name(device: str) -> str:
     return str(torch.cuda.get_device_name(torch.device(device)))
 
 
-def _measured(model: str, opt: Option, predicted: float | None, **kw: Any) -> Measured:
-    """One option's row: its measured step, or why it could not be measured (the run goes on)."""
+def _measured(model: str, opt: Option, predicted: float | None, *, layouts: dict[Option, float | str] | None = None,
+              **kw: Any) -> Measured:
+    """One option's row: its measured step, or why it could not be measured (the run goes on); a multi-GPU
+    option's result comes from ``layouts`` (:func:`measure_layouts`)."""
+    if opt.gpus > 1:
+        got = (layouts or {}).get(opt, "not measured: no torchrun group ran it")
+        if isinstance(got, str):
+            return Measured(option=opt, predicted_ms=predicted, why=got)
+        return Measured(option=opt, predicted_ms=predicted, measured_ms=got)
     try:
         return Measured(option=opt, predicted_ms=predicted, measured_ms=measure_ms(model, opt, **kw))
     except Exception as exc:  # an option that fails to build, quantize or run (OOM) is data, not the end
@@ -254,6 +263,8 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
     if planned != measuring:
         notes.append(f"predictions are for {planned}, measurements on {measuring}: their ratios test the code "
                      "path, not the model")
+    multi = [o for o in options if o.gpus > 1 and o.runnable]
+    layouts = measure_layouts(model, multi, layers=layers, tiny=tiny, steps=steps) if multi else {}
     workloads = []
     for batch in batches:
         predicted: dict[Option, float | None] = {}
@@ -265,7 +276,8 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
                 notes.append(f"{opt.label}: no prediction ({exc})")
         pick, reason = recommended(hardware, spec, batch, predicted)
         rows = [Measured(option=o, why=o.why) if not o.runnable else
-                _measured(model, o, predicted[o], device=device, layers=layers, tiny=tiny, steps=steps)
+                _measured(model, o, predicted[o], layouts=layouts, device=device, layers=layers, tiny=tiny,
+                          steps=steps)
                 for o in options if o.batch == batch]
         workloads.append(_workload(batch, rows, pick, reason))
         if on_workload is not None:

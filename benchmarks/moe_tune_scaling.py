@@ -1,0 +1,64 @@
+"""How fast ``autoopt export moe-configs --tune`` sweeps one (E, N, format) on one GPU and on all of them (issue 28).
+
+Runs the CLI twice in fresh processes, as a user would (``--no-store``, so neither run reads the other's
+measurements): once on one GPU, once with ``--gpus all``; records each wall time, the speed-up and whether
+the two runs wrote the same files, M keys and labels.
+
+    PYTHONPATH=. python benchmarks/moe_tune_scaling.py --out moe_tune_scaling.json [--model mixtral-8x7b --tp 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _sweep(model: str, tp: int, folder: Path, gpus: str | None) -> tuple[float, dict[str, Any], str]:
+    """(wall seconds, {file name: its JSON}, the CLI's stderr tail) of one tuned export."""
+    cmd = [sys.executable, "-m", "autoopt", "export", "moe-configs", "--model", model, "--tp", str(tp), "--tune",
+           "--no-store", "--out", str(folder)] + (["--gpus", gpus] if gpus else [])
+    t0 = time.perf_counter()
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - t0
+    if run.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[2:])} exited {run.returncode}: {run.stderr.strip()[-600:]}")
+    files = {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    return wall, files, run.stderr.strip()[-1200:]
+
+
+def _labels(files: dict[str, Any]) -> dict[str, list[str]]:
+    return {name: sorted(k for k in body if k != "triton_version") for name, body in files.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--model", default="mixtral-8x7b")
+    ap.add_argument("--tp", type=int, default=8)
+    args = ap.parse_args(argv)
+    from autoopt.backend.software import versions
+
+    with tempfile.TemporaryDirectory() as tmp:
+        one_s, one, one_log = _sweep(args.model, args.tp, Path(tmp) / "one", None)
+        all_s, every, all_log = _sweep(args.model, args.tp, Path(tmp) / "all", "all")
+    same = sum(one[f][m] == every[f][m] for f in one if f in every for m in one[f] if m in every[f])
+    result = {"env": versions(), "model": args.model, "tp": args.tp, "timing": "graph replay (do_bench_cudagraph)",
+              "one_gpu_s": round(one_s, 1), "all_gpus_s": round(all_s, 1), "speedup": round(one_s / all_s, 2),
+              "same_files": sorted(one) == sorted(every), "same_m_keys": _labels(one) == _labels(every),
+              "same_configs": same, "one": one, "all": every, "one_log_tail": one_log, "all_log_tail": all_log}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("one_gpu_s", "all_gpus_s", "speedup", "same_files", "same_m_keys",
+                                             "same_configs")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
