@@ -44,13 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="mixtral-8x7b")
     ap.add_argument("--tp", type=int, default=8)
     args = ap.parse_args(argv)
+    import torch
+
     from autoopt.backend.software import versions
 
+    env = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+           "gpus": torch.cuda.device_count(), **versions()}
     with tempfile.TemporaryDirectory() as tmp:
         one_s, one, one_log = _sweep(args.model, args.tp, Path(tmp) / "one", None)
         all_s, every, all_log = _sweep(args.model, args.tp, Path(tmp) / "all", "all")
     same = sum(one[f][m] == every[f][m] for f in one if f in every for m in one[f] if m in every[f])
-    result = {"env": versions(), "model": args.model, "tp": args.tp, "timing": "graph replay (do_bench_cudagraph)",
+    result = {"env": env, "model": args.model, "tp": args.tp, "timing": "graph replay (do_bench_cudagraph)",
               "one_gpu_s": round(one_s, 1), "all_gpus_s": round(all_s, 1), "speedup": round(one_s / all_s, 2),
               "same_files": sorted(one) == sorted(every), "same_m_keys": _labels(one) == _labels(every),
               "same_configs": same, "one": one, "all": every, "one_log_tail": one_log, "all_log_tail": all_log}
