@@ -292,17 +292,3 @@ def test_ray_without_ray_installed_says_how_to_install_it(monkeypatch, capsys, c
     monkeypatch.setattr(builtins, "__import__", no_ray)
     err = _fails(capsys, [*command, "--shape", "16,256,256", "--profile", "h100-sxm", "--ray"])
     assert "pip install 'autoopt[ray]'" in err
-
-
-def test_a_fleet_of_this_hosts_gpus_compiles_ahead_and_a_ray_fleet_does_not(monkeypatch):
-    from types import SimpleNamespace
-
-    from autoopt.fleet import jobs
-    from autoopt.fleet.pool import LocalPool
-    from autoopt.tuning import precompile
-
-    pool = SimpleNamespace(submit=lambda op, configs: len(configs))
-    monkeypatch.setattr(precompile, "default_precompiler", lambda: pool)
-    local = LocalPool.__new__(LocalPool)  # its type is the point: no workers started
-    assert jobs._compile_ahead(jobs.Fleet(pool=local, devices=())) is pool.submit
-    assert jobs._compile_ahead(jobs.Fleet(pool=SimpleNamespace(), devices=())) is None

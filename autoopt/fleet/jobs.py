@@ -238,10 +238,9 @@ def tune(fleet: Fleet, ops: Sequence[tuple[str, OpSpec]], *, budget_trials: int 
                 on_trial(name, trial)
 
     store = open_default() if use_store else None
-    ahead = _compile_ahead(fleet)
     try:
         with ThreadPoolExecutor(max_workers=_searches(len(jobs), len(fleet.devices))) as threads:
-            futures = [threads.submit(_tune_job, job, exchange, store, budget_trials, budget_s, report, ahead)
+            futures = [threads.submit(_tune_job, job, exchange, store, budget_trials, budget_s, report)
                        for job in jobs]
             exchange.pump(lambda: all(f.done() for f in futures))
         return [f.result() for f in futures]
@@ -261,24 +260,8 @@ def _searches(jobs: int, devices: int) -> int:
     return max(1, min(jobs, max(2, devices)))
 
 
-def _compile_ahead(fleet: Fleet) -> Callable[[OpSpec, Sequence[KernelConfig]], int] | None:
-    """The compile-ahead pool's ``submit`` for a fleet of this host's GPUs (the one-GPU tuner's, see
-    :mod:`autoopt.tuning.precompile`): its workers fill the Triton cache the GPU workers read, so a trial
-    times a compiled config instead of compiling it first. None for a Ray fleet (other hosts' caches),
-    and where nothing compiles for a CUDA GPU here. The fleet ran without it until 2026-11-27: Mixtral's
-    18-M sweep took 38 s on four H100s against 79 s on one, whose trials found their configs compiled
-    (``benchmarks/results/h100/moe_tune_scaling_graphed.json``); not yet re-measured with it."""
-    if not isinstance(fleet.pool, LocalPool):  # its workers share this host's Triton cache
-        return None
-    from autoopt.tuning.precompile import default_precompiler
-
-    pool = default_precompiler()
-    return pool.submit if pool is not None else None
-
-
 def _tune_job(job: _Job, exchange: _Exchange, store: Any, budget_trials: int, budget_s: float | None,
-              report: Callable[[str, Trial], None],
-              ahead: Callable[[OpSpec, Sequence[KernelConfig]], int] | None = None) -> TunedOp:
+              report: Callable[[str, Trial], None]) -> TunedOp:
     """One op's search on one kind: proposals evaluated on the fleet, each trial kept as it lands."""
     gpu = job.device.gpu
     failed, previous = campaign.known(store, gpu, job.op)
@@ -295,7 +278,9 @@ def _tune_job(job: _Job, exchange: _Exchange, store: Any, budget_trials: int, bu
         campaign.keep(ran_on.get(trial.config.key(), gpu), job.op, trial, store)
         report(job.name, trial)
 
+    # No compile-ahead pool: with the one-GPU tuner's pool filling the Triton cache ahead of the workers,
+    # Mixtral TP8's 18-M sweep on four H100s took 49.6 s against 37.9 s without it (one H100: 76.9 and
+    # 79.0 s; benchmarks/results/h100/moe_tune_scaling_ahead.json, moe_tune_scaling_graphed.json).
     result = tuner.tune(gpu, job.op, budget_trials=budget_trials, budget_s=budget_s, failed=failed,
-                        on_trial=record, evaluate_many=evaluate_many, batch=job.width,
-                        prefetch=ahead if ahead is not None else False)
+                        on_trial=record, evaluate_many=evaluate_many, batch=job.width, prefetch=False)
     return TunedOp(name=job.name, result=result, previous_us=previous)
