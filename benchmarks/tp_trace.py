@@ -108,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"env": {"device": torch.cuda.get_device_name(0), **versions()}, "model": args.model,
                            "layers": args.layers, "world": world, "tensor_parallel": {}, "one_gpu": {}}
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        ckpt = Path(tmp) / "ckpt"
+        shared = [str(Path(tmp) / "ckpt")]
+        dist.broadcast_object_list(shared, src=0)  # every rank loads rank 0's folder (each made its own tmp)
+        ckpt = Path(shared[0])
         if rank == 0:
             build_model(args.model, dtype="bf16", device="cpu", layers=args.layers).save_pretrained(ckpt)
         dist.barrier()
