@@ -21,12 +21,13 @@ summed per group then scaled) or per row (fp8, int8). The per-group loop runs as
 so its tiles come through cp.async stages (a plain ``range`` left them register-fed, one tile in flight:
 no LDGSTS in the sm_90 SASS). On the H100 that took int4's best FMA configs from 18.8 / 16.7 / 34.6 to
 15.0 / 13.4 / 31.0 us (Llama-3-8B qkv / o / down at M = 1; gate_up 42.3 -> 42.7); the per-row loop stays
-register-fed: staged, fp8 ran 3-9 % slower (``benchmarks/results/h100/quant_kernels_fma_pipelined.json``). ``BLOCK_M > 1`` (and ``BLOCK_M = 16`` at M = 1
-for symmetric int4): ``tl.dot`` with M padded to 16 (the MMA minimum; padded rows are masked loads);
-int4 codes become ``q - 8`` in the dot's 16-bit type by a few lines of PTX (:func:`int4_unpack16`),
-so a tile's dot is scaled by its group's scale alone, fp8/int8 codes convert exactly (e4m3 by the bit trick, no Triton
-e4m3 type, so any GPU; e4m3 and |q| <= 127 fit bf16 and fp16), and a tile spans at most one
-group. The interpreter's bf16 ``tl.dot`` is wrong (triton 3.9), so there (and for fp16
+register-fed: staged, fp8 ran 3-9 % slower (``benchmarks/results/h100/quant_kernels_fma_pipelined.json``).
+
+``BLOCK_M > 1`` (and ``BLOCK_M = 16`` at M = 1 for symmetric int4): ``tl.dot`` with M padded to 16 (the MMA
+minimum; padded rows are masked loads); int4 codes become ``q - 8`` in the dot's 16-bit type by a few lines of
+PTX (:func:`int4_unpack16`), so a tile's dot is scaled by its group's scale alone, fp8/int8 codes convert
+exactly (e4m3 by the bit trick, no Triton e4m3 type, so any GPU; e4m3 and |q| <= 127 fit bf16 and fp16), and a
+tile spans at most one group. The interpreter's bf16 ``tl.dot`` is wrong (triton 3.9), so there (and for fp16
 activations) the dot runs in fp16.
 """
 
