@@ -9,6 +9,10 @@ is not re-measured (the note says so); only a GPU run settles what the new picks
 
     PYTHONPATH=. python benchmarks/rescore_regret.py benchmarks/results/h100/regret_1gpu_layers8.json \
         --profile h100-sxm --out benchmarks/results/h100/regret_1gpu_layers8_rescored.json
+
+``--profile`` is a library profile's name or a HardwareProfile JSON file (``autoopt profile --format json``):
+a multi-GPU run needs its host's GPUs and links, which a library profile (one GPU) does not hold. A run
+that recorded its profile (``hardware``) is re-scored on it when ``--profile run`` is given.
 """
 
 from __future__ import annotations
@@ -29,25 +33,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run", help="a regret run's JSON (autoopt check regret --out)")
-    ap.add_argument("--profile", required=True, help="the profile of the GPU it was measured on")
+    ap.add_argument("--profile", required=True, help="the profile it was measured on: a library name, a "
+                    "HardwareProfile JSON file, or 'run' (the profile the run recorded)")
     ap.add_argument("--out", required=True, help="the re-scored JSON to write")
     return ap.parse_args(argv)
 
 
 def rescore(data: dict[str, Any], profile: str) -> dict[str, Any]:
     """The run's workloads with predictions, pick and regret from this commit's model."""
-    from autoopt.hardware.library import load_profile
-    from autoopt.regret.options import enumerate_options
+    from autoopt.regret.options import Option
     from autoopt.regret.run import model_spec, predicted_ms, recommended
 
-    hw = load_profile(profile)
+    hw = hardware(profile, data)
     spec = model_spec(data["model"], data["layers"])
-    batches = tuple(w["batch"] for w in data["workloads"])
-    options = {o.label: o for o in enumerate_options(hw.gpu, gpus=1, batches=batches, formats=None)}
     workloads, logs, graphed = [], [], []
     for w in data["workloads"]:
-        measured = {options[r["label"]]: r["measured_ms"] for r in w["options"]
-                    if r["label"] in options and r["measured_ms"] is not None}
+        measured = {Option.from_dict(r["option"]): r["measured_ms"] for r in w["options"]
+                    if r["measured_ms"] is not None}
         predicted = {o: predicted_ms(hw, spec, o) for o in measured}
         pick, reason = recommended(hw, spec, w["batch"], predicted)
         best = min(measured, key=lambda o: measured[o])
@@ -90,21 +92,37 @@ def _commit() -> str | None:
 
 #: a regret run's JSON is tens of KB; anything past this is not one
 MAX_RUN_BYTES = 16 << 20
+def hardware(profile: str, data: dict[str, Any]) -> Any:
+    """The HardwareProfile to predict on: the run's recorded one (``run``), else a library name's or a saved
+    profile file's (:func:`autoopt.hardware.library.load_profile` checks the file)."""
+    from autoopt.hardware.library import load_profile
+    from autoopt.hardware.profile import HardwareProfile
+
+    if profile == "run":
+        if not isinstance(data.get("hardware"), dict):
+            raise ValueError("--profile run: this run recorded no profile; name one or give its JSON file")
+        return HardwareProfile.from_dict(data["hardware"])
+    return load_profile(Path(profile) if Path(profile).exists() else profile)
+
+
+def _checked_json(path: Path, limit: int, what: str) -> Any:
+    """``path``'s JSON, checked first: a regular file of at most ``limit`` bytes. ValueError (one line) otherwise."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from exc
+    if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        raise ValueError(f"{path}: expected a regular file of at most {limit >> 20} MiB ({what})")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not JSON ({exc})") from exc
 
 
 def load_run(path: Path) -> dict[str, Any]:
     """A regret run's JSON, checked first: a regular file of sane size holding an object with ``model``,
     ``layers`` and a ``workloads`` list. ValueError (one line, naming the file) otherwise."""
-    try:
-        st = path.stat()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read it ({exc.strerror})") from exc
-    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_RUN_BYTES:
-        raise ValueError(f"{path}: expected a regular file of at most {MAX_RUN_BYTES >> 20} MiB (a regret run's JSON)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path}: not JSON ({exc})") from exc
+    data = _checked_json(path, MAX_RUN_BYTES, "a regret run's JSON")
     if not isinstance(data, dict) or not isinstance(data.get("workloads"), list) or "model" not in data:
         raise ValueError(f"{path}: not a regret run (expected the JSON `autoopt check regret --out` writes)")
     return data
@@ -117,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"rescore_regret: {exc}", file=sys.stderr)
         return 2
-    out = rescore(data, args.profile)
+    try:
+        out = rescore(data, args.profile)
+    except (ValueError, LookupError) as exc:
+        print(f"rescore_regret: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     for w in out["workloads"]:
         print(f"batch {w['batch']}: recommended {w['recommended']}, measured best {w['measured_best']}, "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -124,6 +125,7 @@ def test_the_harness_runs_end_to_end_on_the_cpu_and_writes_its_table(tmp_path):
     assert {r["label"] for r in rows} == {"bf16 eager b1", "int8 eager b1", "bf16 eager b2", "int8 eager b2"}
     assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 for r in rows)
     assert data["device"] == "cpu" and "test the code path" in data["notes"][0]
+    assert data["hardware"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"  # what a re-score predicts on
     assert "batch 1: recommended" in proc.stdout
 
 
@@ -213,3 +215,60 @@ def test_the_cli_refuses_more_gpus_than_the_host_has_in_one_line(monkeypatch, ca
     assert main(["check", "regret", "--gpus", "2", "--tiny"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--gpus 2 is more than this host's 1 GPUs" in err
+
+
+def _rescore_committed(run: str, profile: str):
+    import json
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from benchmarks.rescore_regret import rescore
+
+    results = root / "benchmarks" / "results" / "h100"
+    return rescore(json.loads((results / run).read_text()), str(results / profile))
+
+
+def test_a_two_gpu_run_rescored_on_its_hosts_detected_profile_prices_both_layouts():
+    out = _rescore_committed("regret_2gpu_layers8.json", "profile_2xh100_detected.json")
+    labels = {r["label"] for w in out["workloads"] for r in w["options"]}
+    assert {"bf16 graphs b1 tensor-parallel x2", "int4 graphs b8 replicas x2"} <= labels
+    assert all(r["predicted_ms"] > 0 for w in out["workloads"] for r in w["options"])
+
+
+def test_a_replica_layout_is_picked_in_the_format_recommend_keeps_for_a_replicas_share_of_the_batch():
+    # batch 32 over two replicas is 16 a GPU: recommend(fastest) keeps int4 there, fp8 at 32 on one GPU
+    out = _rescore_committed("regret_2gpu_layers8.json", "profile_2xh100_detected.json")
+    b32 = next(w for w in out["workloads"] if w["batch"] == 32)
+    assert b32["recommended"] == "int4 graphs b32 replicas x2" and "int4" in b32["recommended_reason"]
+
+
+def test_tensor_parallel_is_predicted_with_transformers_uncompiled_modules():
+    from autoopt.planning.recommendation import UNCOMPILED_TRANSFORMERS_LAYER_US
+    from autoopt.regret.run import model_spec, predicted_ms
+
+    hw = load_profile(str(Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100"
+                          / "profile_2xh100_detected.json"))
+    spec = model_spec("llama-3-8b", 8)
+    tp = Option(weights="bf16", cuda_graphs=True, batch=1, gpus=2, layout="tensor-parallel")
+    from autoopt.planning.recommendation import recommend
+
+    base = recommend(hw, spec, batch=1, max_devices=2, tensor_parallel=2, prompt_len=128, gen_len=16,
+                     phase="decode", weight_dtype="bf16", cuda_graphs=True)
+    want = (base.predicted["decode_step_us"] + 8 * UNCOMPILED_TRANSFORMERS_LAYER_US) / 1e3
+    assert predicted_ms(hw, spec, tp) == pytest.approx(want)
+
+
+def test_rescoring_with_an_unknown_profile_exits_2_in_one_line(tmp_path, capsys):
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from benchmarks.rescore_regret import main
+
+    run = root / "benchmarks" / "results" / "h100" / "regret_1gpu_layers8.json"
+    assert main([str(run), "--profile", "no-such-gpu", "--out", str(tmp_path / "o.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no-such-gpu" in err

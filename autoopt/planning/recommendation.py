@@ -997,6 +997,14 @@ ATTENTION_GLUE_KERNELS = {"autoopt": 7, "transformers": 7}
 #: what each such tiny kernel costs on the GPU, in us: those 224 launches took 344.6 us of GPU time (1.54 us
 #: each; H100, torch 2.11, Inductor's pointwise kernels), a latency floor far above their bytes
 GLUE_KERNEL_US = 1.54
+#: what transformers' modules cost uncompiled, beyond the compiled step this module prices, in us a decoder
+#: layer replayed from a CUDA graph: Llama-3-8B bf16 on the H100 ran 9.0525 ms a graphed step eager against
+#: 7.0648 ms compiled (1728 against 744 launches: unfused RMSNorm, rotary, SiLU and residual pointwise
+#: kernels), 62.1 us a layer over 32 (benchmarks/results/h100/quant_trace.json). Those kernels are latency
+#: bound, so a tensor-parallel shard pays them whole: the regret harness adds them to its tensor-parallel rows,
+#: which run transformers' tp_plan uncompiled (regret_{2,4}gpu_layers8.json: predicted over measured went from
+#: 0.33-0.57 to 0.56-0.84 with them).
+UNCOMPILED_TRANSFORMERS_LAYER_US = 62.1
 
 
 def _attention_glue(dev: Device, layer: Sequence[LayerOp], nkv: int, runtime: str | None, *, graphed: bool,

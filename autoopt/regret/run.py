@@ -78,6 +78,8 @@ class RegretRun:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: the software the measurements ran on (:func:`autoopt.backend.software.versions`)
     env: dict[str, Any] = field(default_factory=dict)
+    #: the HardwareProfile the predictions were made for (its GPUs and links: a re-score needs them)
+    hardware: dict[str, Any] = field(default_factory=dict)
 
     def prediction_stats(self) -> dict[str, Any]:
         logs = [math.log(r.predicted_ms / r.measured_ms) for w in self.workloads for r in w.rows
@@ -94,7 +96,8 @@ class RegretRun:
                 "regret": {"n": len(regrets), "max": max(regrets) if regrets else None,
                            "median": statistics.median(regrets) if regrets else None},
                 "prediction": self.prediction_stats(), "notes": list(self.notes),
-                "workloads": [w.to_dict() for w in self.workloads], "label": "measured (regret), predicted (recommend)"}
+                "workloads": [w.to_dict() for w in self.workloads], "label": "measured (regret), predicted (recommend)",
+                "hardware": dict(self.hardware)}
 
 
 def model_spec(model: str, layers: int | None) -> Any:
@@ -107,15 +110,18 @@ def model_spec(model: str, layers: int | None) -> Any:
 
 def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
     """recommend()'s decode step for ``option``, in ms: one GPU (runtime ``autoopt``); tensor-parallel over
-    its GPUs (no runtime rule: the runtime registry's transformers entry predates its ``tp_plan``);
-    replicas: one GPU's step at the replica's share of the batch (they run at once)."""
-    from autoopt.planning.recommendation import recommend
+    its GPUs (no runtime rule: the registry's transformers entry plans layer splits, not its ``tp_plan``),
+    plus the uncompiled pointwise kernels of transformers' modules, which the option runs and a shard pays
+    whole; replicas: one GPU's step at the replica's share of the batch (they run at once)."""
+    from autoopt.planning.recommendation import UNCOMPILED_TRANSFORMERS_LAYER_US, recommend
 
     kw: dict[str, Any] = dict(prompt_len=PROMPT, gen_len=16, phase="decode", weight_dtype=option.weights,
                               cuda_graphs=option.cuda_graphs)
     if option.layout == "tensor-parallel":
         rec = recommend(hardware, spec, batch=option.batch, max_devices=option.gpus, tensor_parallel=option.gpus,
                         **kw)
+        eager_us = spec.num_layers * UNCOMPILED_TRANSFORMERS_LAYER_US
+        return (float(rec.predicted["decode_step_us"]) + eager_us) / 1e3
     else:
         batch = math.ceil(option.batch / option.gpus) if option.layout == "replicas" else option.batch
         rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
@@ -124,27 +130,40 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
 
 def recommended(hardware: HardwareProfile, spec: Any, batch: int, predicted: Mapping[Option, float | None]
                 ) -> tuple[Option | None, str]:
-    """recommend()'s pick among the options ``predicted`` prices for ``batch``: its weight format under
-    ``preference="fastest"`` (every format that fits priced, the fastest decode step kept; the default
-    ``balanced`` takes FP8 on Hopper for its accuracy, whatever the times), with CUDA graphs where they
-    are predicted faster."""
+    """recommend()'s pick among the options ``predicted`` prices for ``batch``: on each layout, the weight
+    format recommend() keeps under ``preference="fastest"`` for the batch one GPU of it runs (a replica's
+    share: every format that fits priced, the fastest decode step kept; the default ``balanced`` takes FP8 on
+    Hopper for its accuracy, whatever the times); tensor parallelism runs 16-bit modules whatever it keeps.
+    Of those, the layout and CUDA-graphs setting predicted fastest."""
+    chosen: dict[int, tuple[str, str]] = {}  # per-GPU batch -> (format, recommend()'s reason)
+    candidates = []
+    for o, us in predicted.items():
+        if o.batch != batch or us is None:
+            continue
+        share = math.ceil(batch / o.gpus) if o.layout == "replicas" else batch
+        if share not in chosen:
+            try:
+                chosen[share] = _fastest_format(hardware, spec, share)
+            except AutooptError as exc:
+                return None, f"recommend() could not plan batch {share}: {exc}"
+        if o.layout == "tensor-parallel" or o.weights == chosen[share][0]:
+            candidates.append(o)
+    if not candidates:
+        return None, f"recommend() chose {chosen[batch][0] if batch in chosen else '?'}, which is not among the " \
+                     "runnable options here"
+    pick = min(candidates, key=lambda o: predicted[o] or math.inf)
+    fmt, why = chosen[math.ceil(batch / pick.gpus) if pick.layout == "replicas" else batch]
+    where = "" if pick.gpus == 1 else f"; {pick.layout} over {pick.gpus} GPUs (predicted fastest)"
+    return pick, (f"recommend(): {fmt} ({why}); {'with' if pick.cuda_graphs else 'without'} CUDA graphs{where}")
+
+
+def _fastest_format(hardware: HardwareProfile, spec: Any, batch: int) -> tuple[str, str]:
+    """(format, reason) recommend() keeps for one GPU at ``batch`` under ``preference="fastest"``."""
     from autoopt.planning.recommendation import recommend
 
-    try:
-        rec = recommend(hardware, spec, batch=batch, prompt_len=PROMPT, gen_len=16, phase="decode",
-                        runtime="autoopt", max_devices=1, preference="fastest", cuda_graphs=True)
-    except AutooptError as exc:
-        return None, f"recommend() could not plan it: {exc}"
-    fmt = rec.quant.format.name
-    # the format recommend() keeps, on each layout; tensor parallelism runs 16-bit modules whatever it keeps
-    same = [o for o, us in predicted.items() if o.batch == batch and us is not None
-            and (o.weights == fmt or o.layout == "tensor-parallel")]
-    if not same:
-        return None, f"recommend() chose {fmt}, which is not among the runnable options here"
-    pick = min(same, key=lambda o: predicted[o] or math.inf)
-    where = "" if pick.gpus == 1 else f"; {pick.layout} over {pick.gpus} GPUs (predicted fastest)"
-    return pick, (f"recommend(): {fmt} ({rec.quant.reason}); {'with' if pick.cuda_graphs else 'without'} CUDA "
-                  f"graphs{where}")
+    rec = recommend(hardware, spec, batch=batch, prompt_len=PROMPT, gen_len=16, phase="decode", runtime="autoopt",
+                    max_devices=1, preference="fastest", cuda_graphs=True)
+    return rec.quant.format.name, rec.quant.reason
 
 
 def measure_ms(model: str, option: Option, *, device: str, layers: int | None, tiny: bool, steps: int) -> float:
@@ -284,4 +303,5 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
             on_workload(workloads[-1])
     return RegretRun(model=model, layers=layers, device=measuring,
                      predicted_for=hardware.gpu.name if hardware.gpu else hardware.name,
-                     workloads=tuple(workloads), elapsed_s=time.time() - t0, notes=tuple(notes), env=versions())
+                     workloads=tuple(workloads), elapsed_s=time.time() - t0, notes=tuple(notes), env=versions(),
+                     hardware=hardware.to_dict())
