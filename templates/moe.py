@@ -59,8 +59,8 @@ from autoopt.kernels.quant_cost import act_quant_us
 from autoopt.kernels.template import Prediction, Template
 from autoopt.templates.gemm import config_problems, matmul_path, mma_kind
 
-__all__ = ["KEYS", "SPACE", "FusedMoeTemplate", "expected_blocks", "expected_touched", "moe_cost", "skewed_probs",
-           "uniform_probs"]
+__all__ = ["KEYS", "SPACE", "FusedMoeTemplate", "expected_blocks", "expected_touched", "moe_cost", "served",
+           "skewed_probs", "uniform_probs"]
 
 KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 #: the runtimes' tuning space for this kernel (vLLM's benchmark_moe.py grid), key -> values
@@ -72,9 +72,16 @@ SPACE: dict[str, tuple[int, ...]] = {
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4, 5),
 }
-#: formats the backend kernel runs (autoopt/backend/kernels/fused_moe.py): 16-bit experts, W8A8 FP8
-#: per channel and per 128 x 128 block, W8A16 INT8 per channel
-FORMATS = (None, "fp8", "fp8_block", "int8")
+#: formats the backend kernel runs (autoopt/backend/kernels/fused_moe.py), by name: 16-bit experts (None), W8A8
+#: FP8 per channel and per 128 x 128 block, W8A16 INT8 per channel, W4A16 INT4 per channel per K-group
+#: (symmetric only: vLLM's int4_w4a16 without zero points)
+FORMATS = (None, "fp8", "fp8_block", "int8", "int4")
+
+
+def served(op: OpSpec) -> bool:
+    """Whether the backend kernel runs ``op``'s weight format (any spelling of it: ``int4`` is ``int4-g128``)."""
+    fmt = op.weight_format
+    return fmt is None or (fmt.name in FORMATS and (fmt.name != "int4" or fmt.symmetric))
 #: the binomial sums run over mean +- this many standard deviations (the tails beyond hold < 1e-30)
 _SD_WINDOW = 12.0
 
@@ -146,7 +153,8 @@ def _stream_us(gpu: GPUProfile, moved: float, launches: int = 1) -> float:
 def _bytes(op: OpSpec) -> tuple[float, float, float]:
     """(A bytes per element in the MMA, packed W bytes per element on chip, output bytes per element)."""
     fmt = op.weight_format
-    return DTYPE_BYTES[op.compute_dtype], (1.0 if fmt is not None else DTYPE_BYTES[op.dtype]), DTYPE_BYTES[op.dtype]
+    w_e = DTYPE_BYTES[op.dtype] if fmt is None else 0.5 if fmt.name == "int4" else 1.0
+    return DTYPE_BYTES[op.compute_dtype], w_e, DTYPE_BYTES[op.dtype]
 
 
 def resources(gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> tuple[int, float, int]:
@@ -310,10 +318,11 @@ def _fixed_us(gpu: GPUProfile, op: OpSpec, blocks: float, block_m: int) -> dict[
 
 
 def _alu_iter_us(gpu: GPUProfile, op: OpSpec, bm: int, bn: int, bk: int, path: str) -> float:
-    """CUDA-core us per K-iteration beyond the MMA: block-FP8 scales each K-tile's product (the quant-gemm
-    template's price of that step); per-channel FP8 scales once after the loop; 16-bit none."""
+    """CUDA-core us per K-iteration beyond the MMA: block-FP8 scales each K-tile's product and int4 decodes
+    its codes and scales the tile's product (the quant-gemm template's price of those steps: the same tile
+    code); per-channel FP8 scales once after the loop; 16-bit none."""
     fmt = op.weight_format
-    if fmt is None or fmt.name != "fp8_block":
+    if fmt is None or fmt.name not in ("fp8_block", "int4"):
         return 0.0
     from autoopt.templates.quant import QuantGemmTemplate
 
@@ -389,7 +398,7 @@ class FusedMoeTemplate(Template):
 
     def applies(self, gpu: GPUProfile, op: OpSpec) -> bool:
         return (op.kind in self.ops and gpu.features.tensor_cores and not gpu.features.mfma
-                and op.weight in FORMATS)
+                and served(op))
 
     def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
         s = SPACE
@@ -429,6 +438,13 @@ class FusedMoeTemplate(Template):
             # would not run as written)
             out.append(f"BLOCK_SIZE_K={p['BLOCK_SIZE_K']} > the fp8_block scale block {FP8_BLOCK}: a K-tile "
                        "must lie in one block")
+        if fmt is not None and fmt.name == "int4":
+            g = fmt.group_size or 0
+            bk = p["BLOCK_SIZE_K"]
+            if not (32 <= bk <= g and g % bk == 0):
+                # two dots of BLOCK_SIZE_K / 2 codes (mma's 16-bit K step is 16), inside one scale group
+                out.append(f"BLOCK_SIZE_K={bk}: int4 experts take 32 to the group {g}, dividing it (a K-tile lies "
+                           "in one group)")
         want = matmul_path(gpu, p["BLOCK_SIZE_M"], config.num_warps)
         if config.path != want:
             out.append(f"path {config.path!r} does not match what Triton emits here ({want!r})")

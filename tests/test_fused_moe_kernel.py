@@ -148,7 +148,7 @@ def test_fused_experts_refuse_weights_not_in_the_fused_layout():
 # -- through the registry and the runner --------------------------------------------------------------
 
 @pytest.mark.parametrize("gemm", ["both", "gate_up", "down"])
-@pytest.mark.parametrize("weight", [None, "fp8", "fp8_block", "int8"])
+@pytest.mark.parametrize("weight", [None, "fp8", "fp8_block", "int8", "int4"])
 def test_runner_checks_the_kernel_against_the_float64_reference(gemm, weight):
     op = OpSpec(kind="fused_moe", shape=(7, 5, 2, 64, 160), dtype="fp16", weight=weight, moe_gemm=gemm)
     cfg = KernelConfig(kernel="fused_moe", params={**CFG, "BLOCK_SIZE_K": 64})
@@ -215,3 +215,47 @@ def test_int8_experts_refuse_scales_that_are_not_one_per_output_channel():
         fused_moe_gemm(torch.zeros(1, 16).half(), q, torch.zeros(1, 8).half(), moe_align(torch.zeros(1, 1).long(),
                        16, 2), {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1,
                                 "num_warps": 4, "num_stages": 2}, a_div=1, num_valid=1, w_scale=torch.ones(2))
+
+
+def _int4_experts(w):
+    """autoopt's int4 (g128, symmetric) of each expert of ``w`` ``[E, N, K]``: packed codes, fp32 scales and
+    the dequantized experts."""
+    from autoopt.backend.quant import dequantize, quantize
+
+    qs = [quantize(w[i], "int4") for i in range(w.shape[0])]
+    return (torch.stack([q.qweight for q in qs]), torch.stack([q.scales.float() for q in qs]),
+            torch.stack([dequantize(q) for q in qs]).half())
+
+
+@pytest.mark.parametrize(("m", "e", "topk", "n", "k", "bk"),
+                         [(1, 4, 2, 64, 128, 128), (7, 5, 2, 48, 200, 64), (17, 3, 1, 80, 256, 32)])
+def test_int4_experts_match_their_dequantized_experts(m, e, topk, n, k, bk):
+    # odd M, E not a power of two, K and N not multiples of the group (200, 48, 80: zero-padded codes)
+    gen = torch.Generator().manual_seed(m * 10 + e)
+    x = torch.randn(m, k, generator=gen).half()
+    w13 = torch.randn(e, 2 * n, k, generator=gen) / k ** 0.5
+    w2 = torch.randn(e, k, n, generator=gen) / n ** 0.5
+    q13, s13, d13 = _int4_experts(w13)
+    q2, s2, d2 = _int4_experts(w2)
+    weights, ids = torch.softmax(torch.randn(m, e, generator=gen), -1).topk(topk, -1)
+    cfg = {**CFG, "BLOCK_SIZE_K": bk}
+    got = fused_experts(x, q13, q2, weights, ids, config=cfg, w13_scale=s13, w2_scale=s2).float()
+    want = fused_experts(x, d13, d2, weights, ids, config=cfg).float()
+    assert (got - want).norm() / want.norm() < 5e-3
+
+
+@pytest.mark.parametrize("bk", [16, 256])
+def test_int4_experts_refuse_a_k_tile_outside_one_group(bk):
+    q13, s13, _ = _int4_experts(torch.randn(2, 64, 128))
+    q2, s2, _ = _int4_experts(torch.randn(2, 128, 32))
+    weights, ids = torch.softmax(torch.randn(3, 2), -1).topk(1, -1)
+    with pytest.raises(ValueError, match=f"BLOCK_SIZE_K={bk}: int4 experts take 32 to the group 128"):
+        fused_experts(torch.randn(3, 128).half(), q13, q2, weights, ids, config={**CFG, "BLOCK_SIZE_K": bk},
+                      w13_scale=s13, w2_scale=s2)
+
+
+def test_int4_experts_refuse_scales_that_are_not_per_channel_per_group():
+    q = torch.zeros(2, 8, 64, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"one scale per output channel per K-group, \[E, N_out, groups\]"):
+        fused_moe_gemm(torch.zeros(1, 128).half(), q, torch.zeros(1, 8).half(), moe_align(torch.zeros(1, 1).long(),
+                       16, 2), CFG, a_div=1, num_valid=1, w_scale=torch.ones(2, 8))

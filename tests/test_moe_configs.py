@@ -407,3 +407,13 @@ def test_written_name_matches_the_name_the_export_note_gives(tmp_path):
     out = export(rec.to_dict(), "vllm", profile=prof.to_dict(), moe_configs=str(tmp_path))
     (s,) = model_shards(get_model("mixtral-8x7b"), "vllm", dtype="fp8_w8a8")
     assert any(str(Path(tmp_path) / file_name("vllm", s, H100)) in n for n in out["notes"])
+
+
+def test_an_int4_w4a16_file_is_written_zero_shot_with_every_k_tile_inside_a_group(tmp_path, capsys):
+    # the real ranking (no fake): the fused-MoE template now prices symmetric int4 experts
+    rc = main(["export", "moe-configs", "--model", "mixtral-8x7b", "--tp", "8", "--dtype", "int4_w4a16",
+               "--profile", "h100-sxm", "--out", str(tmp_path)])
+    path = Path(capsys.readouterr().out.strip())
+    assert rc == 0 and path.name == "E=8,N=1792,device_name=NVIDIA_H100_80GB_HBM3,dtype=int4_w4a16.json"
+    entries = {m: c for m, c in json.loads(path.read_text()).items() if m != "triton_version"}
+    assert len(entries) == 18 and all(32 <= c["BLOCK_SIZE_K"] <= 128 for c in entries.values())

@@ -160,9 +160,26 @@ def test_fp8_experts_need_fp8_tensor_cores():
     assert any("fp8" in p for p in T.validate(A100, op, cfg(gpu=A100)))
 
 
-def test_weight_only_formats_are_not_offered_to_this_kernel():
-    assert not T.applies(H100, OpSpec(kind="fused_moe", shape=(64, *MIXTRAL), weight="int4"))
+def test_symmetric_int4_experts_are_offered_and_asymmetric_ones_are_not():
+    # the kernel's int4 is vLLM's int4_w4a16 without zero points
+    assert T.applies(H100, OpSpec(kind="fused_moe", shape=(64, *MIXTRAL), weight="int4"))
+    assert not T.applies(H100, OpSpec(kind="fused_moe", shape=(64, *MIXTRAL), weight="int4-asym"))
     assert T.applies(H100, OpSpec(kind="fused_moe", shape=(64, *MIXTRAL), weight="fp8"))
+
+
+@pytest.mark.parametrize(("bk", "ok"), [(16, False), (32, True), (128, True), (256, False)])
+def test_validate_keeps_an_int4_k_tile_inside_one_group_and_two_mma_steps_wide(bk, ok):
+    op = OpSpec(kind="fused_moe", shape=(64, *MIXTRAL), weight="int4")
+    problems = T.validate(H100, op, cfg(bk=bk, stages=2))
+    assert (problems == []) == ok and (ok or "int4 experts take 32 to the group 128" in " ".join(problems))
+
+
+def test_int4_experts_are_priced_below_bf16_at_decode_where_weight_bytes_bind():
+    # M = 1 reads top-k experts' weights: a quarter of bf16's bytes (plus scales), decoded on chip at the
+    # quant-gemm template's int4 price (so above a quarter of bf16's time)
+    bf16 = OpSpec(kind="fused_moe", shape=(1, *MIXTRAL))
+    int4 = OpSpec(kind="fused_moe", shape=(1, *MIXTRAL), weight="int4")
+    assert rank(H100, int4, top=1).best.predicted_us < rank(H100, bf16, top=1).best.predicted_us
 
 
 def test_predicted_time_grows_with_tokens_and_stays_above_the_floor():

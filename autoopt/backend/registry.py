@@ -224,8 +224,8 @@ def _moe_inputs(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
             out[name] = _randn((e, rows, cols), op.dtype, device, gen, cols ** -0.5)
             continue
         if str(device) == "meta":
-            out[name] = torch.empty((e, rows, cols), dtype=torch.int8 if fmt.name == "int8" else torch.float8_e4m3fn,
-                                    device="meta")
+            qdt = {"int8": torch.int8, "int4": torch.uint8}.get(fmt.name, torch.float8_e4m3fn)
+            out[name] = torch.empty((e, *fmt.packed_shape(rows, cols)), dtype=qdt, device="meta")
             out[f"{name}_scale"] = torch.empty((e, *fmt.scale_shape(rows, cols)), dtype=torch.float32, device="meta")
             continue
         from autoopt.backend.quant import quantize
@@ -258,6 +258,12 @@ def _moe_reference(inputs: dict[str, Any], op: OpSpec) -> Any:
     fmt = op.weight_format
 
     def expert_weight(name: str, i: int) -> Any:
+        if fmt is not None and fmt.name == "int4":  # packed codes: the quantizer's own dequantization
+            from autoopt.backend.quant import QuantizedWeight, dequantize
+
+            rows, cols = (2 * n, k) if name == "w13" else (k, n)
+            q = QuantizedWeight.of(fmt, rows, cols, {"qweight": inputs[name][i], "scales": inputs[f"{name}_scale"][i]})
+            return dequantize(q).to(torch.float64)
         w = inputs[name][i].to(torch.float64)
         if fmt is None:
             return w

@@ -20,7 +20,12 @@ W8A8 FP8: e4m3 experts with fp32 scales per expert (``[E]``), per output channel
 per 128 x 128 block (``[E, ceil(N_out/128), ceil(K/128)]``), activations quantized per token (per token per
 128-group for blocks) by ``act_quant.py`` before each GEMM; or W8A16 INT8 (vLLM's ``int8_w8a16``): int8 experts
 with an fp32 scale per output channel (``[E, N_out]``), the 16-bit activations as they are, each weight tile
-converted to their type on chip (exact: |code| <= 127) and the channel scale applied once after the K loop.
+converted to their type on chip (exact: |code| <= 127) and the channel scale applied once after the K loop; or
+W4A16 INT4 (vLLM's ``int4_w4a16`` without zero points): each expert as :func:`autoopt.backend.quant.quantize`
+packs ``int4`` (``uint8`` ``[E, N_out, Kp/2]``, K padded to the group, byte ``j`` of a group holding codes ``j``
+and ``j + G/2``; symmetric scales ``[E, N_out, Kp/G]``), decoded to ``q - 8`` in the activations' type by the
+dense GEMV's PTX (``quant_gemv.int4_tile_dot``), a K-tile inside one group (``32 <= BLOCK_SIZE_K <= G``) and
+its product scaled by the group's scale.
 Under Triton's CPU interpreter (triton 3.9) a bf16 ``tl.dot`` is wrong and there is no fp8 dot: the operands
 go through fp32 / fp16 there (exact).
 """
@@ -34,6 +39,7 @@ import triton
 import triton.language as tl
 
 from autoopt.backend.kernels import interpreter_active
+from autoopt.backend.kernels.quant_gemv import int4_tile_dot
 
 __all__ = ["CONFIG_KEYS", "fused_experts", "fused_moe_gemm", "fused_moe_prepare", "moe_align"]
 
@@ -41,8 +47,9 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 #: side of a block-FP8 scale block (DeepSeek-V3's 128 x 128; autoopt.kernels.quant.FP8_BLOCK)
 _FP8_BLOCK = 128
 #: scale kinds of the weight (constexpr QUANT): none, FP8 per expert, FP8 per output channel, FP8 per 128 x 128
-#: block (these three with e4m3 activations), INT8 per output channel with 16-bit activations
-_Q_NONE, _Q_TENSOR, _Q_CHANNEL, _Q_BLOCK, _Q_INT8 = 0, 1, 2, 3, 4
+#: block (these three with e4m3 activations), INT8 per output channel, symmetric INT4 per output channel per
+#: K-group (these two with 16-bit activations)
+_Q_NONE, _Q_TENSOR, _Q_CHANNEL, _Q_BLOCK, _Q_INT8, _Q_INT4 = 0, 1, 2, 3, 4, 5
 #: the kinds whose activations are quantized to e4m3 before each GEMM
 _W8A8 = (_Q_TENSOR, _Q_CHANNEL, _Q_BLOCK)
 
@@ -89,7 +96,7 @@ def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, topk_w_ptr,  # type
                       A_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, QUANT: tl.constexpr,
                       SCALE_BLOCK: tl.constexpr, DOT_CAST: tl.constexpr,
                       BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-                      GROUP_SIZE_M: tl.constexpr):
+                      GROUP_SIZE_M: tl.constexpr, INT4_F16: tl.constexpr = False, ASM: tl.constexpr = False):
     # group-M tile order over (M-blocks, N-tiles): GROUP_SIZE_M consecutive M-blocks walk the N-tiles together
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
@@ -112,7 +119,10 @@ def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, topk_w_ptr,  # type
     a_ptrs = a_ptr + row[:, None] * stride_am + offs_k[None, :] * stride_ak
     w_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+    if QUANT == 5:  # int4: every K-tile lies in one group (SCALE_BLOCK, the group, is a multiple of BLOCK_SIZE_K)
+        acc = _int4_tiles(acc, a_ptr, w_ptr, w_s_ptr, row, valid, offs_n % N, expert, K, stride_am, stride_ak,
+                          stride_we, stride_wn, stride_wse, stride_wsn, SCALE_BLOCK, BLOCK_SIZE_K, INT4_F16, ASM)
+    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K) if QUANT != 5 else 0):
         k_ok = offs_k < K - k * BLOCK_SIZE_K
         a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
@@ -149,12 +159,46 @@ def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, topk_w_ptr,  # type
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=valid[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _int4_tiles(acc, a_ptr, w_ptr, s_ptr, row, valid, offs_wn, expert, K,  # type: ignore[no-untyped-def]
+                stride_am, stride_ak, stride_we, stride_wn, stride_se, stride_sn,
+                G: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, F16: tl.constexpr, ASM: tl.constexpr):
+    """``acc`` plus A's gathered rows times one expert's int4 codes over all of K: each K-tile is ``BLOCK_SIZE_K /
+    2`` bytes of one group (byte ``j`` of a group holds codes ``j`` and ``j + G/2``), two dots on ``q - 8`` in the
+    16-bit type (:func:`~autoopt.backend.kernels.quant_gemv.int4_tile_dot`), scaled by the group's scale.
+    ``offs_wn`` are wrapped rows (loads stay in bounds; the store masks them)."""
+    HB: tl.constexpr = G // 2
+    TB: tl.constexpr = BLOCK_SIZE_K // 2
+    w_rows = w_ptr + expert * stride_we + offs_wn * stride_wn
+    s_exp = s_ptr + expert * stride_se
+    kp = tl.cdiv(K, G) * G
+    for t in range(0, kp // BLOCK_SIZE_K):
+        byte0 = t * TB
+        pb = byte0 + tl.arange(0, TB)
+        grp = byte0 // HB
+        wb = tl.load(w_rows[:, None] + pb[None, :])
+        k_lo = grp * G + pb % HB
+        k_hi = k_lo + HB
+        a_lo = tl.load(a_ptr + row[:, None] * stride_am + k_lo[None, :] * stride_ak,
+                       mask=valid[:, None] & (k_lo < K)[None, :], other=0.0)
+        a_hi = tl.load(a_ptr + row[:, None] * stride_am + k_hi[None, :] * stride_ak,
+                       mask=valid[:, None] & (k_hi < K)[None, :], other=0.0)
+        acc = int4_tile_dot(acc, a_lo, a_hi, wb, s_exp, s_exp, offs_wn, stride_sn, grp, False, F16, ASM)
+    return acc
+
+
 def _quant_kind(w: Any, w_scale: Any | None) -> int:
     import torch
 
     if w_scale is None:
         return _Q_NONE
     e, n_out, k = w.shape
+    if w.dtype == torch.uint8:
+        if w_scale.dim() != 3 or tuple(w_scale.shape[:2]) != (e, n_out) or (2 * k) % w_scale.shape[2]:
+            raise ValueError(f"int4 experts {tuple(w.shape)} (packed, K/2 bytes a row) take one scale per output "
+                             f"channel per K-group, [E, N_out, groups] with E={e}, N_out={n_out}; got "
+                             f"{tuple(w_scale.shape)}")
+        return _Q_INT4
     if w.dtype == torch.int8:
         if tuple(w_scale.shape) != (e, n_out):
             raise ValueError(f"int8 experts {tuple(w.shape)} take one scale per output channel, [E, N_out] = "
@@ -170,15 +214,28 @@ def _quant_kind(w: Any, w_scale: Any | None) -> int:
                      f"ceil(K/128)] for experts {tuple(w.shape)}")
 
 
-def _check_config(config: Mapping[str, int], quant: int) -> dict[str, int]:
+def _check_config(config: Mapping[str, int], quant: int, group: int = _FP8_BLOCK) -> dict[str, int]:
     missing = [k for k in CONFIG_KEYS if k not in config]
     if missing:
         raise ValueError(f"fused-MoE config lacks {missing}; expected keys {list(CONFIG_KEYS)}")
     cfg = {k: int(config[k]) for k in CONFIG_KEYS}
-    if quant == _Q_BLOCK and cfg["BLOCK_SIZE_K"] > _FP8_BLOCK:
-        raise ValueError(f"BLOCK_SIZE_K={cfg['BLOCK_SIZE_K']} > {_FP8_BLOCK}: a block-FP8 K-tile must lie in one "
-                         "scale block")
+    bk = cfg["BLOCK_SIZE_K"]
+    if quant == _Q_BLOCK and bk > _FP8_BLOCK:
+        raise ValueError(f"BLOCK_SIZE_K={bk} > {_FP8_BLOCK}: a block-FP8 K-tile must lie in one scale block")
+    # int4: a K-tile is two dots of BLOCK_SIZE_K/2 codes (mma's 16-bit K step is 16) inside one group
+    if quant == _Q_INT4 and not (32 <= bk <= group and group % bk == 0):
+        raise ValueError(f"BLOCK_SIZE_K={bk}: int4 experts take 32 to the group {group}, dividing it (a K-tile "
+                         "lies in one group)")
     return cfg
+
+
+def _int4_group(w: Any, w_scale: Any, k: int) -> int:
+    """The K-group of int4 experts ``w`` ``[E, N_out, Kp/2]`` for K = ``k`` (Kp: k padded to the group)."""
+    group = 2 * w.shape[2] // w_scale.shape[2]
+    if -(-k // group) * group != 2 * w.shape[2]:
+        raise ValueError(f"int4 experts {tuple(w.shape)} with {w_scale.shape[2]} groups a row hold K="
+                         f"{2 * w.shape[2]} padded codes, not K={k} padded to groups of {group}")
+    return group
 
 
 def _dot_cast(dtype: Any) -> int:
@@ -200,10 +257,14 @@ def fused_moe_gemm(a: Any, w: Any, out: Any, align: tuple[Any, Any, Any], config
     :func:`moe_align` with ``config["BLOCK_SIZE_M"]``; ``a_div`` = top-k when A holds one row per token,
     1 when one row per slot. ``topk_weights`` ``[M, topk]`` (contiguous) multiplies each slot's row."""
     quant = _quant_kind(w, w_scale)
-    cfg = _check_config(config, quant)
+    _, n_out, k = w.shape
+    group = _FP8_BLOCK
+    if quant == _Q_INT4:
+        k = a.shape[1]
+        group = _int4_group(w, w_scale, k)
+    cfg = _check_config(config, quant, group)
     sorted_ids, expert_ids, ntpp = align
     bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
-    _, n_out, k = w.shape
     em = sorted_ids.numel()
     grid = (triton.cdiv(em, bm) * triton.cdiv(n_out, bn),)
     if quant in _W8A8 and a_scale is None:
@@ -217,16 +278,20 @@ def fused_moe_gemm(a: Any, w: Any, out: Any, align: tuple[Any, Any, Any], config
     elif quant in (_Q_CHANNEL, _Q_INT8):
         w_s = w_s[:, :, None]
     tw = topk_weights.reshape(-1) if topk_weights is not None else a
-    dot_cast = _dot_cast(a.dtype if quant == _Q_INT8 else w.dtype)
+    dot_cast = 0 if quant == _Q_INT4 else _dot_cast(a.dtype if quant == _Q_INT8 else w.dtype)
+    import torch
+
+    int4_f16 = a.dtype == torch.float16 or interpreter_active()  # the interpreter's bf16 dot is wrong
 
     def run() -> None:
         _fused_moe_kernel[grid](
             a, w, out, a_s, w_s, tw, sorted_ids, expert_ids, ntpp, n_out, k, em, num_valid,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
             a_s.stride(0), a_s.stride(1) if a_s.dim() > 1 else 0, w_s.stride(0), w_s.stride(1), w_s.stride(2),
-            A_DIV=a_div, MUL_ROUTED=topk_weights is not None, QUANT=quant, SCALE_BLOCK=_FP8_BLOCK,
+            A_DIV=a_div, MUL_ROUTED=topk_weights is not None, QUANT=quant, SCALE_BLOCK=group,
             DOT_CAST=dot_cast, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            INT4_F16=int4_f16, ASM=not interpreter_active(), num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"])
     return run
 
 
@@ -247,6 +312,22 @@ def _quantize_rows(x: Any, quant: int) -> tuple[Any, Any]:
     return q, s
 
 
+def _check_shapes(w13: Any, w2: Any, w13_scale: Any | None, w2_scale: Any | None) -> None:
+    """Experts ``[E, 2N, K]`` and ``[E, K, N]`` (int4: the last dim packed, K or N padded to the group, halved)."""
+    import torch
+
+    e, two_n = w13.shape[:2]
+    n, k = two_n // 2, w2.shape[1]
+    if w13.dtype == torch.uint8 and w13_scale is not None and w2_scale is not None:
+        gk, gn = 2 * w13.shape[2] // w13_scale.shape[2], 2 * w2.shape[2] // w2_scale.shape[2]
+        want13, want2 = (e, two_n, -(-k // gk) * gk // 2), (e, k, -(-n // gn) * gn // 2)
+    else:
+        want13, want2 = (e, two_n, k), (e, k, n)
+    if two_n % 2 or tuple(w13.shape) != want13 or tuple(w2.shape) != want2:
+        raise ValueError(f"experts w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} are not [E, 2N, K] and [E, K, N] "
+                         "(int4: the last dim packed two codes a byte, padded to the group)")
+
+
 def fused_moe_prepare(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_ids: Any, out: Any, *,
                       config: Mapping[str, int], activation: str = "silu", w13_scale: Any | None = None,
                       w2_scale: Any | None = None, gemm: str = "both") -> Callable[[], None]:
@@ -261,16 +342,15 @@ def fused_moe_prepare(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_id
         raise ValueError(f"activation {activation!r} is not supported; the fused experts run 'silu' (SwiGLU)")
     if gemm not in ("both", "gate_up", "down"):
         raise ValueError(f"gemm must be 'both', 'gate_up' or 'down', got {gemm!r}")
-    e, two_n, k = w13.shape
-    n = w2.shape[2]
-    if two_n != 2 * n or tuple(w2.shape) != (e, k, n):
-        raise ValueError(f"experts w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} are not [E, 2N, K] and [E, K, N]")
+    e, two_n = w13.shape[:2]
+    n, k = two_n // 2, w2.shape[1]
+    _check_shapes(w13, w2, w13_scale, w2_scale)
     topk_ids = topk_ids.contiguous()
     topk_weights = topk_weights.contiguous()
     m, topk = topk_ids.shape
     slots = m * topk
     quant = _quant_kind(w13, w13_scale)
-    cfg = _check_config(config, quant)
+    cfg = _check_config(config, quant, _int4_group(w13, w13_scale, k) if quant == _Q_INT4 else _FP8_BLOCK)
     dev, dt = hidden.device, hidden.dtype
     inter = torch.empty((slots, 2 * n), dtype=dt, device=dev) if gemm == "both" else None
     act = torch.empty((slots, n), dtype=dt, device=dev) if gemm == "both" else None
