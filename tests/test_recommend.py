@@ -215,3 +215,45 @@ def test_fastest_preference_keeps_the_format_predicted_fastest_and_names_the_oth
 def test_fastest_preference_with_a_requested_format_plans_that_format():
     rec = recommend("h100-sxm", "llama-3-8b", preference="fastest", weight_dtype="bf16", runtime="autoopt")
     assert rec.quant.format.name == "bf16"
+
+
+# -- generate()'s per-token host loop ------------------------------------------------------------------------
+
+def test_transformers_generate_is_the_graphed_step_plus_its_host_loop():
+    from autoopt.planning.recommendation import GENERATE_HOST_US
+
+    rec = recommend("h100-sxm", "llama-3-8b", batch=1, prompt_len=128, gen_len=128, phase="decode",
+                    weight_dtype="bf16", cuda_graphs=True, runtime="transformers")
+    p = rec.predicted
+    assert p["generate_token_us"] == pytest.approx(p["decode_step_us"] + GENERATE_HOST_US["transformers"])
+    assert p["generate_host_us"] == GENERATE_HOST_US["transformers"]
+
+
+@pytest.mark.parametrize(("runtime", "graphs"), [(None, True), ("vllm", True), ("transformers", False)])
+def test_no_generate_time_without_a_generate_loop_or_a_graphed_step(runtime, graphs):
+    rec = recommend("h100-sxm", "llama-3-8b", batch=1, prompt_len=128, gen_len=128, phase="decode",
+                    weight_dtype="bf16", cuda_graphs=graphs, runtime=runtime)
+    assert "generate_token_us" not in rec.predicted
+
+
+def test_generate_predictions_are_within_15_percent_of_every_committed_generate_run():
+    # measured through transformers' generate() (static cache, compiled), one process a file
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    runs = [("h100-sxm", results / "h100" / f) for f in ("quant_e2e.json", "quant_e2e_run3.json",
+                                                         "quant_e2e_int4_torchao.json")]
+    runs.append(("h200", results / "h200" / "quant_e2e.json"))
+    checked = 0
+    for profile, path in runs:
+        for name, row in json.loads(path.read_text())["variants"].items():
+            impl, fmt = name.split()
+            if impl not in ("transformers", "autoopt") or "measured_generate_ms_per_token_median" not in row:
+                continue
+            rec = recommend(profile, "llama-3-8b", batch=1, prompt_len=128, gen_len=128, phase="decode",
+                            weight_dtype=fmt, cuda_graphs=True, runtime=impl)
+            ratio = rec.predicted["generate_token_us"] / 1e3 / row["measured_generate_ms_per_token_median"]
+            assert 0.85 <= ratio <= 1.15, (path.name, name, ratio)
+            checked += 1
+    assert checked == 11

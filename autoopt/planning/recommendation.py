@@ -277,6 +277,7 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
     if rt is not None and spec.is_moe:
         ops = _runtime_moe_ops(ops, spec, wl, fit, rt.name, moe_chooser)
     predicted = _totals(fit, costs, plan, head)
+    predicted.update(_generate_token(rt.name if rt else None, wl, predicted))
     offload = _offload(hw, spec, wl, fit, predicted, rt)
     replicas = _replicas(hw, spec, wl, fit, shape)
     _flush_learned()
@@ -286,6 +287,26 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
                           predicted=predicted, notes=fit.notes + costs.notes + _replica_notes(fit, replicas),
                           elapsed_ms=(time.perf_counter() - t0) * 1e3, runtime=rt.name if rt else None,
                           offload=offload, replicas=replicas)
+
+
+#: transformers' ``generate()`` per decoded token beyond the step's GPU time, in us: its Python loop (input
+#: preparation, the compiled forward's guards and CUDA-graph replay, logits processing, stopping criteria, which
+#: read a GPU value every token, so the host's work does not overlap the next step). Fitted at batch 1 with a
+#: static cache (transformers 5.17 compiles the forward and replays it from CUDA graphs) as generate()'s time
+#: per token less the same format's compiled step replayed from one CUDA graph, Llama-3-8B, the lent hosts:
+#: H100 bf16 1.85-2.12, fp8 1.64-1.95, int4 1.36-1.94 ms; H200 fp8 1.92, int4 1.68 ms (9 pairs, median 1.9 ms;
+#: benchmarks/results/{h100,h200}/quant_e2e*.json against quant_trace*.json). The same loop runs an
+#: optimize()d model. A host CPU unlike those machines' moves it; eager generate() is not modelled.
+GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 1900.0}
+
+
+def _generate_token(runtime: str | None, wl: Workload, predicted: Mapping[str, float]) -> dict[str, float]:
+    """``generate_token_us``: one token of the runtime's ``generate()``, the graphed decode step plus its
+    per-token host loop (:data:`GENERATE_HOST_US`); only for the runtimes with such a loop, graphed steps."""
+    host = GENERATE_HOST_US.get(runtime or "")
+    if host is None or not wl.cuda_graphs or "decode_step_us" not in predicted:
+        return {}
+    return {"generate_token_us": predicted["decode_step_us"] + host, "generate_host_us": host}
 
 
 #: what ``preference="fastest"`` compares per phase: the predicted time of the phase asked for
