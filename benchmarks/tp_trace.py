@@ -23,34 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 PROMPT = 128
 
 
-def _graphed_step(model: Any, batch: int) -> Any:
-    """A decode step over a static cache, captured in one CUDA graph; returns its replay."""
-    import torch
-    from transformers import StaticCache
-
-    cache = StaticCache(config=model.config, max_cache_len=PROMPT + 64)
-    ids = torch.randint(0, model.config.vocab_size, (batch, PROMPT), device="cuda")
-    tok = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits.argmax(-1)
-    pos = torch.tensor([PROMPT], device="cuda")
-
-    def step() -> None:
-        logits = model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
-        tok.copy_(logits[:, -1:].argmax(-1))
-        pos.add_(1)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    graph.replay()
-    torch.cuda.synchronize()
-    return graph.replay
-
-
 def _trace(replay: Any, steps: int, barrier: Any = None) -> dict[str, Any]:
     """Kernel GPU time per class per step over ``steps`` replays, and the replays' wall time."""
     import time
@@ -99,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     from autoopt.backend.software import versions
-    from autoopt.nn.e2e import build_model
+    from autoopt.nn.e2e import build_model, capture_decode_step
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
@@ -116,14 +88,15 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         tp = transformers.AutoModelForCausalLM.from_pretrained(ckpt, tp_plan="auto", dtype=torch.bfloat16).eval()
         for b in batches:
-            out["tensor_parallel"][str(b)] = _trace(_graphed_step(tp, b), args.steps, dist.barrier)
+            out["tensor_parallel"][str(b)] = _trace(capture_decode_step(tp, b, PROMPT, PROMPT + 64).replay,
+                                                    args.steps, dist.barrier)
         del tp
         torch.cuda.empty_cache()
         dist.barrier()
         if rank == 0:
             one = build_model(args.model, dtype="bf16", device="cuda", layers=args.layers)
             for b in batches:
-                out["one_gpu"][str(b)] = _trace(_graphed_step(one, b), args.steps)
+                out["one_gpu"][str(b)] = _trace(capture_decode_step(one, b, PROMPT, PROMPT + 64).replay, args.steps)
             Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
         dist.barrier()
     dist.destroy_process_group()

@@ -22,7 +22,7 @@ from autoopt._log import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["PARTS", "VARIANTS", "build_model", "decode_step_ms", "run"]
+__all__ = ["PARTS", "VARIANTS", "CapturedStep", "build_model", "capture_decode_step", "decode_step_ms", "run"]
 
 VARIANTS = ("eager", "compile", "optimize", "optimize+compile")
 #: what run() measures per variant: prefill latency, decode through ``model.generate``, the kernel
@@ -132,17 +132,32 @@ def _decode(model: Any, batch: int, prompt: int, new_tokens: int, device: str, r
     return (long_ms - short_ms) / (new_tokens - short), last[-1][:, prompt:].cpu()
 
 
-def _graphed_decode_ms(model: Any, batch: int, prompt: int, steps: int, compiled: bool = False) -> float:
-    """GPU time per decode step with the whole step (forward over a static cache + greedy argmax)
-    captured in one CUDA graph and replayed ``steps`` times, as a serving runtime runs decode: no
-    Python between steps. ``compiled``: the forward is ``torch.compile``d first (fullgraph, static
-    shapes, Inductor's default mode: its kernels, no CUDA graphs of its own) and that is captured,
-    so the compiled variants are measured in the same harness as the eager ones."""
+class CapturedStep:
+    """A decode step captured in a CUDA graph, and what its kernels read and write (the static cache, the token
+    and position buffers), kept alive with it: freed, their memory could be handed out again while the graph
+    still writes there."""
+
+    __slots__ = ("_keep", "graph")
+
+    def __init__(self, graph: Any, keep: tuple[Any, ...]) -> None:
+        self.graph, self._keep = graph, keep
+
+    def replay(self) -> None:
+        """Decode the next token."""
+        self.graph.replay()
+
+
+def capture_decode_step(model: Any, batch: int, prompt: int, max_cache_len: int, *,
+                        compiled: bool = False) -> CapturedStep:
+    """One decode step (forward over a static cache filled with a random ``prompt``-token batch, then greedy
+    argmax) captured in a CUDA graph and uploaded by a first replay; each ``replay()`` decodes the next token.
+    ``compiled``: the forward is ``torch.compile``d first (fullgraph, static shapes, Inductor's default mode:
+    its kernels, no CUDA graphs of its own) and that is captured."""
     import torch
     from transformers import StaticCache
 
     forward = torch.compile(model.forward, fullgraph=True, dynamic=False) if compiled else model.forward
-    cache = StaticCache(config=model.config, max_cache_len=prompt + steps + 8)
+    cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device="cuda")
     with torch.inference_mode():
         tok = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits.argmax(-1)
@@ -163,13 +178,24 @@ def _graphed_decode_ms(model: Any, batch: int, prompt: int, steps: int, compiled
             step()
         graph.replay()  # first replay uploads the graph
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(steps - 1):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-    del graph
+    return CapturedStep(graph, (cache, tok, pos, forward))
+
+
+def _graphed_decode_ms(model: Any, batch: int, prompt: int, steps: int, compiled: bool = False) -> float:
+    """GPU time per decode step with the whole step captured in one CUDA graph (:func:`capture_decode_step`)
+    and replayed ``steps`` times, as a serving runtime runs decode: no Python between steps. ``compiled``:
+    the compiled forward captured, so the compiled variants are measured in the same harness as the eager
+    ones."""
+    import torch
+
+    captured = capture_decode_step(model, batch, prompt, prompt + steps + 8, compiled=compiled)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps - 1):
+        captured.replay()
+    end.record()
+    torch.cuda.synchronize()
+    del captured
     return start.elapsed_time(end) / (steps - 1)
 
 
