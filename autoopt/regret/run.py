@@ -122,9 +122,8 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
                         **kw)
         eager_us = spec.num_layers * UNCOMPILED_TRANSFORMERS_LAYER_US
         return (float(rec.predicted["decode_step_us"]) + eager_us) / 1e3
-    else:
-        batch = math.ceil(option.batch / option.gpus) if option.layout == "replicas" else option.batch
-        rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
+    batch = math.ceil(option.batch / option.gpus) if option.layout == "replicas" else option.batch
+    rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
     return float(rec.predicted["decode_step_us"]) / 1e3
 
 
