@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run measurement stages on a lent GPU host, from the repository root, results under $OUT.
 #   bash benchmarks/device_session.sh capture profile gputests ranking bench norm models
+#   GPUS=4 bash benchmarks/device_session.sh tptrace regret   (issue 29 on a 4-GPU host; moeint4: issue 28)
 # Each stage's output goes to $OUT/r/<stage>.log (its tail is printed); everything is
 # packed into $OUT/results.tgz (the device tool returns at most 8 files).
 set -u
@@ -30,6 +31,11 @@ for s in "$@"; do
     models)   stage models python3 benchmarks/model_checks.py --check all --out "$R/model_checks.json" ;;
     # several GPUs (nvidia-h200-x2 or larger): issue 15's scaling, each twice to see the host's spread
     fleet)    stage fleet sh -c "for i in 1 2; do python3 benchmarks/fleet_scaling.py --runs 0 all --top 10 --out \"$R/fleet_scaling_\$i.json\"; done; python3 benchmarks/fleet_scaling.py --cli tune --runs 0 all --trials 6 --out '$R/fleet_cli_tune.json'; python3 -m autoopt fleet --measure --format json > '$R/fleet.json'" ;;
+    # issue 29 on 2 or 4 GPUs of one host: where transformers' tensor-parallel step goes, and the regret tables
+    tptrace)  stage tptrace python3 -m torch.distributed.run --standalone --nproc_per_node "${GPUS:-2}" benchmarks/tp_trace.py --out "$R/tp_trace_${GPUS:-2}gpu.json" ;;
+    regret)   stage regret python3 -m autoopt check regret --model llama-3-8b --layers 8 --gpus "${GPUS:-1}" --out "$R/regret_${GPUS:-1}gpu_layers8.json" ;;
+    # issue 28: int4 experts (vLLM's int4_w4a16) tuned on this GPU with autoopt's kernel
+    moeint4)  stage moeint4 python3 -m autoopt export moe-configs --model mixtral-8x7b --tp 8 --dtype int4_w4a16 --tune --no-store --out "$R/moe_int4" ;;
     *) echo "unknown stage $s" ;;
   esac
 done
