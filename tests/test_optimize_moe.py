@@ -319,3 +319,12 @@ def test_by_default_moe_blocks_keep_transformers_experts_and_say_they_measured_f
     assert (row.kind, row.status, row.reason) == ("moe", "kept", MOE_OFF)
     assert "grouped_mm" in MOE_OFF and "moe_e2e.json" in MOE_OFF
     assert not any(isinstance(m, AutooptMoEExperts) for m in model.modules())
+
+
+def test_under_weights_the_replaced_blocks_experts_say_they_stay_16_bit(kernel):
+    from autoopt.nn.optimize import MOE_EXPERTS_16BIT
+
+    report = optimize(build("mixtral", torch.float16), ops=["moe", "linear"], weights="int8")
+    row = report.row("model.layers.0.mlp")
+    assert (row.status, row.weight, row.reason) == ("replaced", "", MOE_EXPERTS_16BIT)
+    assert f"model.layers.0.mlp: {MOE_EXPERTS_16BIT}" in report.notes

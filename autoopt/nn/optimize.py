@@ -331,6 +331,11 @@ _SAMPLES: dict[type, _Sample] = {DenseMatch: _Sample(), NormMatch: _Sample(offse
 _HALF = (torch.bfloat16, torch.float16)
 
 
+#: why a replaced MoE block's experts keep their 16-bit weights under ``weights=`` (said on its row and in the notes)
+MOE_EXPERTS_16BIT = ("its experts stay 16-bit: optimize() quantizes linears, not fused experts (the fused-MoE "
+                     "kernel runs fp8, int8 and int4 experts for the runtimes' configs, autoopt export moe-configs)")
+
+
 def _quantized(match: Replacing) -> str | None:
     """The weight format ``match`` quantizes into (None: 16-bit)."""
     weight: str | None = getattr(match, "weight", None)
@@ -531,7 +536,9 @@ class _Walk:
         """The reason of a replaced row (also a report note): why it fell back to 16 bits, or why it stays
         16-bit under ``weights=``; empty for the others."""
         why = built.note
-        if not why and self.weights is not None and _quantized(built.match) is None:
+        if not why and self.weights is not None and isinstance(built.match, MoEMatch):
+            why = MOE_EXPERTS_16BIT
+        elif not why and self.weights is not None and _quantized(built.match) is None:
             why = self.keep_16bit.get(id(built.rep.__dict__.get("_autoopt_original")), "")
         if why:
             self.notes.append(f"{path}: {why}")
