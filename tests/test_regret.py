@@ -272,3 +272,16 @@ def test_rescoring_with_an_unknown_profile_exits_2_in_one_line(tmp_path, capsys)
     assert main([str(run), "--profile", "no-such-gpu", "--out", str(tmp_path / "o.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no-such-gpu" in err
+
+
+def test_a_one_gpu_option_is_priced_with_the_attention_glue_it_runs_uncompiled():
+    from autoopt.planning.recommendation import UNCOMPILED_AUTOOPT_LAYER_US, recommend
+    from autoopt.regret.run import model_spec, predicted_ms
+
+    hw = load_profile("h100-sxm")
+    spec = model_spec("llama-3-8b", 8)
+    one = Option(weights="int4", cuda_graphs=True, batch=8, gpus=1)
+    base = recommend(hw, spec, batch=8, runtime="autoopt", max_devices=1, prompt_len=128, gen_len=16,
+                     phase="decode", weight_dtype="int4", cuda_graphs=True)
+    want = (base.predicted["decode_step_us"] + 8 * UNCOMPILED_AUTOOPT_LAYER_US) / 1e3
+    assert predicted_ms(hw, spec, one) == pytest.approx(want)

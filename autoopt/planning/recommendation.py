@@ -1026,6 +1026,13 @@ GLUE_KERNEL_US = 1.54
 #: which run transformers' tp_plan uncompiled (regret_{2,4}gpu_layers8.json: predicted over measured went from
 #: 0.33-0.57 to 0.56-0.84 with them).
 UNCOMPILED_TRANSFORMERS_LAYER_US = 62.1
+#: the same for an optimize()d model, whose norms, MLP and linears are autoopt's kernels already: what stays
+#: uncompiled is transformers' attention glue (rotary, cache writes, the attention's views and casts). Eager
+#: against compiled graphed step over 32 layers: H100 fp8 31.4 and 30.9, int4 31.2 and 32.6; H200 fp8 29.5,
+#: int4 29.8 us a layer (quant_trace.json, quant_trace_fma_pipelined.json, h200/quant_trace.json). The regret
+#: harness adds it to the options it times uncompiled: its graphed rows' median |ln(predicted / measured)|
+#: went from 0.170 to 0.092 (60 rows, regret_{1,2,4}gpu_layers8.json, which did not fit it).
+UNCOMPILED_AUTOOPT_LAYER_US = 31.0
 
 
 def _attention_glue(dev: Device, layer: Sequence[LayerOp], nkv: int, runtime: str | None, *, graphed: bool,

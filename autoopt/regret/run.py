@@ -109,11 +109,16 @@ def model_spec(model: str, layers: int | None) -> Any:
 
 
 def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
-    """recommend()'s decode step for ``option``, in ms: one GPU (runtime ``autoopt``); tensor-parallel over
-    its GPUs (no runtime rule: the registry's transformers entry plans layer splits, not its ``tp_plan``),
-    plus the uncompiled pointwise kernels of transformers' modules, which the option runs and a shard pays
-    whole; replicas: one GPU's step at the replica's share of the batch (they run at once)."""
-    from autoopt.planning.recommendation import UNCOMPILED_TRANSFORMERS_LAYER_US, recommend
+    """recommend()'s decode step for ``option``, in ms, plus the pointwise kernels that the harness's models
+    run uncompiled and recommend() prices compiled: one GPU (runtime ``autoopt``, plus transformers' attention
+    glue); tensor-parallel over its GPUs (no runtime rule: the registry's transformers entry plans layer
+    splits, not its ``tp_plan``; plus all of transformers' modules' glue, which a shard pays whole); replicas:
+    one GPU's step at the replica's share of the batch (they run at once)."""
+    from autoopt.planning.recommendation import (
+        UNCOMPILED_AUTOOPT_LAYER_US,
+        UNCOMPILED_TRANSFORMERS_LAYER_US,
+        recommend,
+    )
 
     kw: dict[str, Any] = dict(prompt_len=PROMPT, gen_len=16, phase="decode", weight_dtype=option.weights,
                               cuda_graphs=option.cuda_graphs)
@@ -124,7 +129,7 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
         return (float(rec.predicted["decode_step_us"]) + eager_us) / 1e3
     batch = math.ceil(option.batch / option.gpus) if option.layout == "replicas" else option.batch
     rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
-    return float(rec.predicted["decode_step_us"]) / 1e3
+    return (float(rec.predicted["decode_step_us"]) + spec.num_layers * UNCOMPILED_AUTOOPT_LAYER_US) / 1e3
 
 
 def recommended(hardware: HardwareProfile, spec: Any, batch: int, predicted: Mapping[Option, float | None]
