@@ -9,7 +9,6 @@ intact and at most a ``.NAME.*.tmp`` beside it; a failure removes the temporary 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 __all__ = ["write_atomic"]
@@ -17,6 +16,8 @@ __all__ = ["write_atomic"]
 
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
     """Replace ``path`` with ``data`` (text is written as UTF-8) atomically; OSError as raised."""
+    import tempfile  # here, not at import: tempfile (shutil, bz2, lzma, random) is ~5 ms of a cold recommend()
+
     target = Path(path)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:

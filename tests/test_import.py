@@ -38,6 +38,14 @@ def test_import_time_reported_by_importtime_is_well_under_150ms():
     assert best < 150_000, f"import autoopt took {best} us"
 
 
+def test_a_cold_recommend_does_not_import_tempfile():
+    # the stores' atomic writer imports it when it writes: tempfile (shutil, bz2, lzma, random) is ~5 ms
+    out = _run("import sys, autoopt\n"
+               "autoopt.recommend('h100-sxm', 'llama-3-8b', batch=1, phase='decode')\n"
+               "print('tempfile' in sys.modules)")
+    assert out.stdout.strip() == "False"
+
+
 def test_importtime_lists_neither_torch_nor_triton():
     lines = _run("import autoopt", "-X", "importtime").stderr.splitlines()
     names = {ln.rsplit("|", 1)[-1].strip() for ln in lines if "|" in ln}
