@@ -294,7 +294,7 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
 #: read a GPU value every token, so the host's work does not overlap the next step). Fitted at batch 1 with a
 #: static cache (transformers 5.17 compiles the forward and replays it from CUDA graphs) as generate()'s time
 #: per token less the same format's compiled step replayed from one CUDA graph, Llama-3-8B, the lent hosts:
-#: H100 bf16 1.85-2.12, fp8 1.64-1.95, int4 1.36-1.94 ms; H200 fp8 1.92, int4 1.68 ms (9 pairs, median 1.9 ms;
+#: H100 bf16 1.85-2.12, fp8 1.64-1.95, int4 1.36-1.94 ms; H200 fp8 1.92, int4 1.68 ms (10 pairs, median 1.9 ms;
 #: benchmarks/results/{h100,h200}/quant_e2e*.json against quant_trace*.json). The same loop runs an
 #: optimize()d model. A host CPU unlike those machines' moves it; eager generate() is not modelled.
 GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 1900.0}
