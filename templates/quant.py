@@ -208,11 +208,13 @@ class QuantGemvTemplate(_QuantTemplate):
 
     @staticmethod
     def block_ms(op: OpSpec) -> tuple[int, ...]:
-        """``BLOCK_M`` values: ``next_pow2(M)``, and at M = 1 for symmetric int4 also the 16-row dot tile (the
-        FMA path's int4 decode takes 6.7 SASS instructions a weight against the dot path's 3.2, counted in
-        the sm_90 loops of ``quant_gemv.py``; on the H100, ``quant_kernels_int4dot.json``, the dot path's
-        best ran 0.84-0.97x the FMA path's time on Llama-3-8B's four linears). Asymmetric int4 keeps the
-        FMA path: its dot tile also sums the activations for the offsets, and its best ran 1.03-1.36x."""
+        """``BLOCK_M`` values: ``next_pow2(M)``, and at M = 1 for symmetric int4 also the 16-row dot tile, each
+        path faster on some linears: the dot path's loop takes ~3.4 SASS instructions a weight at one warp
+        against the FMA path's ~5.8-6.5 (sm_90, counted offline), but since the FMA loop stages its tiles the
+        best of each on the H100 (``quant_kernels_fma_pipelined.json``, Llama-3-8B) was dot 16.5 / 14.2 /
+        44.0 / 28.3 us against FMA 15.0 / 13.4 / 42.7 / 31.0 (qkv / o / gate_up / down). Asymmetric int4
+        keeps the FMA path: its dot tile also sums the activations for the offsets, and its best ran 1.03-1.36x
+        the FMA path's (``quant_kernels_int4dot.json``, before the staging)."""
         m = op.shape[0]
         fmt = _fmt(op)
         if m == 1 and fmt.name == "int4" and fmt.symmetric:
