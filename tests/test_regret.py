@@ -260,7 +260,9 @@ def test_tensor_parallel_is_predicted_with_transformers_uncompiled_modules():
     assert predicted_ms(hw, spec, tp) == pytest.approx(want)
 
 
-def test_rescoring_with_an_unknown_profile_exits_2_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("profile", ["no-such-gpu", "/dev/urandom", "big", "not-a-profile", "run"])
+def test_rescoring_with_a_profile_that_is_none_exits_2_in_one_line(tmp_path, capsys, profile):
+    # a name the library lacks, a device, a huge file, JSON of another shape, and a run that recorded none
     import sys
     from pathlib import Path
 
@@ -268,10 +270,17 @@ def test_rescoring_with_an_unknown_profile_exits_2_in_one_line(tmp_path, capsys)
     sys.path.insert(0, str(root))
     from benchmarks.rescore_regret import main
 
+    if profile == "big":
+        profile = str(tmp_path / "big.json")
+        Path(profile).write_bytes(b" " * (3 << 20))
+    elif profile == "not-a-profile":
+        profile = str(tmp_path / "p.json")
+        Path(profile).write_text('{"a": 1}')
     run = root / "benchmarks" / "results" / "h100" / "regret_1gpu_layers8.json"
-    assert main([str(run), "--profile", "no-such-gpu", "--out", str(tmp_path / "o.json")]) == 2
+    assert main([str(run), "--profile", profile, "--out", str(tmp_path / "o.json")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "no-such-gpu" in err
+    assert err.count("\n") == 0 and err.startswith("rescore_regret: ")
+    assert not (tmp_path / "o.json").exists()
 
 
 def test_a_one_gpu_option_is_priced_with_the_attention_glue_it_runs_uncompiled():
