@@ -7,6 +7,7 @@ cheaper python/torch/triton set: it is taken once per config).
 
 from __future__ import annotations
 
+import importlib
 import platform
 from typing import Any
 
@@ -19,18 +20,11 @@ def versions() -> dict[str, Any]:
 
     out: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
                            "cuda": torch.version.cuda}
-    try:
-        import triton
-
-        out["triton"] = triton.__version__
-    except Exception as exc:
-        out["triton"] = f"unavailable: {type(exc).__name__}"
-    try:
-        import transformers
-
-        out["transformers"] = transformers.__version__
-    except Exception as exc:
-        out["transformers"] = f"unavailable: {type(exc).__name__}"
+    for name in ("triton", "transformers"):
+        try:
+            out[name] = importlib.import_module(name).__version__
+        except Exception as exc:
+            out[name] = f"unavailable: {type(exc).__name__}"
     try:
         import pynvml
 
