@@ -313,7 +313,8 @@ def test_a_mirror_keeps_only_what_json_carries_exactly(tmp_path):
 # -- where the results cache is -------------------------------------------------------------
 
 @pytest.mark.parametrize("env", [{}, {"XDG_CACHE_HOME": "/tmp/xdg-cache"}, {"XDG_CACHE_HOME": ""},
-                                 {"XDG_CACHE_HOME": "relative/dir"}, {"HOME": "/tmp/home-dir/"}])
+                                 {"XDG_CACHE_HOME": "relative/dir"}, {"HOME": "/tmp/home-dir/"},
+                                 {"HOME": None}, {"HOME": ""}, {"HOME": "relative-home"}])
 def test_the_store_folder_is_platformdirs_own_answer(monkeypatch, env):
     import platformdirs
 
@@ -322,7 +323,10 @@ def test_the_store_folder_is_platformdirs_own_answer(monkeypatch, env):
     monkeypatch.delenv("AUTOOPT_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     for k, v in env.items():
-        monkeypatch.setenv(k, v)
+        if v is None:
+            monkeypatch.delenv(k, raising=False)
+        else:
+            monkeypatch.setenv(k, v)
     assert default_path() == Path(platformdirs.user_cache_dir("autoopt")) / "results.sqlite3"
 
 

@@ -51,9 +51,11 @@ def _linux_cache_dir() -> str | None:
     """``platformdirs.user_cache_dir()`` without ``appname`` on plain Linux, computed without importing
     platformdirs (which imports tempfile, shutil, bz2, lzma, random: ~8 ms of a cold ``recommend()`` on
     a 2-core box). Only the case every platformdirs release (3.x, 4.x) answers alike: ``$XDG_CACHE_HOME``
-    when it is an absolute path, else ``~/.cache`` with an absolute ``$HOME``. None for anything else
-    (other systems, Android, a relative or blank ``$XDG_CACHE_HOME`` or ``$HOME``): ask platformdirs.
-    tests/test_results_store.py checks the two agree."""
+    when it is an absolute path, else ``~/.cache`` with an absolute ``$HOME``, or with ``$HOME`` unset the
+    account's home from the password database (what ``os.path.expanduser`` reads; CI runners and
+    services often start without ``$HOME``). None for anything else (other systems, Android, a relative
+    or blank ``$XDG_CACHE_HOME`` or ``$HOME``): ask platformdirs. tests/test_rank_cache.py checks the
+    two agree."""
     import sys
 
     if sys.platform != "linux" or hasattr(sys, "getandroidapilevel") or os.environ.get("ANDROID_DATA"):
@@ -62,6 +64,7 @@ def _linux_cache_dir() -> str | None:
     if xdg is not None:
         return xdg if os.path.isabs(xdg) else None
     home = os.environ.get("HOME")
-    if not home or not os.path.isabs(home):
+    if home is not None and not os.path.isabs(home):
         return None
-    return os.path.expanduser("~/.cache")
+    cache = os.path.expanduser("~/.cache")  # with $HOME unset: pwd.getpwuid(os.getuid()).pw_dir
+    return cache if os.path.isabs(cache) else None
