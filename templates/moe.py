@@ -73,15 +73,17 @@ SPACE: dict[str, tuple[int, ...]] = {
     "num_stages": (2, 3, 4, 5),
 }
 #: formats the backend kernel runs (autoopt/backend/kernels/fused_moe.py), by name: 16-bit experts (None), W8A8
-#: FP8 per channel and per 128 x 128 block, W8A16 INT8 per channel, W4A16 INT4 per channel per K-group
-#: (symmetric only: vLLM's int4_w4a16 without zero points)
+#: FP8 per channel and per 128 x 128 block (not weight-only: FP8 experts run on FP8 tensor cores), W8A16 INT8 per
+#: channel, W4A16 INT4 per channel per K-group, symmetric or with offsets (vLLM's int4_w4a16 with zero points)
 FORMATS = (None, "fp8", "fp8_block", "int8", "int4")
 
 
 def served(op: OpSpec) -> bool:
     """Whether the backend kernel runs ``op``'s weight format (any spelling of it: ``int4`` is ``int4-g128``)."""
     fmt = op.weight_format
-    return fmt is None or (fmt.name in FORMATS and (fmt.name != "int4" or fmt.symmetric))
+    if fmt is None:
+        return True
+    return fmt.name in FORMATS and (not fmt.name.startswith("fp8") or fmt.quantizes_activations)
 #: the binomial sums run over mean +- this many standard deviations (the tails beyond hold < 1e-30)
 _SD_WINDOW = 12.0
 

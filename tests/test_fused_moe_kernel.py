@@ -148,7 +148,7 @@ def test_fused_experts_refuse_weights_not_in_the_fused_layout():
 # -- through the registry and the runner --------------------------------------------------------------
 
 @pytest.mark.parametrize("gemm", ["both", "gate_up", "down"])
-@pytest.mark.parametrize("weight", [None, "fp8", "fp8_block", "int8", "int4"])
+@pytest.mark.parametrize("weight", [None, "fp8", "fp8_block", "int8", "int4", "int4-asym"])
 def test_runner_checks_the_kernel_against_the_float64_reference(gemm, weight):
     op = OpSpec(kind="fused_moe", shape=(7, 5, 2, 64, 160), dtype="fp16", weight=weight, moe_gemm=gemm)
     cfg = KernelConfig(kernel="fused_moe", params={**CFG, "BLOCK_SIZE_K": 64})
@@ -242,6 +242,33 @@ def test_int4_experts_match_their_dequantized_experts(m, e, topk, n, k, bk):
     got = fused_experts(x, q13, q2, weights, ids, config=cfg, w13_scale=s13, w2_scale=s2).float()
     want = fused_experts(x, d13, d2, weights, ids, config=cfg).float()
     assert (got - want).norm() / want.norm() < 5e-3
+
+
+def test_asymmetric_int4_experts_match_their_dequantized_experts():
+    from autoopt.backend.quant import dequantize, quantize
+
+    gen = torch.Generator().manual_seed(3)
+    m, e, topk, n, k = 9, 3, 2, 48, 200  # K and N not multiples of the group: zero-padded codes
+    x = torch.randn(m, k, generator=gen).half()
+    packs = []
+    for rows, cols in ((2 * n, k), (k, n)):
+        qs = [quantize(torch.randn(rows, cols, generator=gen) / cols ** 0.5 + 0.05, "int4-asym") for _ in range(e)]
+        packs.append(tuple(torch.stack(t) for t in zip(*((q.qweight, q.scales, q.offsets, dequantize(q).half())
+                                                         for q in qs), strict=True)))
+    (q13, s13, z13, d13), (q2, s2, z2, d2) = packs
+    weights, ids = torch.softmax(torch.randn(m, e, generator=gen), -1).topk(topk, -1)
+    cfg = {**CFG, "BLOCK_SIZE_K": 64}
+    got = fused_experts(x, q13, q2, weights, ids, config=cfg, w13_scale=s13, w2_scale=s2, w13_offset=z13,
+                        w2_offset=z2).float()
+    want = fused_experts(x, d13, d2, weights, ids, config=cfg).float()
+    assert (got - want).norm() / want.norm() < 5e-3
+
+
+def test_offsets_beside_int8_experts_are_refused():
+    q = torch.zeros(2, 8, 16, dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"offsets \(zero points\) are an int4 option"):
+        fused_moe_gemm(torch.zeros(1, 16).half(), q, torch.zeros(1, 8).half(), moe_align(torch.zeros(1, 1).long(),
+                       16, 2), CFG, a_div=1, num_valid=1, w_scale=torch.ones(2, 8), w_offset=torch.ones(2, 8))
 
 
 @pytest.mark.parametrize("bk", [16, 256])

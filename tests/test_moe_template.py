@@ -160,11 +160,17 @@ def test_fp8_experts_need_fp8_tensor_cores():
     assert any("fp8" in p for p in T.validate(A100, op, cfg(gpu=A100)))
 
 
-def test_symmetric_int4_experts_are_offered_and_asymmetric_ones_are_not():
-    # the kernel's int4 is vLLM's int4_w4a16 without zero points
+def test_int4_experts_with_or_without_offsets_are_offered():
+    # the kernel's int4 is vLLM's int4_w4a16, with zero points (int4-asym) or without
     assert T.applies(H100, OpSpec(kind="fused_moe", shape=(64, *MIXTRAL), weight="int4"))
-    assert not T.applies(H100, OpSpec(kind="fused_moe", shape=(64, *MIXTRAL), weight="int4-asym"))
+    assert T.applies(H100, OpSpec(kind="fused_moe", shape=(64, *MIXTRAL), weight="int4-asym"))
     assert T.applies(H100, OpSpec(kind="fused_moe", shape=(64, *MIXTRAL), weight="fp8"))
+
+
+def test_weight_only_fp8_experts_are_not_offered():
+    # the kernel runs FP8 experts W8A8 only (e4m3 activations on FP8 tensor cores)
+    assert not T.applies(H100, OpSpec(kind="fused_moe", shape=(64, *MIXTRAL), weight="fp8-wo"))
+    assert not T.applies(H100, OpSpec(kind="fused_moe", shape=(64, *MIXTRAL), weight="fp8_block-wo"))
 
 
 @pytest.mark.parametrize(("bk", "ok"), [(16, False), (32, True), (128, True), (256, False)])

@@ -227,12 +227,16 @@ def _moe_inputs(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
             qdt = {"int8": torch.int8, "int4": torch.uint8}.get(fmt.name, torch.float8_e4m3fn)
             out[name] = torch.empty((e, *fmt.packed_shape(rows, cols)), dtype=qdt, device="meta")
             out[f"{name}_scale"] = torch.empty((e, *fmt.scale_shape(rows, cols)), dtype=torch.float32, device="meta")
+            if not fmt.symmetric:
+                out[f"{name}_offset"] = torch.empty_like(out[f"{name}_scale"])
             continue
         from autoopt.backend.quant import quantize
 
         packed = [quantize(_randn((rows, cols), op.dtype, device, gen, cols ** -0.5), fmt) for _ in range(e)]
         out[name] = torch.stack([q.qweight for q in packed])
         out[f"{name}_scale"] = torch.stack([q.scales.float() for q in packed])
+        if not fmt.symmetric:
+            out[f"{name}_offset"] = torch.stack([q.offsets.float() for q in packed])
     return out
 
 
@@ -262,7 +266,10 @@ def _moe_reference(inputs: dict[str, Any], op: OpSpec) -> Any:
             from autoopt.backend.quant import QuantizedWeight, dequantize
 
             rows, cols = (2 * n, k) if name == "w13" else (k, n)
-            q = QuantizedWeight.of(fmt, rows, cols, {"qweight": inputs[name][i], "scales": inputs[f"{name}_scale"][i]})
+            packed = {"qweight": inputs[name][i], "scales": inputs[f"{name}_scale"][i]}
+            if not fmt.symmetric:
+                packed["offsets"] = inputs[f"{name}_offset"][i]
+            q = QuantizedWeight.of(fmt, rows, cols, packed)
             return dequantize(q).to(torch.float64)
         w = inputs[name][i].to(torch.float64)
         if fmt is None:
@@ -402,7 +409,8 @@ def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
         from autoopt.backend.kernels.fused_moe import fused_moe_prepare
         return fused_moe_prepare(inputs["x"], inputs["w13"], inputs["w2"], inputs["topk_weights"], inputs["topk_ids"],
                                  out, config=params, w13_scale=inputs.get("w13_scale"),
-                                 w2_scale=inputs.get("w2_scale"), gemm=op.moe_gemm or "both")
+                                 w2_scale=inputs.get("w2_scale"), gemm=op.moe_gemm or "both",
+                                 w13_offset=inputs.get("w13_offset"), w2_offset=inputs.get("w2_offset"))
     if name in ("quant_gemv", "quant_gemm", "quant_dequant_cublas"):
         if op is None:
             raise ConfigError(f"kernel {name!r} needs the op (its weight format) to bind its inputs")

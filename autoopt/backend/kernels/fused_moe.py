@@ -21,11 +21,12 @@ per 128 x 128 block (``[E, ceil(N_out/128), ceil(K/128)]``), activations quantiz
 128-group for blocks) by ``act_quant.py`` before each GEMM; or W8A16 INT8 (vLLM's ``int8_w8a16``): int8 experts
 with an fp32 scale per output channel (``[E, N_out]``), the 16-bit activations as they are, each weight tile
 converted to their type on chip (exact: |code| <= 127) and the channel scale applied once after the K loop; or
-W4A16 INT4 (vLLM's ``int4_w4a16`` without zero points): each expert as :func:`autoopt.backend.quant.quantize`
+W4A16 INT4 (vLLM's ``int4_w4a16``): each expert as :func:`autoopt.backend.quant.quantize`
 packs ``int4`` (``uint8`` ``[E, N_out, Kp/2]``, K padded to the group, byte ``j`` of a group holding codes ``j``
-and ``j + G/2``; symmetric scales ``[E, N_out, Kp/G]``), decoded to ``q - 8`` in the activations' type by the
-dense GEMV's PTX (``quant_gemv.int4_tile_dot``), a K-tile inside one group (``32 <= BLOCK_SIZE_K <= G``) and
-its product scaled by the group's scale.
+and ``j + G/2``; scales ``[E, N_out, Kp/G]``, and for ``int4-asym`` offsets of the same shape, ``w = (q - 8) s +
+z``: vLLM's zero points, stored as the value at the middle code), decoded to ``q - 8`` in the activations' type
+by the dense GEMV's PTX (``quant_gemv.int4_tile_dot``), a K-tile inside one group (``32 <= BLOCK_SIZE_K <= G``)
+and its product scaled by the group's scale (plus the offset times the tile's activation sum).
 Under Triton's CPU interpreter (triton 3.9) a bf16 ``tl.dot`` is wrong and there is no fp8 dot: the operands
 go through fp32 / fp16 there (exact).
 """
@@ -89,14 +90,15 @@ def moe_align(topk_ids: Any, block_m: int, num_experts: int) -> tuple[Any, Any, 
 
 
 @triton.jit
-def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, topk_w_ptr,  # type: ignore[no-untyped-def]
+def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, w_z_ptr, topk_w_ptr,  # type: ignore[no-untyped-def]
                       sorted_ids_ptr, expert_ids_ptr, ntpp_ptr, N, K, EM, num_valid,
                       stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
                       stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk,
                       A_DIV: tl.constexpr, MUL_ROUTED: tl.constexpr, QUANT: tl.constexpr,
                       SCALE_BLOCK: tl.constexpr, DOT_CAST: tl.constexpr,
                       BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-                      GROUP_SIZE_M: tl.constexpr, INT4_F16: tl.constexpr = False, ASM: tl.constexpr = False):
+                      GROUP_SIZE_M: tl.constexpr, INT4_F16: tl.constexpr = False, ASM: tl.constexpr = False,
+                      HAS_Z: tl.constexpr = False):
     # group-M tile order over (M-blocks, N-tiles): GROUP_SIZE_M consecutive M-blocks walk the N-tiles together
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(EM, BLOCK_SIZE_M)
@@ -120,8 +122,9 @@ def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, topk_w_ptr,  # type
     w_ptrs = w_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     if QUANT == 5:  # int4: every K-tile lies in one group (SCALE_BLOCK, the group, is a multiple of BLOCK_SIZE_K)
-        acc = _int4_tiles(acc, a_ptr, w_ptr, w_s_ptr, row, valid, offs_n % N, expert, K, stride_am, stride_ak,
-                          stride_we, stride_wn, stride_wse, stride_wsn, SCALE_BLOCK, BLOCK_SIZE_K, INT4_F16, ASM)
+        acc = _int4_tiles(acc, a_ptr, w_ptr, w_s_ptr, w_z_ptr, row, valid, offs_n % N, expert, K, stride_am,
+                          stride_ak, stride_we, stride_wn, stride_wse, stride_wsn, SCALE_BLOCK, BLOCK_SIZE_K, INT4_F16,
+                          ASM, HAS_Z)
     for k in range(0, tl.cdiv(K, BLOCK_SIZE_K) if QUANT != 5 else 0):
         k_ok = offs_k < K - k * BLOCK_SIZE_K
         a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
@@ -160,17 +163,20 @@ def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, topk_w_ptr,  # type
 
 
 @triton.jit
-def _int4_tiles(acc, a_ptr, w_ptr, s_ptr, row, valid, offs_wn, expert, K,  # type: ignore[no-untyped-def]
+def _int4_tiles(acc, a_ptr, w_ptr, s_ptr, z_ptr, row, valid, offs_wn, expert, K,  # type: ignore[no-untyped-def]
                 stride_am, stride_ak, stride_we, stride_wn, stride_se, stride_sn,
-                G: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, F16: tl.constexpr, ASM: tl.constexpr):
+                G: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, F16: tl.constexpr, ASM: tl.constexpr,
+                HAS_Z: tl.constexpr):
     """``acc`` plus A's gathered rows times one expert's int4 codes over all of K: each K-tile is ``BLOCK_SIZE_K /
     2`` bytes of one group (byte ``j`` of a group holds codes ``j`` and ``j + G/2``), two dots on ``q - 8`` in the
-    16-bit type (:func:`~autoopt.backend.kernels.quant_gemv.int4_tile_dot`), scaled by the group's scale.
-    ``offs_wn`` are wrapped rows (loads stay in bounds; the store masks them)."""
+    16-bit type (:func:`~autoopt.backend.kernels.quant_gemv.int4_tile_dot`), scaled by the group's scale
+    (``HAS_Z``: plus its offset, laid out as the scales, times the tile's activation sums). ``offs_wn`` are
+    wrapped rows (loads stay in bounds; the store masks them)."""
     HB: tl.constexpr = G // 2
     TB: tl.constexpr = BLOCK_SIZE_K // 2
     w_rows = w_ptr + expert * stride_we + offs_wn * stride_wn
     s_exp = s_ptr + expert * stride_se
+    z_exp = z_ptr + expert * stride_se
     kp = tl.cdiv(K, G) * G
     for t in range(0, kp // BLOCK_SIZE_K):
         byte0 = t * TB
@@ -183,7 +189,7 @@ def _int4_tiles(acc, a_ptr, w_ptr, s_ptr, row, valid, offs_wn, expert, K,  # typ
                        mask=valid[:, None] & (k_lo < K)[None, :], other=0.0)
         a_hi = tl.load(a_ptr + row[:, None] * stride_am + k_hi[None, :] * stride_ak,
                        mask=valid[:, None] & (k_hi < K)[None, :], other=0.0)
-        acc = int4_tile_dot(acc, a_lo, a_hi, wb, s_exp, s_exp, offs_wn, stride_sn, grp, False, F16, ASM)
+        acc = int4_tile_dot(acc, a_lo, a_hi, wb, s_exp, z_exp, offs_wn, stride_sn, grp, HAS_Z, F16, ASM)
     return acc
 
 
@@ -212,6 +218,17 @@ def _quant_kind(w: Any, w_scale: Any | None) -> int:
         return _Q_BLOCK
     raise ValueError(f"weight scales {tuple(w_scale.shape)} fit none of [E], [E, N_out], [E, ceil(N_out/128), "
                      f"ceil(K/128)] for experts {tuple(w.shape)}")
+
+
+def _check_offset(quant: int, w_scale: Any | None, w_offset: Any | None) -> None:
+    """Offsets only beside int4 scales, in their shape (the kernel reads both through one set of strides)."""
+    if w_offset is None:
+        return
+    if quant != _Q_INT4 or w_scale is None:
+        raise ValueError("weight offsets (zero points) are an int4 option; these experts are not int4")
+    if tuple(w_offset.shape) != tuple(w_scale.shape) or w_offset.stride() != w_scale.stride():
+        raise ValueError(f"int4 offsets {tuple(w_offset.shape)} must have the scales' shape {tuple(w_scale.shape)} "
+                         "and strides")
 
 
 def _check_config(config: Mapping[str, int], quant: int, group: int = _FP8_BLOCK) -> dict[str, int]:
@@ -248,15 +265,17 @@ def _dot_cast(dtype: Any) -> int:
 
 def fused_moe_gemm(a: Any, w: Any, out: Any, align: tuple[Any, Any, Any], config: Mapping[str, int], *,
                    a_div: int, num_valid: int, w_scale: Any | None = None, a_scale: Any | None = None,
-                   topk_weights: Any | None = None) -> Callable[[], None]:
+                   topk_weights: Any | None = None, w_offset: Any | None = None) -> Callable[[], None]:
     """A launcher of one expert GEMM: ``out[s] = (A[s // a_div] @ w[e(s)]^T) [* topk_weights[s]]`` for each
     real slot ``s`` (``out`` ``[num_valid, N_out]``; padding rows are never written).
 
     ``a`` ``[rows, K]`` (16-bit, or e4m3 with ``a_scale`` ``[rows]`` / ``[rows, ceil(K/128)]``), ``w``
     ``[E, N_out, K]`` (16-bit, or e4m3 with ``w_scale``: see the module docstring), ``align`` from
     :func:`moe_align` with ``config["BLOCK_SIZE_M"]``; ``a_div`` = top-k when A holds one row per token,
-    1 when one row per slot. ``topk_weights`` ``[M, topk]`` (contiguous) multiplies each slot's row."""
+    1 when one row per slot. ``topk_weights`` ``[M, topk]`` (contiguous) multiplies each slot's row.
+    ``w_offset``: asymmetric int4's offsets, the scales' shape and strides."""
     quant = _quant_kind(w, w_scale)
+    _check_offset(quant, w_scale, w_offset)
     _, n_out, k = w.shape
     group = _FP8_BLOCK
     if quant == _Q_INT4:
@@ -278,6 +297,7 @@ def fused_moe_gemm(a: Any, w: Any, out: Any, align: tuple[Any, Any, Any], config
     elif quant in (_Q_CHANNEL, _Q_INT8):
         w_s = w_s[:, :, None]
     tw = topk_weights.reshape(-1) if topk_weights is not None else a
+    w_z = w_offset if w_offset is not None else w_s
     dot_cast = 0 if quant == _Q_INT4 else _dot_cast(a.dtype if quant == _Q_INT8 else w.dtype)
     import torch
 
@@ -285,12 +305,12 @@ def fused_moe_gemm(a: Any, w: Any, out: Any, align: tuple[Any, Any, Any], config
 
     def run() -> None:
         _fused_moe_kernel[grid](
-            a, w, out, a_s, w_s, tw, sorted_ids, expert_ids, ntpp, n_out, k, em, num_valid,
+            a, w, out, a_s, w_s, w_z, tw, sorted_ids, expert_ids, ntpp, n_out, k, em, num_valid,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
             a_s.stride(0), a_s.stride(1) if a_s.dim() > 1 else 0, w_s.stride(0), w_s.stride(1), w_s.stride(2),
             A_DIV=a_div, MUL_ROUTED=topk_weights is not None, QUANT=quant, SCALE_BLOCK=group,
             DOT_CAST=dot_cast, BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=cfg["GROUP_SIZE_M"],
-            INT4_F16=int4_f16, ASM=not interpreter_active(), num_warps=cfg["num_warps"],
+            INT4_F16=int4_f16, ASM=not interpreter_active(), HAS_Z=w_offset is not None, num_warps=cfg["num_warps"],
             num_stages=cfg["num_stages"])
     return run
 
@@ -330,7 +350,8 @@ def _check_shapes(w13: Any, w2: Any, w13_scale: Any | None, w2_scale: Any | None
 
 def fused_moe_prepare(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_ids: Any, out: Any, *,
                       config: Mapping[str, int], activation: str = "silu", w13_scale: Any | None = None,
-                      w2_scale: Any | None = None, gemm: str = "both") -> Callable[[], None]:
+                      w2_scale: Any | None = None, gemm: str = "both", w13_offset: Any | None = None,
+                      w2_offset: Any | None = None) -> Callable[[], None]:
     """A launcher of :func:`fused_experts` (``gemm="both"``) or of one of its GEMMs writing ``out``.
 
     ``gemm="gate_up"``: ``hidden`` ``[M, K]`` -> ``out`` ``[M*topk, 2N]`` (one row per slot). ``gemm="down"``:
@@ -361,33 +382,36 @@ def fused_moe_prepare(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_id
         if gemm == "down":
             x, xs = _quantize_rows(hidden, quant) if quant in _W8A8 else (hidden, None)
             fused_moe_gemm(x, w2, out, align, cfg, a_div=1, num_valid=slots, w_scale=w2_scale, a_scale=xs,
-                           topk_weights=topk_weights)()
+                           topk_weights=topk_weights, w_offset=w2_offset)()
             return
         x, xs = _quantize_rows(hidden, quant) if quant in _W8A8 else (hidden, None)
         first = out if gemm == "gate_up" else inter
-        fused_moe_gemm(x, w13, first, align, cfg, a_div=topk, num_valid=slots, w_scale=w13_scale, a_scale=xs)()
+        fused_moe_gemm(x, w13, first, align, cfg, a_div=topk, num_valid=slots, w_scale=w13_scale, a_scale=xs,
+                       w_offset=w13_offset)()
         if gemm == "gate_up":
             return
         assert inter is not None and act is not None and partial is not None
         torch.mul(torch.nn.functional.silu(inter[:, :n]), inter[:, n:], out=act)
         y, ys = _quantize_rows(act, quant) if quant in _W8A8 else (act, None)
         fused_moe_gemm(y, w2, partial, align, cfg, a_div=1, num_valid=slots, w_scale=w2_scale, a_scale=ys,
-                       topk_weights=topk_weights)()
+                       topk_weights=topk_weights, w_offset=w2_offset)()
         torch.sum(partial.view(m, topk, k), dim=1, out=out)
     return run
 
 
 def fused_experts(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_ids: Any, *, config: Mapping[str, int],
-                  activation: str = "silu", w13_scale: Any | None = None, w2_scale: Any | None = None) -> Any:
+                  activation: str = "silu", w13_scale: Any | None = None, w2_scale: Any | None = None,
+                  w13_offset: Any | None = None, w2_offset: Any | None = None) -> Any:
     """A MoE layer's experts: ``sum_j topk_weights[:, j] * down_e(silu(gate_e(x)) * up_e(x))``, ``e = topk_ids[:, j]``.
 
     ``hidden`` ``[M, K]``; ``w13`` ``[E, 2N, K]`` (gate rows first, then up: transformers 5's
     ``gate_up_proj``); ``w2`` ``[E, K, N]`` (``down_proj``); ``topk_weights`` / ``topk_ids`` ``[M, topk]``;
     ``config``: the six runtime keys (one config for both GEMMs). FP8 experts: e4m3 ``w13``/``w2`` with
-    their scales. Returns ``[M, K]`` in ``hidden``'s dtype."""
+    their scales; int4 experts: packed codes, scales and (asymmetric) offsets. Returns ``[M, K]`` in
+    ``hidden``'s dtype."""
     import torch
 
     out = torch.empty((hidden.shape[0], w2.shape[1]), dtype=hidden.dtype, device=hidden.device)
     fused_moe_prepare(hidden, w13, w2, topk_weights, topk_ids, out, config=config, activation=activation,
-                      w13_scale=w13_scale, w2_scale=w2_scale)()
+                      w13_scale=w13_scale, w2_scale=w2_scale, w13_offset=w13_offset, w2_offset=w2_offset)()
     return out
