@@ -16,6 +16,11 @@ reason): no CUDA device, another dtype, bf16 under the interpreter (its bf16 ``t
 ``float32_matmul_precision('highest')`` (the kernel's fp32 dot is TF32), no tokens, autograd, and a build
 without the kernel (``UNAVAILABLE``).
 
+Quantized experts (:func:`fused_moe_quant`, ``torch.ops.autoopt.fused_moe_quant``): the same contract over
+experts packed per expert by :func:`autoopt.backend.quant.quantize` into a format the kernel runs
+(:func:`expert_format_problem` says which: ``fp8`` and ``fp8_block`` W8A8, ``int8``, ``int4`` symmetric or
+asymmetric), stacked ``[E, ...]``; the torch fallback dequantizes one expert at a time.
+
 The kernel config for a token count M comes from :func:`_moe_config`, the one place that decides it.
 """
 
@@ -43,7 +48,8 @@ from autoopt.nn.dispatch import (
 )
 from autoopt.nn.ops import _direct, _grad_needed
 
-__all__ = ["ACTIVATIONS", "CONFIG_KEYS", "fused_moe", "kernel_problem", "kernels_at", "torch_experts"]
+__all__ = ["ACTIVATIONS", "CONFIG_KEYS", "expert_format_problem", "fused_moe", "fused_moe_quant", "kernel_problem",
+           "kernels_at", "torch_experts", "torch_experts_quant"]
 
 #: the activations the fused kernel computes between its two GEMMs (``act(gate) * up``).
 ACTIVATIONS = ("silu",)
@@ -56,17 +62,19 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # -- the config per token count ---------------------------------------------------------------------------
 
 
-def _config_for(m: int, experts: int, n: int, k: int, topk: int) -> tuple[tuple[str, int], ...]:
-    """The config the runtimes' files would hold for this shape: rank()'s pick for the fused_moe op at the
-    runtime M key nearest ``m`` (vLLM's lookup: a new prefill length reuses its bucket's config instead of
-    ranking, and compiling, one per length)."""
+def _config_for(m: int, experts: int, n: int, k: int, topk: int, weight: str | None = None
+                ) -> tuple[tuple[str, int], ...]:
+    """The config the runtimes' files would hold for this shape (and experts' format): rank()'s pick for the
+    fused_moe op at the runtime M key nearest ``m`` (vLLM's lookup: a new prefill length reuses its bucket's
+    config instead of ranking, and compiling, one per length)."""
     from autoopt.runtimes.moe_configs import nearest_m
 
-    return _ranked(nearest_m(m), experts, n, k, topk)
+    return _ranked(nearest_m(m), experts, n, k, topk, weight)
 
 
 @functools.lru_cache(maxsize=256)
-def _ranked(key_m: int, experts: int, n: int, k: int, topk: int) -> tuple[tuple[str, int], ...]:
+def _ranked(key_m: int, experts: int, n: int, k: int, topk: int, weight: str | None = None
+            ) -> tuple[tuple[str, int], ...]:
     """rank()'s pick for the fused_moe op on the GPU the ops rank for; a winner measured on this device
     before comes first (rank(measured=True))."""
     import torch
@@ -79,14 +87,14 @@ def _ranked(key_m: int, experts: int, n: int, k: int, topk: int) -> tuple[tuple[
     gpu = _gpu_for(torch.device(dev_type), dev_type)
     if gpu is None:
         raise RuntimeError("no GPU profile to rank the fused-MoE config for")
-    op = OpSpec(kind="fused_moe", shape=(key_m, experts, topk, n, k), dtype="bf16")
+    op = OpSpec(kind="fused_moe", shape=(key_m, experts, topk, n, k), dtype="bf16", weight=weight)
     return tuple(moe_config(op, gpu).items())
 
 
-def _moe_config(m: int, experts: int, n: int, k: int, topk: int) -> dict[str, int]:
+def _moe_config(m: int, experts: int, n: int, k: int, topk: int, weight: str | None = None) -> dict[str, int]:
     """The kernel config (:data:`CONFIG_KEYS`) for ``m`` tokens routed ``topk`` of ``experts`` experts of
-    intermediate ``n`` over hidden ``k``: a new dict each call (the kernel may keep it)."""
-    return dict(_config_for(m, experts, n, k, topk))
+    intermediate ``n`` over hidden ``k`` (in format ``weight``): a new dict each call (the kernel may keep it)."""
+    return dict(_config_for(m, experts, n, k, topk, weight))
 
 
 # -- which path runs ---------------------------------------------------------------------------------------
@@ -101,16 +109,41 @@ def _kernel() -> Callable[..., Tensor] | str:
     return kernel
 
 
-def kernel_problem(m: int, dtype: torch.dtype, device: torch.device) -> str | None:
-    """Why ``m`` tokens of ``dtype`` on ``device`` run torch rather than the fused kernel (None: the kernel
-    runs), starting with one of :data:`autoopt.nn.dispatch.FALLBACK_REASONS`. Grad is not asked here."""
+def expert_format_problem(spec: str) -> str | None:
+    """Why experts cannot be quantized into weight format ``spec`` (None: the fused kernel runs it): FP8
+    experts run W8A8 only (on FP8 tensor cores; a weight-only FP8 spec is what a GPU without them gets)."""
+    from autoopt.kernels.quant import parse_weight
+
+    fmt = parse_weight(spec)
+    if fmt.name.startswith("fp8") and not fmt.quantizes_activations:
+        return (f"{fmt.spec} is weight-only FP8: the fused-MoE kernel runs FP8 experts W8A8, on FP8 tensor cores "
+                "(sm_89+); int8 or int4 experts run on this GPU")
+    return None
+
+
+def _fp8_problem(weight: str | None, device: torch.device) -> str | None:
+    """Why W8A8 FP8 experts cannot run on ``device`` (a CUDA GPU before sm_89), else None."""
+    if weight is None or not weight.startswith("fp8") or device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) >= (8, 9):
+        return None
+    return f"{UNAVAILABLE} (FP8 experts need FP8 tensor cores, sm_89+; this GPU is sm_{major}{minor})"
+
+
+def kernel_problem(m: int, dtype: torch.dtype, device: torch.device, weight: str | None = None) -> str | None:
+    """Why ``m`` tokens of ``dtype`` on ``device`` (experts in format ``weight``) run torch rather than the fused
+    kernel (None: the kernel runs), starting with one of :data:`autoopt.nn.dispatch.FALLBACK_REASONS`. Grad is
+    not asked here."""
     dev_type = device.type
     interpreting = interpreter_active()
     if not (dev_type == "cuda" or (dev_type == "cpu" and interpreting)):
         return (f"{NO_CUDA} (tensors on {device}; Triton kernels run on CUDA devices, or on the CPU only under "
                 "TRITON_INTERPRET=1)")
-    if dtype not in _DTYPES:
-        return f"{DTYPE} ({str(dtype).removeprefix('torch.')}; the kernel covers float16, bfloat16 and float32)"
+    if dtype not in _DTYPES or (weight is not None and dtype == torch.float32):
+        covered = "float16 and bfloat16 for quantized experts" if weight is not None else \
+            "float16, bfloat16 and float32"
+        return f"{DTYPE} ({str(dtype).removeprefix('torch.')}; the kernel covers {covered})"
     if interpreting and dtype == torch.bfloat16:
         return (f"{INTERPRETER_BF16} (the interpreter's bf16 tl.dot gives wrong results in triton 3.9 with "
                 "torch 2.13)")
@@ -119,19 +152,24 @@ def kernel_problem(m: int, dtype: torch.dtype, device: torch.device) -> str | No
         return tf32
     if m == 0:
         return f"{EMPTY} (no tokens)"
+    fp8 = _fp8_problem(weight, device)
+    if fp8 is not None:
+        return fp8
     kernel = _kernel()
     return kernel if isinstance(kernel, str) else None
 
 
-def kernels_at(m: int, experts: int, n: int, k: int, topk: int, dtype: torch.dtype, device: torch.device) -> str:
-    """What runs the experts of ``m`` tokens, as a report row says it: the kernel and its config, or torch and
-    why."""
-    problem = kernel_problem(m, dtype, device)
+def kernels_at(m: int, experts: int, n: int, k: int, topk: int, dtype: torch.dtype, device: torch.device,
+               weight: str | None = None) -> str:
+    """What runs the experts of ``m`` tokens (in format ``weight``), as a report row says it: the kernel and its
+    config, or torch and why."""
+    problem = kernel_problem(m, dtype, device, weight)
     if problem is not None:
         return f"torch ({problem})"
-    config = " ".join(f"{key}={value}" for key, value in _config_for(m, experts, n, k, topk))
+    config = " ".join(f"{key}={value}" for key, value in _config_for(m, experts, n, k, topk, weight))
     where = ", interpreter" if interpreter_active() and device.type == "cpu" else ""
-    return f"fused_moe {config} [rank(){where}]"
+    fmt = f" {weight}" if weight is not None else ""
+    return f"fused_moe{fmt} {config} [rank(){where}]"
 
 
 # -- the op -------------------------------------------------------------------------------------------------
@@ -236,4 +274,144 @@ def fused_moe(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, top
     if _direct(hidden, w13, w2, topk_weights, topk_ids):
         return _fused_moe_impl(hidden, w13, w2, topk_weights, topk_ids, activation)
     out: Tensor = torch.ops.autoopt.fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation)
+    return out
+
+
+# -- quantized experts -------------------------------------------------------------------------------------------
+
+
+def _packed(weight: str, w: Tensor, s: Tensor, z: Tensor | None, e: int, rows: int, cols: int) -> Any:
+    """Expert ``e`` of stacked packed experts as a :class:`~autoopt.backend.quant.QuantizedWeight` ``[rows, cols]``."""
+    from autoopt.backend.quant import QuantizedWeight
+
+    tensors = {"qweight": w[e], "scales": s[e]}
+    if z is not None:
+        tensors["offsets"] = z[e]
+    return QuantizedWeight.of(weight, rows, cols, tensors)
+
+
+def _check_quant(hidden: Any, w13: Any, w2: Any, w13_scale: Any, w2_scale: Any, topk_weights: Any,
+                 topk_ids: Any, weight: Any, activation: Any) -> tuple[int, int]:
+    """``(N, K)`` of packed experts that fit ``hidden`` and the routing; ValueError/TypeError naming what does not."""
+    from autoopt.errors import OpError
+    from autoopt.kernels.quant import parse_weight
+
+    for name, t in (("hidden", hidden), ("w13", w13), ("w2", w2), ("w13_scale", w13_scale), ("w2_scale", w2_scale),
+                    ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"autoopt.nn.fused_moe_quant: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"autoopt.nn.fused_moe_quant: activation must be one of {', '.join(map(repr, ACTIVATIONS))},"
+                         f" got {activation!r}")
+    try:
+        fmt = parse_weight(weight)
+    except OpError as exc:
+        raise ValueError(f"autoopt.nn.fused_moe_quant: {exc}") from None
+    if hidden.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError(f"autoopt.nn.fused_moe_quant: hidden must be 2-D [M, K], w13 and w2 3-D; got "
+                         f"{tuple(hidden.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
+    m, k = hidden.shape
+    e, two_n = w13.shape[:2]
+    n = two_n // 2
+    want13, want2 = (e, *fmt.packed_shape(two_n, k)), (e, *fmt.packed_shape(k, n))
+    if two_n % 2 or tuple(w13.shape) != want13 or tuple(w2.shape) != want2:
+        raise ValueError(f"autoopt.nn.fused_moe_quant: {fmt.spec} experts for hidden [M, K] = [{m}, {k}] are w13 "
+                         f"{list(want13)} and w2 {list(want2)}; got {tuple(w13.shape)}, {tuple(w2.shape)}")
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != m or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"autoopt.nn.fused_moe_quant: topk_ids and topk_weights must both be [M, topk] with M = {m};"
+                         f" got {tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
+    return n, k
+
+
+def torch_experts_quant(hidden: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tensor, w2_scale: Tensor,
+                        topk_weights: Tensor, topk_ids: Tensor, weight: str, w13_offset: Tensor | None = None,
+                        w2_offset: Tensor | None = None, activation: str = "silu") -> Tensor:
+    """The contract in torch over packed experts: :func:`torch_experts` with each routed expert dequantized (to
+    ``hidden``'s dtype) when its turn comes, so no more than one expert is ever 16-bit. W8A8 formats quantize
+    each GEMM's activations as the kernel does (per token, or per token per 128-group), then dequantize them."""
+    from autoopt.backend.quant import dequantize, dequantize_activations, quantize_activations
+    from autoopt.kernels.quant import parse_weight
+
+    fmt = parse_weight(weight)
+
+    def act(x: Tensor) -> Tensor:
+        if not fmt.quantizes_activations:
+            return x
+        return dequantize_activations(*quantize_activations(x, fmt)).to(x.dtype)
+
+    m, k = hidden.shape
+    topk = topk_ids.shape[1]
+    n = w13.shape[1] // 2
+    out = torch.zeros(m, k, dtype=torch.float32, device=hidden.device)
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    weights = topk_weights.reshape(-1).float()
+    start = 0
+    for e, count in enumerate(counts):
+        if count == 0:
+            continue
+        pairs = order[start:start + count]
+        start += count
+        tokens = pairs // topk
+        g13 = dequantize(_packed(weight, w13, w13_scale, w13_offset, e, 2 * n, k)).to(hidden.dtype)
+        gate_up = F.linear(act(hidden[tokens]), g13)
+        h = F.silu(gate_up[:, :n]) * gate_up[:, n:]
+        g2 = dequantize(_packed(weight, w2, w2_scale, w2_offset, e, k, n)).to(hidden.dtype)
+        out.index_add_(0, tokens, F.linear(act(h), g2).float() * weights[pairs, None])
+    return out.to(hidden.dtype)
+
+
+def _fused_moe_quant_impl(hidden: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tensor, w2_scale: Tensor,
+                          topk_weights: Tensor, topk_ids: Tensor, weight: str, w13_offset: Tensor | None = None,
+                          w2_offset: Tensor | None = None, activation: str = "silu") -> Tensor:
+    n, k = _check_quant(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, weight, activation)
+    problem = kernel_problem(hidden.shape[0], hidden.dtype, hidden.device, weight)
+    if problem is not None:
+        note_fallback("fused_moe", problem)
+        return torch_experts_quant(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, weight, w13_offset,
+                                   w2_offset, activation)
+    kernel = _kernel()
+    assert not isinstance(kernel, str)
+    config = _moe_config(hidden.shape[0], w13.shape[0], n, k, topk_ids.shape[1], weight)
+    out: Tensor = kernel(hidden.contiguous(), w13, w2, topk_weights.float(), topk_ids, config=config,
+                         activation=activation, w13_scale=w13_scale, w2_scale=w2_scale, w13_offset=w13_offset,
+                         w2_offset=w2_offset)
+    return out
+
+
+_fused_moe_quant_op = torch.library.custom_op(
+    "autoopt::fused_moe_quant", mutates_args=(),
+    schema="(Tensor hidden, Tensor w13, Tensor w2, Tensor w13_scale, Tensor w2_scale, Tensor topk_weights, "
+           "Tensor topk_ids, str weight, Tensor? w13_offset, Tensor? w2_offset, str activation) -> Tensor",
+)(_fused_moe_quant_impl)
+
+
+@_fused_moe_quant_op.register_fake
+def _fused_moe_quant_fake(hidden: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tensor, w2_scale: Tensor,
+                          topk_weights: Tensor, topk_ids: Tensor, weight: str, w13_offset: Tensor | None = None,
+                          w2_offset: Tensor | None = None, activation: str = "silu") -> Tensor:
+    _check_quant(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, weight, activation)
+    return hidden.new_empty(hidden.shape)
+
+
+def fused_moe_quant(hidden: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tensor, w2_scale: Tensor,
+                    topk_weights: Tensor, topk_ids: Tensor, weight: str, w13_offset: Tensor | None = None,
+                    w2_offset: Tensor | None = None, activation: str = "silu") -> Tensor:
+    """:func:`fused_moe` over experts packed in format ``weight`` (the module docstring): ``w13``/``w2`` stacked
+    per expert as :func:`autoopt.backend.quant.quantize` packs ``[2N, K]`` and ``[K, N]``, their scales (and
+    int4-asym offsets) stacked alike. The fused kernel, or torch where it cannot run (packed weights carry
+    no grad: only ``hidden`` and ``topk_weights`` can ask for one)."""
+    args = (hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, weight, w13_offset, w2_offset, activation)
+    if _grad_needed(hidden, topk_weights):
+        _check_quant(hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, weight, activation)
+        if not torch.compiler.is_compiling():
+            note_fallback("fused_moe", f"{AUTOGRAD} (an input requires grad with grad mode on; the kernel has no "
+                                       "backward: run under torch.no_grad()/torch.inference_mode())")
+        return torch_experts_quant(*args)
+    tensors = [t for t in (hidden, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, w13_offset, w2_offset)
+               if t is not None]
+    if _direct(*tensors):
+        return _fused_moe_quant_impl(*args)
+    out: Tensor = torch.ops.autoopt.fused_moe_quant(*args)
     return out

@@ -36,7 +36,13 @@ from autoopt.nn.modules import (
     AutooptQKV,
     AutooptRMSNorm,
 )
-from autoopt.nn.quant_modules import AutooptQuantGatedMLP, AutooptQuantLinear, AutooptQuantQKV, pack_rows
+from autoopt.nn.quant_modules import (
+    AutooptQuantGatedMLP,
+    AutooptQuantLinear,
+    AutooptQuantMoEExperts,
+    AutooptQuantQKV,
+    pack_rows,
+)
 
 __all__ = ["BUILDERS", "Builder", "build"]
 
@@ -98,11 +104,15 @@ def _quant_linear(m: nn.Module, match: QuantLinearMatch, inner: Mapping[str, nn.
     return AutooptQuantLinear(m, pack_rows([m.weight], fmt))
 
 
-def _moe(block: nn.Module, match: MoEMatch, inner: Mapping[str, nn.Module]) -> AutooptMoEExperts:
-    """The block's experts child as one fused-MoE call; the block itself (its router, a shared expert) is not
-    replaced."""
-    return AutooptMoEExperts(block.get_submodule(match.experts_name), activation=match.activation,
-                             transposed=match.transposed, top_k=match.top_k)
+def _moe(block: nn.Module, match: MoEMatch, inner: Mapping[str, nn.Module]
+         ) -> AutooptMoEExperts | AutooptQuantMoEExperts:
+    """The block's experts child as one fused-MoE call (over its experts packed in ``match.weight``, where that
+    is set); the block itself (its router, a shared expert) is not replaced."""
+    experts = block.get_submodule(match.experts_name)
+    if match.weight is not None:
+        return AutooptQuantMoEExperts(experts, weight=match.weight, activation=match.activation,
+                                      transposed=match.transposed, top_k=match.top_k)
+    return AutooptMoEExperts(experts, activation=match.activation, transposed=match.transposed, top_k=match.top_k)
 
 
 #: the builder of each match kind.

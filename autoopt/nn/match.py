@@ -267,6 +267,8 @@ class MoEMatch:
     activation: str
     transposed: bool
     others: tuple[str, ...] = ()
+    #: the format each expert is quantized into (None: the experts' own 16-bit tensors run)
+    weight: str | None = None
 
     @property
     def in_features(self) -> int:
@@ -275,6 +277,9 @@ class MoEMatch:
     @property
     def shape(self) -> str:
         return f"{self.experts}x({self.hidden}->2x{self.intermediate}->{self.hidden}) top-{self.top_k}"
+
+    def sixteen_bit(self) -> MoEMatch:
+        return replace(self, weight=None)
 
 
 #: the matches a builder serves (:data:`autoopt.nn.build.BUILDERS`).

@@ -64,14 +64,19 @@ model's output embedding) and a weight shared with another tensor stay 16-bit, a
 hence its error, differ from any other's) against its 16-bit layer on the same two samples; its relative
 error is in its report row, and over the format's bound (:data:`autoopt.nn.compare.QUANT_BOUNDS`: fp8 6 %,
 int8 3 %, int4 15 %) ``check=True`` keeps the layer 16-bit (its 16-bit replacement, checked as usual) and
-the report says so. A checkpoint's own block-FP8 linears (transformers' ``FP8Linear``) are recognised
-whatever ``weights=`` says and run ``fp8_block`` on their own tensors, checked against their dequantized
-weight.
+the report says so. A replaced MoE block's experts (``ops`` with ``moe``) are quantized too, each expert on
+its own (:class:`~autoopt.nn.quant_modules.AutooptQuantMoEExperts`, one ``fused_moe_quant`` call), in the
+formats the fused-MoE kernel runs (W8A8 ``fp8``/``fp8_block``, ``int8``, ``int4`` with or without offsets; a
+weight-only FP8 spec leaves them 16-bit and the row says why); the block is checked whole, against
+:data:`MOE_BOUND_FACTOR` times the format's bound (three chained quantized products). A checkpoint's own
+block-FP8 linears (transformers' ``FP8Linear``) are recognised whatever ``weights=`` says and run ``fp8_block``
+on their own tensors, checked against their dequantized weight.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -116,6 +121,7 @@ from autoopt.nn.modules import (
 from autoopt.nn.quant_modules import (
     AutooptQuantGatedMLP,
     AutooptQuantLinear,
+    AutooptQuantMoEExperts,
     AutooptQuantQKV,
     QuantLinear,
     QuantReplacement,
@@ -240,6 +246,10 @@ def _kernels_at(rep: nn.Module, m: int, dtype: Any = None) -> dict[str, str]:
         w = rep.gate_up_proj
         return {"fused_moe": _moe.kernels_at(m, rep.experts, rep.intermediate, rep.hidden, rep.top_k, w.dtype,
                                              w.device)}
+    if isinstance(rep, AutooptQuantMoEExperts):
+        return {"fused_moe": _moe.kernels_at(m, rep.experts, rep.intermediate, rep.hidden, rep.top_k,
+                                             dtype if dtype is not None else torch.bfloat16,
+                                             rep.packed("w13")[0].device, rep.weight_format)}
     if isinstance(rep, AutooptPlainMLP):
         fc1 = rep.fc1
         w = fc1.weight
@@ -331,9 +341,18 @@ _SAMPLES: dict[type, _Sample] = {DenseMatch: _Sample(), NormMatch: _Sample(offse
 _HALF = (torch.bfloat16, torch.float16)
 
 
-#: why a replaced MoE block's experts keep their 16-bit weights under ``weights=`` (said on its row and in the notes)
-MOE_EXPERTS_16BIT = ("its experts stay 16-bit: optimize() quantizes linears, not fused experts (the fused-MoE "
-                     "kernel runs fp8, int8 and int4 experts for the runtimes' configs, autoopt export moe-configs)")
+#: a quantized MoE block is checked whole (the fused call has no seam between its GEMMs): gate_up, then
+#: silu(gate) * up, then down, three quantized products whose independent errors add in quadrature, so its
+#: bound is the format's per-linear bound times sqrt(3). Measured on the tiny Mixtral, Qwen3-MoE and OLMoE of
+#: tests/test_optimize_moe.py (fp16, every expert): per-GEMM error int4 0.086-0.098, fp8 W8A8 0.036, int8
+#: 0.006 (medians); the blocks' 0.15-0.18, 0.061-0.066 and 0.010-0.011, 1.6-1.9x (sqrt(3) = 1.73).
+MOE_BOUND_FACTOR = math.sqrt(3.0)
+
+
+def moe_experts_16bit(spec: str) -> str:
+    """Why a replaced MoE block's experts keep their 16-bit weights under ``weights=spec`` (its row and a note)."""
+    why = _moe.expert_format_problem(spec)
+    return f"its experts stay 16-bit: {why}" if why else "its experts stay 16-bit (they are not bfloat16/float16)"
 
 
 def _quantized(match: Replacing) -> str | None:
@@ -472,6 +491,8 @@ class _Walk:
             assert isinstance(rep, QuantLinear)
             original = _Dequantized(rep)
         tol = max(_bound(s) for s in specs) if specs else tolerance(dtype, matmul=how.matmul)
+        if specs and isinstance(match, MoEMatch):
+            tol *= MOE_BOUND_FACTOR
         return self._verify(key, original, candidate,
                             lambda t: sample(match.in_features, dtype, device, tokens=t, seed=how.seed,
                                              offset=how.offset), tol, quantized=bool(specs))
@@ -536,8 +557,8 @@ class _Walk:
         """The reason of a replaced row (also a report note): why it fell back to 16 bits, or why it stays
         16-bit under ``weights=``; empty for the others."""
         why = built.note
-        if not why and self.weights is not None and isinstance(built.match, MoEMatch):
-            why = MOE_EXPERTS_16BIT
+        if not why and self.weights is not None and isinstance(built.match, MoEMatch) and built.match.weight is None:
+            why = moe_experts_16bit(self.weights)
         elif not why and self.weights is not None and _quantized(built.match) is None:
             why = self.keep_16bit.get(id(built.rep.__dict__.get("_autoopt_original")), "")
         if why:

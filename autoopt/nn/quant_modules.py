@@ -10,7 +10,9 @@ e4m3 weight and ``weight_scale_inv``, untouched):
   ``[2I, H]`` weight (its ``gate_up`` child), with the fused activation and its ``down_proj``
   (quantized or not, checked on its own);
 - :class:`AutooptQuantQKV` at an attention's ``q_proj`` (its parts at ``k_proj`` / ``v_proj``): q/k/v as
-  one quantized ``[Nq + Nk + Nv, H]`` weight.
+  one quantized ``[Nq + Nk + Nv, H]`` weight;
+- :class:`AutooptQuantMoEExperts`: a MoE block's experts, each expert's ``[2N, K]`` and ``[K, N]`` packed on its
+  own and stacked (:func:`pack_experts`), run in one call of :func:`autoopt.nn._moe.fused_moe_quant`.
 
 **Memory.** A replacement is built beside the original (the original's 16-bit weights still there, the
 check compares the two), then swapped in; with ``keep_original=False`` (the default) the walk then calls
@@ -31,11 +33,12 @@ import torch
 from torch import nn
 
 from autoopt.errors import RestoreError
+from autoopt.nn import _moe
 from autoopt.nn import ops as _ops
 from autoopt.nn.modules import QKVOwner, Replacement, _param, gated_activation
 
-__all__ = ["AutooptQuantGatedMLP", "AutooptQuantLinear", "AutooptQuantQKV", "AutooptQuantQKVPart", "QuantLinear",
-           "QuantReplacement", "pack_rows"]
+__all__ = ["AutooptQuantGatedMLP", "AutooptQuantLinear", "AutooptQuantMoEExperts", "AutooptQuantQKV",
+           "AutooptQuantQKVPart", "QuantLinear", "QuantReplacement", "pack_experts", "pack_rows"]
 
 
 #: elements of a weight quantized at once: the quantizer works in fp32 with a few temporaries of the
@@ -284,3 +287,78 @@ class AutooptQuantQKVPart(QuantReplacement, nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}, a slice of q_proj's fused quantized qkv GEMM"
+
+
+def pack_experts(experts: torch.Tensor, fmt: Any, *, transposed: bool = False) -> dict[str, torch.Tensor]:
+    """Experts ``[E, rows, cols]`` (``transposed``: stored ``[E, cols, rows]``) packed in ``fmt`` one expert at a
+    time (:func:`pack_rows`: bounded fp32 temporaries) into stacked ``qweight``/``scales`` (/``offsets``) tensors
+    ``[E, ...]`` allocated once: the 16-bit experts are never copied whole."""
+    out: dict[str, torch.Tensor] = {}
+    for e in range(experts.shape[0]):
+        w = experts[e].t() if transposed else experts[e]
+        packed = pack_rows([w], fmt).tensors()
+        for name, t in packed.items():
+            if name not in out:
+                out[name] = torch.empty((experts.shape[0], *t.shape), dtype=t.dtype, device=t.device)
+            out[name][e].copy_(t)
+        del packed
+    return out
+
+
+class AutooptQuantMoEExperts(QuantReplacement, nn.Module):
+    """A MoE block's experts as one fused-MoE call over quantized experts (:func:`autoopt.nn._moe.fused_moe_quant`),
+    called as the block calls its experts, ``experts(hidden [T, K], top_k_index [T, k], top_k_weights [T, k])``.
+
+    Buffers ``w13_qweight``/``w13_scales`` (``[E, ...]`` of each expert's ``[2N, K]`` gate/up packed by
+    :func:`autoopt.backend.quant.quantize`), ``w2_qweight``/``w2_scales`` (its ``[K, N]`` down), and
+    ``*_offsets`` for asymmetric int4. Transposed experts (Aria) are packed from their transposes."""
+
+    kind = "moe"
+
+    def __init__(self, original: nn.Module, *, weight: str, activation: str, transposed: bool, top_k: int) -> None:
+        super().__init__()
+        from autoopt.kernels.quant import parse_weight
+
+        fmt = parse_weight(weight)
+        self.weight_format: str = fmt.spec
+        gate_up, down = _param(original, "gate_up_proj"), _param(original, "down_proj")
+        self.experts = int(gate_up.shape[0])
+        self.hidden = int(down.shape[2] if transposed else down.shape[1])
+        self.intermediate = int(down.shape[1] if transposed else down.shape[2])
+        act = getattr(original, "act_fn", None)
+        if isinstance(act, nn.Module):
+            self.act_fn = act
+        self.activation, self.transposed, self.top_k = activation, transposed, top_k
+        for prefix, stacked in (("w13", gate_up), ("w2", down)):
+            for name, t in pack_experts(stacked.detach(), fmt, transposed=transposed).items():
+                self.register_buffer(f"{prefix}_{name}", t)
+        self._adopt(original)
+
+    def packed(self, prefix: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(qweight, scales, offsets or None)`` of ``w13`` or ``w2``."""
+        return (getattr(self, f"{prefix}_qweight"), getattr(self, f"{prefix}_scales"),
+                getattr(self, f"{prefix}_offsets", None))
+
+    def packed_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for p in ("w13", "w2") for t in self.packed(p) if t is not None)
+
+    def sixteen_bit(self) -> tuple[nn.Parameter, ...]:
+        original = self.original
+        return tuple(p for name in ("gate_up_proj", "down_proj")
+                     if isinstance(p := original._parameters.get(name), nn.Parameter) and p.dtype.itemsize > 1)
+
+    def extra_bytes(self) -> int:
+        """The packed experts, while the original 16-bit ones are kept beside them (``keep_original=True``)."""
+        return self.packed_bytes() if self.freed is None and self.sixteen_bit() else 0
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        (w13, s13, z13), (w2, s2, z2) = self.packed("w13"), self.packed("w2")
+        k, topk = hidden_states.shape[-1], top_k_index.shape[-1]
+        out = _moe.fused_moe_quant(hidden_states.reshape(-1, k), w13, w2, s13, s2, top_k_weights.reshape(-1, topk),
+                                   top_k_index.reshape(-1, topk), self.weight_format, z13, z2, self.activation)
+        return out.view(hidden_states.shape)
+
+    def extra_repr(self) -> str:
+        return (f"{self.experts} experts {self.hidden}->2x{self.intermediate}->{self.hidden}, {self.weight_format}, "
+                f"{self.activation}")

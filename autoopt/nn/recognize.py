@@ -776,10 +776,20 @@ def _moe_match(m: nn.Module, parts: MoEParts, context: Context) -> MoEMatch | st
         if err <= tol:
             return MoEMatch(experts_name=name, router_name=parts.router_name, experts=count, top_k=int(ids.shape[1]),
                             hidden=hidden, intermediate=inter, activation="silu", transposed=transposed,
-                            others=parts.others)
+                            others=parts.others, weight=_expert_format(context, gate_up))
         errors.append(f"{'transposed' if transposed else '[E, 2N, K]'} {err:.2g}")
     return (f"{name}: its output on the router's answer is not sum_k w_k * down(silu(gate(x)) * up(x)) with rows "
             f"[gate; up] within {tolerance(gate_up.dtype, matmul=True):g} (relative error: {', '.join(errors)})")
+
+
+def _expert_format(context: Context, gate_up: torch.Tensor) -> str | None:
+    """The format a MoE block's 16-bit experts are quantized into: ``context.weights`` where the fused-MoE kernel
+    runs it (:func:`autoopt.nn._moe.expert_format_problem`), else None (16-bit; optimize()'s row says why)."""
+    if context.weights is None or gate_up.dtype not in _HALF:
+        return None
+    from autoopt.nn._moe import expert_format_problem
+
+    return context.weights if expert_format_problem(context.weights) is None else None
 
 
 def _moe_layouts(gate_up: torch.Tensor, down: torch.Tensor, hidden: int) -> list[tuple[bool, int]]:
