@@ -277,6 +277,7 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
     if rt is not None and spec.is_moe:
         ops = _runtime_moe_ops(ops, spec, wl, fit, rt.name, moe_chooser)
     predicted = _totals(fit, costs, plan, head)
+    predicted.update(_eager_host(rt.name if rt else None, spec, wl, predicted))
     predicted.update(_generate_token(rt.name if rt else None, wl, predicted))
     offload = _offload(hw, spec, wl, fit, predicted, rt)
     replicas = _replicas(hw, spec, wl, fit, shape)
@@ -298,13 +299,43 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
 #: benchmarks/results/{h100,h200}/quant_e2e*.json against quant_trace*.json). The same loop runs an
 #: optimize()d model. A host CPU unlike those machines' moves it; eager generate() is not modelled.
 GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 1900.0}
+#: the host's time a decoder layer of an uncompiled decode step, in us, for the runtimes whose layers are Python
+#: modules issuing one launch per op (no CUDA graph): the step is then bound by the host, not the GPU, and
+#: takes max(GPU time, layers x this). Fitted as medians, hosts of the lent machines (torch 2.11, Python 3.12):
+#:
+#: - ``autoopt`` (an optimize()d model: autoopt's ops through their Python dispatch, transformers' attention):
+#:   the regret harness's 12 uncompiled one-GPU steps of Llama-3-8B cut to 8 layers (4 formats x batch 1, 8,
+#:   32; 10.0-17.6 ms, median 12.17; benchmarks/results/h100/regret_1gpu_layers8.json): 1520 us. Out of
+#:   sample, the same harness's one-GPU rows in the 2- and 4-GPU runs measured medians 10.37 and 13.15 ms
+#:   (0.85x and 1.08x), and 32-layer eager generate() less its loop 42.6-44.0 ms on an H100 host and 32.6-46.1
+#:   ms on H200 hosts against 48.6 predicted: a host-bound step varies +-30 % from run to run and host to host.
+#: - ``transformers`` (its own modules, uncompiled): eager generate() less :data:`GENERATE_HOST_US`, per layer,
+#:   Llama-3-8B H100 1.30 and 1.24, H200 0.67, 0.69, 0.74 and 0.71, Qwen2.5-7B H200 1.39 and 0.91 ms
+#:   (e2e_*.json, batch 1 and 16): median 825 us.
+EAGER_HOST_LAYER_US = {"autoopt": 1520.0, "transformers": 825.0}
+#: the same for transformers' modules sharded by its ``tp_plan`` (DTensor dispatch on every rank), as the regret
+#: harness runs tensor parallelism uncompiled: 8-layer steps of 12.5, 13.7 and 11.4 ms on 2 H100s and 21.5, 17.4
+#: and 18.5 ms on 4 (batch 1, 8, 32; regret_{2,4}gpu_layers8.json), median 1940 us a layer; in sample (no other
+#: run measured it), and 4 GPUs ran 1.4x 2 GPUs' host time, which one constant does not follow.
+EAGER_TP_HOST_LAYER_US = 1940.0
+
+
+def _eager_host(runtime: str | None, spec: Any, wl: Workload, predicted: Mapping[str, float]) -> dict[str, float]:
+    """An uncompiled decode step of a runtime in :data:`EAGER_HOST_LAYER_US` as the larger of its GPU time
+    (``decode_gpu_us``) and its host's (``decode_host_us``); nothing for graphed steps and other runtimes."""
+    per_layer = EAGER_HOST_LAYER_US.get(runtime or "")
+    if per_layer is None or wl.cuda_graphs or "decode_step_us" not in predicted:
+        return {}
+    gpu, host = predicted["decode_step_us"], spec.num_layers * per_layer
+    return {"decode_step_us": max(gpu, host), "decode_gpu_us": gpu, "decode_host_us": host}
 
 
 def _generate_token(runtime: str | None, wl: Workload, predicted: Mapping[str, float]) -> dict[str, float]:
-    """``generate_token_us``: one token of the runtime's ``generate()``, the graphed decode step plus its
-    per-token host loop (:data:`GENERATE_HOST_US`); only for the runtimes with such a loop, graphed steps."""
+    """``generate_token_us``: one token of the runtime's ``generate()``, the decode step (graphed, or bound by
+    its host uncompiled) plus its per-token host loop (:data:`GENERATE_HOST_US`); only for the runtimes with
+    such a loop."""
     host = GENERATE_HOST_US.get(runtime or "")
-    if host is None or not wl.cuda_graphs or "decode_step_us" not in predicted:
+    if host is None or "decode_step_us" not in predicted:
         return {}
     return {"generate_token_us": predicted["decode_step_us"] + host, "generate_host_us": host}
 

@@ -115,6 +115,7 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
     splits, not its ``tp_plan``; plus all of transformers' modules' glue, which a shard pays whole); replicas:
     one GPU's step at the replica's share of the batch (they run at once)."""
     from autoopt.planning.recommendation import (
+        EAGER_TP_HOST_LAYER_US,
         UNCOMPILED_AUTOOPT_LAYER_US,
         UNCOMPILED_TRANSFORMERS_LAYER_US,
         recommend,
@@ -125,11 +126,14 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
     if option.layout == "tensor-parallel":
         rec = recommend(hardware, spec, batch=option.batch, max_devices=option.gpus, tensor_parallel=option.gpus,
                         **kw)
-        eager_us = spec.num_layers * UNCOMPILED_TRANSFORMERS_LAYER_US
-        return (float(rec.predicted["decode_step_us"]) + eager_us) / 1e3
+        gpu = float(rec.predicted["decode_step_us"]) + spec.num_layers * UNCOMPILED_TRANSFORMERS_LAYER_US
+        host = 0.0 if option.cuda_graphs else spec.num_layers * EAGER_TP_HOST_LAYER_US
+        return max(gpu, host) / 1e3
     batch = math.ceil(option.batch / option.gpus) if option.layout == "replicas" else option.batch
     rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
-    return (float(rec.predicted["decode_step_us"]) + spec.num_layers * UNCOMPILED_AUTOOPT_LAYER_US) / 1e3
+    p = rec.predicted  # uncompiled: the larger of the GPU's time (with the glue) and the host's (recommend()'s)
+    gpu = float(p.get("decode_gpu_us", p["decode_step_us"])) + spec.num_layers * UNCOMPILED_AUTOOPT_LAYER_US
+    return max(gpu, float(p.get("decode_host_us", 0.0))) / 1e3
 
 
 def recommended(hardware: HardwareProfile, spec: Any, batch: int, predicted: Mapping[Option, float | None]
