@@ -61,7 +61,8 @@ def workload_for(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _summary(rec: Recommendation) -> dict[str, Any]:
-    step = rec.predicted.get("decode_step_us", 0.0)
+    # a runtime whose tokens come out of transformers' generate() loop: a token is its step plus that loop
+    step = rec.predicted.get("generate_token_us", rec.predicted.get("decode_step_us", 0.0))
     tokens_s = rec.offload.tokens_per_s if rec.offload else (rec.workload.batch * 1e6 / step if step else 0.0)
     return {"format": rec.quant.format.name, "tp": rec.split.tp if rec.split else None,
             "pp": rec.split.pp if rec.split else None, "fits": rec.fits,
