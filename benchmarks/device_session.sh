@@ -36,6 +36,10 @@ for s in "$@"; do
     regret)   stage regret python3 -m autoopt check regret --model llama-3-8b --layers 8 --gpus "${GPUS:-1}" --out "$R/regret_${GPUS:-1}gpu_layers8.json" ;;
     # issue 28: int4 experts (vLLM's int4_w4a16) tuned on this GPU with autoopt's kernel
     moeint4)  stage moeint4 python3 -m autoopt export moe-configs --model mixtral-8x7b --tp 8 --dtype int4_w4a16 --tune --no-store --out "$R/moe_int4" ;;
+    # issue 28: optimize() on the MoE models (bf16 experts, int4 and fp8 experts) against transformers' experts
+    moee2e)   TAIL=30 stage moee2e python3 benchmarks/moe_e2e.py --out "$R/moe_e2e.json" ;;
+    # issue 29: a second model and a fourth batch, toward 20 measured workloads
+    regret2)  stage regret2 python3 -m autoopt check regret --model qwen2.5-7b --layers 8 --batches 1,8,16,32 --gpus "${GPUS:-1}" --out "$R/regret_qwen_${GPUS:-1}gpu_layers8.json" ;;
     *) echo "unknown stage $s" ;;
   esac
 done

@@ -12,6 +12,10 @@ only for the smaller one).
 - ``measured_prefill_ms``: median compiled forward over 1 x 2048 tokens;
 - ``logits_vs_eager``: last-position logits of 4 prompts against the eager-experts model's.
 
+``autoopt`` is ``optimize(model, ops=OPS)`` (the MoE blocks included: they are off by default);
+``autoopt-int4`` / ``autoopt-fp8`` add ``weights=``, which quantizes the experts too (each its own format,
+compared with the bf16 transformers variants and labelled so).
+
     PYTHONPATH=. python benchmarks/moe_e2e.py --out $OUT/moe_e2e.json
 """
 
@@ -28,7 +32,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODELS = {"qwen3-30b-a3b": 8, "mixtral-8x7b": 4}
-VARIANTS = ("eager", "grouped_mm", "autoopt", "batched_mm")
+VARIANTS = ("eager", "grouped_mm", "autoopt", "batched_mm", "autoopt-int4", "autoopt-fp8")
+#: optimize()'s weights= per autoopt variant
+WEIGHTS = {"autoopt": None, "autoopt-int4": "int4", "autoopt-fp8": "fp8"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,13 +64,17 @@ def run_variant(name: str, variant: str, prompts: Any, ref: Any) -> tuple[dict[s
 
     row: dict[str, Any] = {"variant": variant}
     model = build(name, variant)
-    if variant == "autoopt":
+    if variant in WEIGHTS:
+        from autoopt.nn.match import OPS
         from autoopt.nn.optimize import optimize
 
         t0 = time.time()
-        report = optimize(model)
+        report = optimize(model, ops=OPS, weights=WEIGHTS[variant])
         row["optimize_s"] = round(time.time() - t0, 2)
         row["optimize_counts"] = report.counts()
+        row["moe_rows"] = [{"path": r.path, "weight": r.weight, "error": r.error, "tolerance": r.tolerance,
+                            "reason": r.reason, "kernels": r.kernels} for r in report.rows if r.kind == "moe"][:2]
+        row["weight_bytes"] = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     with torch.inference_mode():
         logits = model(prompts, use_cache=False, logits_to_keep=1).logits[:, -1].float()
     if ref is not None:
@@ -109,12 +119,13 @@ def main(argv: list[str] | None = None) -> int:
             out.write_text(json.dumps(report, indent=1, default=str) + "\n")
             print(name, variant, {k: row.get(k) for k in ("measured_decode_step_ms", "measured_prefill_ms",
                                                             "logits_vs_eager", "error")}, file=sys.stderr, flush=True)
-        best = [r for v, r in rows.items() if v != "autoopt" and "measured_decode_step_ms" in r]
-        mine = rows.get("autoopt", {})
-        if best and "measured_decode_step_ms" in mine:
-            rows["speedup_vs_best_transformers"] = {
-                key: round(min(r[key] for r in best) / mine[key], 3)
-                for key in ("measured_decode_step_ms", "measured_prefill_ms")}
+        best = [r for v, r in rows.items() if v not in WEIGHTS and "measured_decode_step_ms" in r]
+        for variant in WEIGHTS:
+            mine = rows.get(variant, {})
+            if best and "measured_decode_step_ms" in mine:
+                key_name = "speedup_vs_best_transformers" + ("" if variant == "autoopt" else f"_bf16_{variant}")
+                rows[key_name] = {key: round(min(r[key] for r in best) / mine[key], 3)
+                                  for key in ("measured_decode_step_ms", "measured_prefill_ms")}
     out.write_text(json.dumps(report, indent=1, default=str) + "\n")
     return 0
 
