@@ -84,6 +84,17 @@ def served(op: OpSpec) -> bool:
     if fmt is None:
         return True
     return fmt.name in FORMATS and (not fmt.name.startswith("fp8") or fmt.quantizes_activations)
+#: wgmma rate kept by a CTA of one warpgroup (4 warps) against two (8 warps) in this kernel, whose A rows come
+#: through pointer loads: at M >= 1024 its 4-warp wgmma configs ran 7-15 % slower against the cost model than
+#: its 8-warp ones (median log residuals -0.04 to -0.07 against -0.12 to -0.19; H100, vLLM's kernel, 144-config
+#: grids of benchmarks/results/h100/moe_runtime_configs{,_factors}.json). 0.85 and MOE_SINGLE_CTA_SLOWDOWN
+#: 1.02, chosen together on those two runs' grids (in sample; both runs moved alike), raise the grid replay
+#: (measured time of the config the model ranks first among the grid's, over the grid's best; geomean over 48
+#: (case, M) points) from 0.939 to 0.957 and from 0.900 to 0.916; 1.0 / 1.065 and up lose it again.
+MOE_ONE_WARPGROUP_EFFICIENCY = 0.85
+#: a GEMM's SM time when one CTA fills an SM (its tile's prologue and epilogue hidden behind no other CTA):
+#: a tie-breaker between configs the model prices within a few per cent (see above)
+MOE_SINGLE_CTA_SLOWDOWN = 1.02
 #: the binomial sums run over mean +- this many standard deviations (the tails beyond hold < 1e-30)
 _SD_WINDOW = 12.0
 
@@ -264,6 +275,8 @@ def _sm_us(x: _Ctx, g: _Gemm, blocks: int, rows_per_block: float, bm: int, bn: i
             rate *= c.pointer_wgmma_efficiency  # gathered A rows: pointer loads, never TMA
             if occ * warps < 8:
                 rate *= c.single_warpgroup_efficiency
+            if warps < 8:
+                rate *= MOE_ONE_WARPGROUP_EFFICIENCY
             rate *= wgmma_width_efficiency(bm, bn, warps, c)
         else:
             idle = SUBPARTITIONS / min(SUBPARTITIONS, occ * warps)
@@ -277,7 +290,8 @@ def _sm_us(x: _Ctx, g: _Gemm, blocks: int, rows_per_block: float, bm: int, bn: i
     t_it_eff = max(t_it, (c.dram_latency_us + t_l2) / (max(stages - 1, 0.5) * conc))
     fills = -(-tiles_per_sm // conc) * c.dram_latency_us
     epilogue = tiles_per_sm * c.epilogue_iters * t_it
-    return work * t_it_eff + fills + epilogue, t_comp, tiles_per_sm
+    single = MOE_SINGLE_CTA_SLOWDOWN if occ == 1 else 1.0
+    return (work * t_it_eff + fills + epilogue) * single, t_comp, tiles_per_sm
 
 
 def _dram_bytes(x: _Ctx, g: _Gemm, blocks: float, bm: int, bn: int, group_m: int, conc_grid: int, *,
