@@ -1,0 +1,77 @@
+"""Replay the committed fused-MoE grids against the cost model: how good is its order of the measured configs?
+
+Each (case, M) point of ``benchmarks/results/h100/moe_runtime_configs*.json`` timed a 144-config grid in vLLM's
+own kernel. For each point this ranks the grid's valid configs by the fused-MoE template's prediction
+(``autoopt.templates.moe.moe_cost`` on the H100 profile) and reports the measured time of the config ranked
+first over the grid's best (1: the model's first choice among them was the fastest), per point and as a
+geomean. It scores the model's order of configs that were measured, which a zero-shot pick from the whole
+space (most of it unmeasured) cannot. Nothing runs on a GPU.
+
+    PYTHONPATH=. python benchmarks/replay_moe.py [FILE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from autoopt.hardware.library import load_profile
+from autoopt.kernels.config import KernelConfig
+from autoopt.kernels.ops import OpSpec
+
+RESULTS = Path(__file__).resolve().parent / "results" / "h100"
+FILES = (RESULTS / "moe_runtime_configs.json", RESULTS / "moe_runtime_configs_factors.json")
+KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+#: the runtimes' dtype names (and block shape) -> autoopt's weight format
+FORMATS = {("bf16", None): None, ("fp8_w8a8", None): "fp8", ("fp8_w8a8", (128, 128)): "fp8_block",
+           ("int8_w8a16", None): "int8", ("int4_w4a16", None): "int4"}
+
+
+def point_score(row: dict[str, Any], gpu: Any) -> tuple[float, str] | None:
+    """(grid best over the measured time of the model's first config, that config's key), or None."""
+    from autoopt.templates.gemm import matmul_path
+    from autoopt.templates.moe import FusedMoeTemplate, moe_cost
+
+    shape = tuple(row.get("block_shape") or ()) or None
+    op = OpSpec(kind="fused_moe", shape=(row["M"], row["E"], row["topk"], row["N"], row["K"]), dtype="bf16",
+                weight=FORMATS[(row["dtype"], shape)])
+    grid = {k: v for k, v in row.get("grid", {}).items() if isinstance(v, (int, float))}
+    template, predicted = FusedMoeTemplate(), {}
+    for key in grid:
+        params = dict(zip(KEYS, map(int, key.split("/")), strict=True))
+        config = KernelConfig(kernel="fused_moe", params=params,
+                              path=matmul_path(gpu, params["BLOCK_SIZE_M"], params["num_warps"]))
+        if not template.validate(gpu, op, config):
+            predicted[key] = moe_cost(gpu, op, config).us
+    if not predicted:
+        return None
+    first = min(predicted, key=lambda k: predicted[k])
+    return min(grid.values()) / grid[first], first
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="*", type=Path, default=list(FILES))
+    args = ap.parse_args(argv)
+    gpu = load_profile("h100-sxm").gpu
+    for path in args.files:
+        scores = []
+        for row in json.loads(path.read_text())["rows"]:
+            got = point_score(row, gpu)
+            if got is None:
+                continue
+            scores.append(got[0])
+            print(f"{row['case']:24s} M={row['M']:<5d} {got[0]:.3f} {got[1]}")
+        geo = math.exp(sum(map(math.log, scores)) / len(scores))
+        print(f"{path.name}: {len(scores)} points, geomean {geo:.4f}, min {min(scores):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
