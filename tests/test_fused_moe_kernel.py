@@ -203,8 +203,15 @@ def test_int8_weight_only_experts_match_the_dequantized_reference(m, e, topk):
     weights, ids = torch.softmax(torch.randn(m, e, generator=gen), -1).topk(topk, -1)
     cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4,
            "num_stages": 2}
-    got = fused_experts(x, q13, q2, weights, ids, config=cfg, w13_scale=s13, w2_scale=s2).float()
     d13, d2 = (q13.float() * s13[:, :, None]).half(), (q2.float() * s2[:, :, None]).half()
+    assert_matches_dequantized(x, weights, ids, cfg, (q13, q2, d13, d2), w13_scale=s13, w2_scale=s2)
+
+
+def assert_matches_dequantized(x, weights, ids, cfg, experts, **scales):
+    """The packed experts (``experts``: packed w13, w2, then their dequantized fp16) through the kernel match
+    the dequantized ones through it, within 5e-3."""
+    q13, q2, d13, d2 = experts
+    got = fused_experts(x, q13, q2, weights, ids, config=cfg, **scales).float()
     want = fused_experts(x, d13, d2, weights, ids, config=cfg).float()
     assert (got - want).norm() / want.norm() < 5e-3
 
@@ -238,10 +245,8 @@ def test_int4_experts_match_their_dequantized_experts(m, e, topk, n, k, bk):
     q13, s13, d13 = _int4_experts(w13)
     q2, s2, d2 = _int4_experts(w2)
     weights, ids = torch.softmax(torch.randn(m, e, generator=gen), -1).topk(topk, -1)
-    cfg = {**CFG, "BLOCK_SIZE_K": bk}
-    got = fused_experts(x, q13, q2, weights, ids, config=cfg, w13_scale=s13, w2_scale=s2).float()
-    want = fused_experts(x, d13, d2, weights, ids, config=cfg).float()
-    assert (got - want).norm() / want.norm() < 5e-3
+    assert_matches_dequantized(x, weights, ids, {**CFG, "BLOCK_SIZE_K": bk}, (q13, q2, d13, d2), w13_scale=s13,
+                               w2_scale=s2)
 
 
 def test_asymmetric_int4_experts_match_their_dequantized_experts():
@@ -257,11 +262,8 @@ def test_asymmetric_int4_experts_match_their_dequantized_experts():
                                                          for q in qs), strict=True)))
     (q13, s13, z13, d13), (q2, s2, z2, d2) = packs
     weights, ids = torch.softmax(torch.randn(m, e, generator=gen), -1).topk(topk, -1)
-    cfg = {**CFG, "BLOCK_SIZE_K": 64}
-    got = fused_experts(x, q13, q2, weights, ids, config=cfg, w13_scale=s13, w2_scale=s2, w13_offset=z13,
-                        w2_offset=z2).float()
-    want = fused_experts(x, d13, d2, weights, ids, config=cfg).float()
-    assert (got - want).norm() / want.norm() < 5e-3
+    assert_matches_dequantized(x, weights, ids, {**CFG, "BLOCK_SIZE_K": 64}, (q13, q2, d13, d2), w13_scale=s13,
+                               w2_scale=s2, w13_offset=z13, w2_offset=z2)
 
 
 def test_offsets_beside_int8_experts_are_refused():

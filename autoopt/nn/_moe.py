@@ -209,13 +209,20 @@ def torch_experts(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor,
                   activation: str = "silu") -> Tensor:
     """The contract in torch: each expert's tokens gathered, its two GEMMs in the weights' dtype, the weighted
     outputs summed in float32 and cast to ``hidden``'s dtype once. Reads the per-expert counts on the host."""
+    return _per_expert(hidden, topk_weights, topk_ids, w13.shape[0], lambda e: (w13[e], w2[e]))
+
+
+def _per_expert(hidden: Tensor, topk_weights: Tensor, topk_ids: Tensor, experts: int,
+                weights_of: Callable[[int], tuple[Tensor, Tensor]],
+                act: Callable[[Tensor], Tensor] = lambda x: x) -> Tensor:
+    """The loop of :func:`torch_experts` over the experts that got tokens, ``weights_of(e)`` giving expert
+    ``e``'s ``([2N, K], [K, N])`` weights when its turn comes and ``act`` what each GEMM's input becomes."""
     m, k = hidden.shape
     topk = topk_ids.shape[1]
-    n = w13.shape[1] // 2
     out = torch.zeros(m, k, dtype=torch.float32, device=hidden.device)
     flat = topk_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(flat, minlength=experts).tolist()
     weights = topk_weights.reshape(-1).float()
     start = 0
     for e, count in enumerate(counts):
@@ -224,9 +231,11 @@ def torch_experts(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor,
         pairs = order[start:start + count]
         start += count
         tokens = pairs // topk
-        gate_up = F.linear(hidden[tokens], w13[e])
+        g13, g2 = weights_of(e)
+        n = g13.shape[0] // 2
+        gate_up = F.linear(act(hidden[tokens]), g13)
         h = F.silu(gate_up[:, :n]) * gate_up[:, n:]
-        out.index_add_(0, tokens, F.linear(h, w2[e]).float() * weights[pairs, None])
+        out.index_add_(0, tokens, F.linear(act(h), g2).float() * weights[pairs, None])
     return out.to(hidden.dtype)
 
 
@@ -339,27 +348,13 @@ def torch_experts_quant(hidden: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tens
             return x
         return dequantize_activations(*quantize_activations(x, fmt)).to(x.dtype)
 
-    m, k = hidden.shape
-    topk = topk_ids.shape[1]
-    n = w13.shape[1] // 2
-    out = torch.zeros(m, k, dtype=torch.float32, device=hidden.device)
-    flat = topk_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
-    weights = topk_weights.reshape(-1).float()
-    start = 0
-    for e, count in enumerate(counts):
-        if count == 0:
-            continue
-        pairs = order[start:start + count]
-        start += count
-        tokens = pairs // topk
-        g13 = dequantize(_packed(weight, w13, w13_scale, w13_offset, e, 2 * n, k)).to(hidden.dtype)
-        gate_up = F.linear(act(hidden[tokens]), g13)
-        h = F.silu(gate_up[:, :n]) * gate_up[:, n:]
-        g2 = dequantize(_packed(weight, w2, w2_scale, w2_offset, e, k, n)).to(hidden.dtype)
-        out.index_add_(0, tokens, F.linear(act(h), g2).float() * weights[pairs, None])
-    return out.to(hidden.dtype)
+    k, n = hidden.shape[1], w13.shape[1] // 2
+
+    def weights_of(e: int) -> tuple[Tensor, Tensor]:
+        return (dequantize(_packed(weight, w13, w13_scale, w13_offset, e, 2 * n, k)).to(hidden.dtype),
+                dequantize(_packed(weight, w2, w2_scale, w2_offset, e, k, n)).to(hidden.dtype))
+
+    return _per_expert(hidden, topk_weights, topk_ids, w13.shape[0], weights_of, act)
 
 
 def _fused_moe_quant_impl(hidden: Tensor, w13: Tensor, w2: Tensor, w13_scale: Tensor, w2_scale: Tensor,
