@@ -456,3 +456,18 @@ def test_the_quantized_op_names_experts_packed_for_another_shape():
     with pytest.raises(ValueError, match=r"int4-g128 experts for hidden \[M, K\] = \[5, 128\] are w13 \[3, 96, 64\]"):
         _moe.fused_moe_quant(hidden, p13["qweight"], p2["qweight"], p13["scales"], p2["scales"], torch.ones(5, 2),
                              topk, "int4")
+
+
+@pytest.mark.usefixtures("torch_fallback")
+def test_bf16_int4_experts_on_the_torch_fallback_dequantize_one_expert_at_a_time():
+    model = build("qwen3_moe", torch.bfloat16)
+    x = ids()
+    ref = logits(model, x)
+    report = optimize(model, ops=["moe"], weights="int4")
+    row = report.row("model.layers.0.mlp")
+    assert (row.status, row.weight) == ("replaced", "int4-g128")
+    assert row.kernels["fused_moe"].startswith(f"torch ({dispatch.NO_CUDA}")
+    from autoopt.nn.compare import quant_bound
+    from autoopt.nn.optimize import MOE_BOUND_FACTOR
+
+    assert rel(logits(model, x), ref) <= 2 ** 0.5 * quant_bound("int4") * MOE_BOUND_FACTOR
