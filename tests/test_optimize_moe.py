@@ -471,3 +471,18 @@ def test_bf16_int4_experts_on_the_torch_fallback_dequantize_one_expert_at_a_time
     from autoopt.nn.optimize import MOE_BOUND_FACTOR
 
     assert rel(logits(model, x), ref) <= 2 ** 0.5 * quant_bound("int4") * MOE_BOUND_FACTOR
+
+
+@pytest.mark.usefixtures("torch_fallback")
+def test_the_quantized_op_traces_into_one_graph_with_its_optional_offsets():
+    p13, p2 = _packed_experts("int4-asym")
+    gen = torch.Generator().manual_seed(2)
+    hidden = torch.randn(7, 200, generator=gen).half()
+    weights, topk_ids = torch.softmax(torch.randn(7, 3, generator=gen), -1).topk(2, -1)
+
+    def experts(h, w, i):
+        return _moe.fused_moe_quant(h, p13["qweight"], p2["qweight"], p13["scales"], p2["scales"], w, i,
+                                    "int4-g128-asym", p13["offsets"], p2["offsets"])
+
+    compiled = torch.compile(experts, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(hidden, weights, topk_ids), experts(hidden, weights, topk_ids))
