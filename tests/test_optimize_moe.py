@@ -486,3 +486,20 @@ def test_the_quantized_op_traces_into_one_graph_with_its_optional_offsets():
 
     compiled = torch.compile(experts, backend="aot_eager", fullgraph=True)
     assert torch.equal(compiled(hidden, weights, topk_ids), experts(hidden, weights, topk_ids))
+
+
+# -- which formats experts take --------------------------------------------------------------------------------
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(name=st.sampled_from(["fp8", "fp8_block", "int8", "int4"]), wo=st.booleans(), asym=st.booleans(),
+       group=st.sampled_from([32, 64, 128, 256]))
+def test_experts_take_every_format_but_weight_only_fp8(name, wo, asym, group):
+    spec = name + (f"-g{group}" + ("-asym" if asym else "") if name == "int4" else "") + \
+        ("-wo" if wo and name.startswith("fp8") else "")
+    problem = _moe.expert_format_problem(spec)
+    assert (problem is None) == (not (wo and name.startswith("fp8")))
+    if problem is not None:
+        assert problem.startswith(f"{parse_weight(spec).spec} is weight-only FP8")
