@@ -303,3 +303,18 @@ def test_generate_predictions_are_within_15_percent_of_every_committed_generate_
             assert 0.85 <= ratio <= 1.15, (path.name, name, ratio)
             checked += 1
     assert checked == 11
+
+
+# -- tensor parallelism's all-reduces are part of each step ----------------------------------------------------
+
+def test_a_tensor_parallel_decode_step_includes_its_two_all_reduces_a_layer():
+    from autoopt.hardware.library import load_profile
+    from autoopt.planning.split import allreduce_us, devices_of, link_gbs
+
+    hw = load_profile("h100-sxm-8x")
+    rec = recommend(hw, "llama-3-8b", tensor_parallel=4, batch=8, prompt_len=128, gen_len=16, phase="decode",
+                    weight_dtype="bf16", compare_wfc=False, top=1)
+    bw, path = link_gbs(hw, *devices_of(hw)[:2])
+    comm = 2 * 32 * allreduce_us(8 * 4096 * 2, 4, bw, path)  # 8 rows of 4096 bf16 after o_proj and down_proj
+    assert rec.predicted["communication_us"] == pytest.approx(comm)
+    assert rec.predicted["decode_step_us"] == pytest.approx(rec.predicted["request_us"])

@@ -120,3 +120,18 @@ def test_pipeline_balance_counts_the_lm_head_on_the_last_stage():
     first, last = (s.layers[1] - s.layers[0] for s in plan.stages)
     assert first > last
     assert abs(plan.stages[0].time_us - plan.stages[1].time_us) < max(s.time_us for s in plan.stages) * 0.3
+
+
+def test_a_steps_tensor_parallel_communication_is_two_all_reduces_a_layer():
+    import dataclasses
+
+    from autoopt.hardware.library import load_profile
+    from autoopt.planning.split import SplitPlan, Stage, allreduce_us, devices_of, link_gbs, tp_step_comm_us
+
+    hw = load_profile("h100-sxm-8x")
+    devs = devices_of(hw)
+    plan = SplitPlan(kind="tensor", tp=2, pp=1, stages=(Stage(devices=(0, 1), device_name=devs[0].name, layers=(0, 32),
+                     time_us=1.0, memory=None),), predicted_us=1.0, comm_us=0.0, microbatches=1, fits=True, reason="")
+    bw, path = link_gbs(hw, devs[0], devs[1])
+    assert tp_step_comm_us(hw, plan, 32, 4096, 512) == 2 * 32 * allreduce_us(512 * 4096 * 2, 2, bw, path)
+    assert tp_step_comm_us(hw, dataclasses.replace(plan, tp=1), 32, 4096, 512) == 0.0

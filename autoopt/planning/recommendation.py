@@ -45,7 +45,16 @@ from autoopt.planning.chain import ChainProblem, ChainSolution, solve_dp, solve_
 from autoopt.planning.memory import MemoryEstimate, estimate_memory
 from autoopt.planning.model import LayerOp, ModelSpec
 from autoopt.planning.quant import QuantChoice, QuantFormat, choose_format
-from autoopt.planning.split import CPU, NO_RESERVE, Device, SplitPlan, Workload, candidate_splits, devices_of
+from autoopt.planning.split import (
+    CPU,
+    NO_RESERVE,
+    Device,
+    SplitPlan,
+    Workload,
+    candidate_splits,
+    devices_of,
+    tp_step_comm_us,
+)
 from autoopt.runtimes.registry import get_runtime
 from autoopt.runtimes.spec import RuntimeSpec
 
@@ -276,7 +285,7 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
     ops, impls = _op_choices(fit, costs, plan, head)
     if rt is not None and spec.is_moe:
         ops = _runtime_moe_ops(ops, spec, wl, fit, rt.name, moe_chooser)
-    predicted = _totals(fit, costs, plan, head)
+    predicted = _totals(fit, costs, plan, head, _step_comm(hw, spec, wl, fit, costs))
     predicted.update(_eager_host(rt.name if rt else None, spec, wl, predicted))
     predicted.update(_generate_token(rt.name if rt else None, wl, predicted))
     offload = _offload(hw, spec, wl, fit, predicted, rt)
@@ -977,13 +986,25 @@ def _kernel_classes(fmt: QuantFormat, ops: Iterable[OpChoice]) -> list[str]:
 
 
 # -- step 6: totals ----------------------------------------------------------------------
-def _totals(fit: _Fit, costs: _LayerCosts, plan: ChainSolution, head: tuple[_OpTime, ...]) -> dict[str, float]:
-    """Per phase: the plan's layers plus the head. Per request: the plan's cost (casts included), the
-    head weighted by its runs, and the split's communication."""
+def _step_comm(hw: HardwareProfile, spec: ModelSpec, wl: Workload, fit: _Fit, costs: _LayerCosts
+               ) -> dict[str, float]:
+    """Per phase, one step's tensor-parallel all-reduces (none without tensor parallelism)."""
+    if fit.split is None or fit.split.tp <= 1:
+        return {}
+    return {p.name: tp_step_comm_us(hw, fit.split, spec.num_layers, spec.hidden_size, wl.batch * p.q_len)
+            for p in costs.phases}
+
+
+def _totals(fit: _Fit, costs: _LayerCosts, plan: ChainSolution, head: tuple[_OpTime, ...],
+            step_comm: Mapping[str, float]) -> dict[str, float]:
+    """Per phase: the plan's layers, its tensor-parallel all-reduces (``step_comm``) and the head. Per
+    request: the plan's cost (casts included), the head weighted by its runs, and the split's
+    communication."""
     predicted: dict[str, float] = {}
     head_us = 0.0
     for p in costs.phases:
         t = sum(layer[mi].phase_us[p.name] for layer, mi in zip(costs.layers, plan.assignment, strict=True))
+        t += step_comm.get(p.name, 0.0)
         for h in head:
             if h.phase == p.name:
                 t += h.us

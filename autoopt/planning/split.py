@@ -38,7 +38,7 @@ from autoopt.planning.model import ModelSpec
 from autoopt.planning.quant import QuantFormat, weight_bytes
 
 __all__ = ["Device", "SplitPlan", "Stage", "Workload", "candidate_splits", "devices_of", "layer_time_us",
-           "link_gbs", "pcie_gbs", "plan_split"]
+           "link_gbs", "pcie_gbs", "plan_split", "tp_step_comm_us"]
 
 log = get_logger(__name__)
 
@@ -266,6 +266,21 @@ def allreduce_us(nbytes: float, tp: int, bw_gbs: float, path: str) -> float:
         return min(lat + extra + bus / (gbs * scale * 1e3) for lat, gbs in NCCL_NVLINK_PROTOCOLS[size])
     lat = NCCL_BASE_US + 2 * (tp - 1) * NCCL_HOP_US[path]
     return lat + bus / (bw_gbs * 1e3)
+
+
+def tp_step_comm_us(profile: HardwareProfile, split: SplitPlan, layers: int, hidden: int, tokens: int) -> float:
+    """The all-reduces of one forward step of ``tokens`` rows under ``split``'s tensor parallelism: two per
+    layer (after the attention's output projection and the MLP's down projection), over the first stage's
+    group's slowest link; 0 without tensor parallelism."""
+    tp = split.tp
+    if tp <= 1:
+        return 0.0
+    by_index = {d.index: d for d in devices_of(profile, include_cpu=True)}
+    group = [by_index[i] for i in split.stages[0].devices if i in by_index]
+    if len(group) < tp:
+        return 0.0
+    bw, path = min(link_gbs(profile, group[j], group[(j + 1) % tp]) for j in range(tp))
+    return 2 * layers * allreduce_us(tokens * hidden * 2, tp, bw, path)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
