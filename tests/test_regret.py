@@ -255,9 +255,10 @@ def test_tensor_parallel_is_predicted_with_transformers_uncompiled_modules():
     from autoopt.planning.recommendation import recommend
 
     base = recommend(hw, spec, batch=1, max_devices=2, tensor_parallel=2, prompt_len=128, gen_len=16,
-                     phase="decode", weight_dtype="bf16", cuda_graphs=True)
+                     phase="decode", weight_dtype="bf16", cuda_graphs=True, runtime="transformers")
     want = (base.predicted["decode_step_us"] + 8 * UNCOMPILED_TRANSFORMERS_LAYER_US) / 1e3
     assert predicted_ms(hw, spec, tp) == pytest.approx(want)
+    assert base.split.tp == 2 and any(o.name == "k_proj" for o in base.ops)  # its tp_plan's separate linears
 
 
 @pytest.mark.parametrize("profile", ["no-such-gpu", "/dev/urandom", "big", "not-a-profile", "run"])

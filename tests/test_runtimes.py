@@ -337,3 +337,43 @@ def test_gpt_oss_where_the_runtime_has_no_mxfp4_kernels_is_refused_naming_the_ru
                                                r"capability 9\.0") as exc:
         recommend(load_profile("a100-sxm-80gb"), "gpt-oss-120b", runtime="sglang", compare_wfc=False, top=1)
     assert exc.value.rule == "format"
+
+
+# -- transformers' tensor parallelism: when a degree is asked for, never chosen unasked ---------------------------
+
+def test_transformers_plans_its_tp_plan_when_a_degree_is_asked_for():
+    rec = recommend("h100-sxm-8x", "llama-3-8b", runtime="transformers", tensor_parallel=2, batch=1, prompt_len=128,
+                    gen_len=16, phase="decode", weight_dtype="bf16", compare_wfc=False, top=1)
+    assert rec.split is not None and rec.split.tp == 2
+
+
+def test_transformers_never_chooses_tensor_parallelism_unasked():
+    rec = recommend("h100-sxm-8x", "llama-3-70b", runtime="transformers", batch=1, prompt_len=128, gen_len=16,
+                    phase="decode", weight_dtype="bf16", compare_wfc=False, top=1)
+    assert rec.split is not None and rec.split.tp == 1 and rec.split.pp > 1
+
+
+def test_a_tensor_parallel_transformers_plan_exports_tp_plan_and_torchrun():
+    rec = recommend("h100-sxm-8x", "llama-3-8b", runtime="transformers", tensor_parallel=4, batch=1, prompt_len=128,
+                    gen_len=16, phase="decode", weight_dtype="bf16", compare_wfc=False, top=1)
+    out = export(rec.to_dict(), "transformers")
+    assert out["kwargs"]["tp_plan"] == "auto" and "device_map" not in out["kwargs"]
+    assert "run it in one process a GPU: torchrun --nproc-per-node 4 SCRIPT.py" in " ".join(out["notes"])
+
+
+def test_tensor_parallel_on_request_round_trips_and_is_a_runtime_rule():
+    spec = get_runtime("transformers")
+    assert spec.tensor_parallel_on_request and not spec.tensor_parallel
+    assert RuntimeSpec.from_dict(spec.to_dict()) == spec
+    with pytest.raises(RuntimeRuleError, match="runs no tensor parallelism"):
+        get_runtime("llama.cpp").check_split(tp=2, pp=None)
+
+
+def test_transformers_runs_q_k_v_and_gate_up_as_separate_gemms():
+    rec = recommend("h100-sxm", "llama-3-8b", runtime="transformers", batch=1, prompt_len=128, gen_len=16,
+                    phase="decode", weight_dtype="bf16", compare_wfc=False, top=1)
+    names = {o.name for o in rec.ops}
+    assert {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"} <= names and "qkv_proj" not in names
+    fused = recommend("h100-sxm", "llama-3-8b", runtime="autoopt", batch=1, prompt_len=128, gen_len=16,
+                      phase="decode", weight_dtype="bf16", compare_wfc=False, top=1)
+    assert {"qkv_proj", "gate_up_proj"} <= {o.name for o in fused.ops}

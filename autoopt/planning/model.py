@@ -525,13 +525,15 @@ class ModelSpec:
         return context
 
     def layer_ops(self, i: int, *, batch: int, q_len: int, context: int,
-                  dtype: str = "bf16") -> tuple[LayerOp, ...]:
+                  dtype: str = "bf16", fused: bool = True) -> tuple[LayerOp, ...]:
         """Ops of layer ``i`` for ``batch`` sequences of ``q_len`` new tokens at ``context`` total tokens.
 
         Decode is ``q_len=1``; prefill is ``q_len=context``. ``dtype`` is the GEMM
         compute dtype (``bf16``/``fp16``/``fp8``). MoE routing is taken as uniform:
         with ``T`` tokens routed to ``k`` of ``E`` experts, the expected number of
         experts touched is ``E·(1-(1-k/E)^T)`` and each gets ``T·k/touched`` tokens.
+        ``fused=False``: q/k/v and gate/up as the separate GEMMs a runtime that keeps the checkpoint's
+        linears runs (``q_proj``, ``k_proj``, ``v_proj``, ``gate_proj``, ``up_proj``), not one each.
         """
         tokens = batch * q_len
         h = self.hidden_size
@@ -604,7 +606,11 @@ class ModelSpec:
             gemm("o_proj", tokens, h, n * self.v_head_dim)  # type: ignore[operator]
         else:
             d = self.head_dim
-            gemm("qkv_proj", tokens, (n + 2 * nkv) * d, h)
+            if fused:
+                gemm("qkv_proj", tokens, (n + 2 * nkv) * d, h)
+            else:
+                for name, width in (("q_proj", n * d), ("k_proj", nkv * d), ("v_proj", nkv * d)):
+                    gemm(name, tokens, width, h)
             if self.qk_norm == "head":  # a norm over each head's d values
                 rowwise("q_norm", norm_kind, tokens * n, d, "norm")
                 rowwise("k_norm", norm_kind, tokens * nkv, d, "norm")
@@ -643,7 +649,11 @@ class ModelSpec:
             rowwise("mlp_act", self.activation, tokens, self.intermediate_size, "elementwise", inputs=1)
             gemm("fc2", tokens, h, self.intermediate_size)
         else:
-            gemm("gate_up_proj", tokens, 2 * self.intermediate_size, h)
+            if fused:
+                gemm("gate_up_proj", tokens, 2 * self.intermediate_size, h)
+            else:
+                gemm("gate_proj", tokens, self.intermediate_size, h)
+                gemm("up_proj", tokens, self.intermediate_size, h)
             act("mlp_act", tokens, self.intermediate_size)
             gemm("down_proj", tokens, h, self.intermediate_size)
         if self.norms_per_layer >= 4:

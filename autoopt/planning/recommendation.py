@@ -70,7 +70,12 @@ log = get_logger(__name__)
 
 #: GEMMs whose output dimension (N) is split over tensor-parallel ranks (Megatron column-parallel).
 _COLUMN_PARALLEL = {"qkv_proj", "gate_up_proj", "fc1", "q_b_proj", "kv_b_proj", "shared_gate_up", "expert_gate_up",
-                    "lm_head"}
+                    "lm_head", "q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+#: runtimes that run a checkpoint's q/k/v and gate/up linears as separate GEMMs (priced so: five GEMMs where
+#: autoopt, vLLM and SGLang run two). transformers does, compiled or not: its Llama-3-8B decode step traced on
+#: the H100 launched 386 GEMM kernels a step (12 a layer, with cuBLAS's split-K reductions) against 130 (4 a
+#: layer) for an optimize()d model (benchmarks/results/h100/quant_trace.json).
+UNFUSED_PROJECTIONS = frozenset({"transformers"})
 #: GEMMs whose reduction dimension (K) is split (row-parallel, followed by an all-reduce).
 _ROW_PARALLEL = {"o_proj", "down_proj", "fc2", "shared_down", "expert_down"}
 #: activation op kinds costed by the roofline (gated GELU; a plain MLP's GELU or SiLU): (rows, intermediate)
@@ -286,7 +291,7 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
     if rt is not None and spec.is_moe:
         ops = _runtime_moe_ops(ops, spec, wl, fit, rt.name, moe_chooser)
     predicted = _totals(fit, costs, plan, head, _step_comm(hw, spec, wl, fit, costs))
-    predicted.update(_eager_host(rt.name if rt else None, spec, wl, predicted))
+    predicted.update(_eager_host(rt.name if rt else None, spec, wl, predicted, fit.tp))
     predicted.update(_generate_token(rt.name if rt else None, wl, predicted))
     offload = _offload(hw, spec, wl, fit, predicted, rt)
     replicas = _replicas(hw, spec, wl, fit, shape)
@@ -329,10 +334,14 @@ EAGER_HOST_LAYER_US = {"autoopt": 1520.0, "transformers": 825.0}
 EAGER_TP_HOST_LAYER_US = 1940.0
 
 
-def _eager_host(runtime: str | None, spec: Any, wl: Workload, predicted: Mapping[str, float]) -> dict[str, float]:
+def _eager_host(runtime: str | None, spec: Any, wl: Workload, predicted: Mapping[str, float], tp: int = 1
+                ) -> dict[str, float]:
     """An uncompiled decode step of a runtime in :data:`EAGER_HOST_LAYER_US` as the larger of its GPU time
-    (``decode_gpu_us``) and its host's (``decode_host_us``); nothing for graphed steps and other runtimes."""
+    (``decode_gpu_us``) and its host's (``decode_host_us``; transformers sharded by its ``tp_plan``:
+    :data:`EAGER_TP_HOST_LAYER_US`); nothing for graphed steps and other runtimes."""
     per_layer = EAGER_HOST_LAYER_US.get(runtime or "")
+    if per_layer is not None and runtime == "transformers" and tp > 1:
+        per_layer = EAGER_TP_HOST_LAYER_US
     if per_layer is None or wl.cuda_graphs or "decode_step_us" not in predicted:
         return {}
     gpu, host = predicted["decode_step_us"], spec.num_layers * per_layer
@@ -457,7 +466,8 @@ class _Shape:
             return False
         if self.rt is None:
             return True
-        return (p.tp == 1 or self.rt.tensor_parallel) and (p.pp == 1 or self.rt.pipeline_parallel)
+        tp_ok = p.tp == 1 or self.rt.tensor_parallel or (self.rt.tensor_parallel_on_request and self.tp == p.tp)
+        return tp_ok and (p.pp == 1 or self.rt.pipeline_parallel)
 
     @property
     def reserve(self) -> tuple[float, int]:
@@ -770,7 +780,8 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
     request_us = 0.0
     for p in phases:
         us = 0.0
-        layer = spec.layer_ops(i, batch=batch, q_len=p.q_len, context=p.context, dtype=mode.gemm_dtype)
+        layer = spec.layer_ops(i, batch=batch, q_len=p.q_len, context=p.context, dtype=mode.gemm_dtype,
+                               fused=runtime not in UNFUSED_PROJECTIONS)
         for op in layer:
             t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed, quantized=True)
             us += t.us * t.op.count

@@ -111,11 +111,10 @@ def model_spec(model: str, layers: int | None) -> Any:
 def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
     """recommend()'s decode step for ``option``, in ms, plus the pointwise kernels that the harness's models
     run uncompiled and recommend() prices compiled: one GPU (runtime ``autoopt``, plus transformers' attention
-    glue); tensor-parallel over its GPUs (no runtime rule: the registry's transformers entry plans layer
-    splits, not its ``tp_plan``; plus all of transformers' modules' glue, which a shard pays whole); replicas:
+    glue); tensor-parallel over its GPUs (runtime ``transformers`` at that degree, its ``tp_plan``: separate
+    q/k/v and gate/up GEMMs, plus all of transformers' modules' glue, which a shard pays whole); replicas:
     one GPU's step at the replica's share of the batch (they run at once)."""
     from autoopt.planning.recommendation import (
-        EAGER_TP_HOST_LAYER_US,
         UNCOMPILED_AUTOOPT_LAYER_US,
         UNCOMPILED_TRANSFORMERS_LAYER_US,
         recommend,
@@ -123,12 +122,12 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
 
     kw: dict[str, Any] = dict(prompt_len=PROMPT, gen_len=16, phase="decode", weight_dtype=option.weights,
                               cuda_graphs=option.cuda_graphs)
-    if option.layout == "tensor-parallel":
+    if option.layout == "tensor-parallel":  # transformers' own modules, sharded by its tp_plan
         rec = recommend(hardware, spec, batch=option.batch, max_devices=option.gpus, tensor_parallel=option.gpus,
-                        **kw)
-        gpu = float(rec.predicted["decode_step_us"]) + spec.num_layers * UNCOMPILED_TRANSFORMERS_LAYER_US
-        host = 0.0 if option.cuda_graphs else spec.num_layers * EAGER_TP_HOST_LAYER_US
-        return max(gpu, host) / 1e3
+                        runtime="transformers", **kw)
+        p = rec.predicted
+        gpu = float(p.get("decode_gpu_us", p["decode_step_us"])) + spec.num_layers * UNCOMPILED_TRANSFORMERS_LAYER_US
+        return max(gpu, float(p.get("decode_host_us", 0.0))) / 1e3
     batch = math.ceil(option.batch / option.gpus) if option.layout == "replicas" else option.batch
     rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
     p = rec.predicted  # uncompiled: the larger of the GPU's time (with the glue) and the host's (recommend()'s)

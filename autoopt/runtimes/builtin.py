@@ -100,7 +100,9 @@ BUILTIN_RUNTIMES: tuple[dict[str, Any], ...] = (
         ),
         "kv_dtypes": ({"dtype": "bf16", "arg": "auto"}, {"dtype": "fp16", "arg": "auto"},
                       {"dtype": "fp32", "arg": "auto"}),
-        "tensor_parallel": False, "pipeline_parallel": True, "expert_parallel": False, "data_parallel": False,
+        # tp_plan="auto" under torchrun, when a degree is asked for; the planner splits layers by itself
+        "tensor_parallel": False, "tensor_parallel_on_request": True, "pipeline_parallel": True,
+        "expert_parallel": False, "data_parallel": False,
         "offload": "weight-stream",
         "memory_utilization": 1.0, "reserved_gib": 1.0, "max_batch_tokens": 4096,
         "note": "device_map places layers on GPUs in turn (sequential, no overlap); 'cpu' entries stream over PCIe",

@@ -190,11 +190,18 @@ def _transformers(rec: Mapping[str, Any], rt: RuntimeSpec, model_id: str | None,
     quant = _format_arg(rec, rt)
     fmt = rec["quant"]["format"]
     dtype = _TORCH_DTYPES.get(fmt, _TORCH_DTYPES.get(rec["model"].get("dtype", "bf16"), "bfloat16"))
-    kw: dict[str, Any] = {"pretrained_model_name_or_path": _model_id(rec, model_id), "dtype": dtype,
-                          "device_map": transformers_device_map(rec)}
+    kw: dict[str, Any] = {"pretrained_model_name_or_path": _model_id(rec, model_id), "dtype": dtype}
+    tp, _, _ = _split(rec)
+    if tp > 1:  # its tensor parallelism: one process a GPU, each loading its shard
+        kw["tp_plan"] = "auto"
+    else:
+        kw["device_map"] = transformers_device_map(rec)
     if quant:
         kw["quantization_config"] = quant
-    return {"command": "transformers.AutoModelForCausalLM.from_pretrained", "args": [], "kwargs": kw}
+    out: dict[str, Any] = {"command": "transformers.AutoModelForCausalLM.from_pretrained", "args": [], "kwargs": kw}
+    if tp > 1:
+        out["launch"] = f"torchrun --nproc-per-node {tp} SCRIPT.py"
+    return out
 
 
 def _autoopt(rec: Mapping[str, Any], rt: RuntimeSpec, model_id: str | None, profile: Mapping[str, Any]
@@ -258,6 +265,8 @@ def export(rec: Mapping[str, Any], runtime: str | RuntimeSpec, *, model_id: str 
     out = fn(rec, rt, model_id, profile or {})
     env, moe_notes = _moe_env(rec, rt, moe_configs, profile or {})
     notes = [f"predicted: {k} {v / 1e3:.3f} ms" for k, v in rec.get("predicted", {}).items()]
+    if "launch" in out:
+        notes.append(f"run it in one process a GPU: {out['launch']} (the script making this call)")
     return {"runtime": rt.name, **out, "env": env, "notes": [*notes, *_unnamed(rec, model_id), *moe_notes]}
 
 

@@ -100,6 +100,10 @@ class RuntimeSpec:
     formats: tuple[FormatRule, ...]
     kv_dtypes: tuple[KvRule, ...]
     tensor_parallel: bool = False
+    #: runs tensor parallelism at a degree the caller gives, but the planner never chooses it unasked
+    #: (transformers' ``tp_plan="auto"`` needs one process a GPU under torchrun: not what a plain
+    #: ``from_pretrained`` call gets)
+    tensor_parallel_on_request: bool = False
     pipeline_parallel: bool = False
     expert_parallel: bool = False
     data_parallel: bool = False
@@ -143,7 +147,7 @@ class RuntimeSpec:
 
     def check_split(self, *, tp: int | None, pp: int | None) -> None:
         """Refuse degrees the runtime cannot run (typed error saying what it can)."""
-        if tp and tp > 1 and not self.tensor_parallel:
+        if tp and tp > 1 and not (self.tensor_parallel or self.tensor_parallel_on_request):
             raise RuntimeRuleError(f"runs no tensor parallelism (asked for {tp}); it splits layers over GPUs "
                                    "instead: leave the tensor-parallel degree out, or choose vllm or sglang",
                                    runtime=self.name, rule="tensor_parallel")
@@ -161,6 +165,7 @@ class RuntimeSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "display": self.display, "formats": [f.to_dict() for f in self.formats],
                 "kv_dtypes": [k.to_dict() for k in self.kv_dtypes], "tensor_parallel": self.tensor_parallel,
+                "tensor_parallel_on_request": self.tensor_parallel_on_request,
                 "pipeline_parallel": self.pipeline_parallel, "expert_parallel": self.expert_parallel,
                 "data_parallel": self.data_parallel, "offload": self.offload,
                 "memory_utilization": self.memory_utilization, "reserved_gib": self.reserved_gib,
@@ -188,6 +193,7 @@ class RuntimeSpec:
             raise RuntimeRuleError(f"{where}: lists no weight formats", rule="schema")
         return cls(name=name, display=str(data.get("display", name)), formats=formats, kv_dtypes=kv,
                    tensor_parallel=bool(data.get("tensor_parallel", False)),
+                   tensor_parallel_on_request=bool(data.get("tensor_parallel_on_request", False)),
                    pipeline_parallel=bool(data.get("pipeline_parallel", False)),
                    expert_parallel=bool(data.get("expert_parallel", False)),
                    data_parallel=bool(data.get("data_parallel", False)), offload=offload,
