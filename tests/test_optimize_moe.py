@@ -503,3 +503,11 @@ def test_experts_take_every_format_but_weight_only_fp8(name, wo, asym, group):
     assert (problem is None) == (not (wo and name.startswith("fp8")))
     if problem is not None:
         assert problem.startswith(f"{parse_weight(spec).spec} is weight-only FP8")
+
+
+def test_the_quantized_op_names_a_tensor_on_another_device():
+    p13, p2 = _packed_experts("int8")
+    hidden = torch.randn(5, 200).half()
+    with pytest.raises(RuntimeError, match="hidden is on cpu and w2_scale is on meta"):
+        _moe.fused_moe_quant(hidden, p13["qweight"], p2["qweight"], p13["scales"], p2["scales"].to("meta"),
+                             torch.ones(5, 2), torch.zeros(5, 2, dtype=torch.long), "int8")

@@ -329,6 +329,11 @@ def _check_quant(hidden: Any, w13: Any, w2: Any, w13_scale: Any, w2_scale: Any, 
     if topk_ids.dim() != 2 or topk_ids.shape[0] != m or topk_weights.shape != topk_ids.shape:
         raise ValueError(f"autoopt.nn.fused_moe_quant: topk_ids and topk_weights must both be [M, topk] with M = {m};"
                          f" got {tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
+    for name, t in (("w13", w13), ("w2", w2), ("w13_scale", w13_scale), ("w2_scale", w2_scale),
+                    ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
+        if t.device != hidden.device:
+            raise RuntimeError(f"autoopt.nn.fused_moe_quant: expected all tensors on one device, but hidden is on "
+                               f"{hidden.device} and {name} is on {t.device}")
     return n, k
 
 

@@ -311,7 +311,8 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
 #: per token less the same format's compiled step replayed from one CUDA graph, Llama-3-8B, the lent hosts:
 #: H100 bf16 1.85-2.12, fp8 1.64-1.95, int4 1.36-1.94 ms; H200 fp8 1.92, int4 1.68 ms (10 pairs, median 1.9 ms;
 #: benchmarks/results/{h100,h200}/quant_e2e*.json against quant_trace*.json). The same loop runs an
-#: optimize()d model. A host CPU unlike those machines' moves it; eager generate() is not modelled.
+#: optimize()d model. A host CPU unlike those machines' moves it. Uncompiled, the step itself is the host's
+#: (:data:`EAGER_HOST_LAYER_US`) and this loop comes on top.
 GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 1900.0}
 #: the host's time a decoder layer of an uncompiled decode step, in us, for the runtimes whose layers are Python
 #: modules issuing one launch per op (no CUDA graph): the step is then bound by the host, not the GPU, and
@@ -334,7 +335,7 @@ EAGER_HOST_LAYER_US = {"autoopt": 1520.0, "transformers": 825.0}
 EAGER_TP_HOST_LAYER_US = 1940.0
 
 
-def _eager_host(runtime: str | None, spec: Any, wl: Workload, predicted: Mapping[str, float], tp: int = 1
+def _eager_host(runtime: str | None, spec: ModelSpec, wl: Workload, predicted: Mapping[str, float], tp: int = 1
                 ) -> dict[str, float]:
     """An uncompiled decode step of a runtime in :data:`EAGER_HOST_LAYER_US` as the larger of its GPU time
     (``decode_gpu_us``) and its host's (``decode_host_us``; transformers sharded by its ``tp_plan``:
