@@ -511,3 +511,12 @@ def test_the_quantized_op_names_a_tensor_on_another_device():
     with pytest.raises(RuntimeError, match="hidden is on cpu and w2_scale is on meta"):
         _moe.fused_moe_quant(hidden, p13["qweight"], p2["qweight"], p13["scales"], p2["scales"].to("meta"),
                              torch.ones(5, 2), torch.zeros(5, 2, dtype=torch.long), "int8")
+
+
+@pytest.mark.usefixtures("torch_fallback")
+def test_under_weights_a_block_left_to_transformers_says_its_experts_stay_16_bit():
+    report = optimize(build("olmoe", torch.float16), weights="int8")
+    row = report.row("model.layers.0.mlp")
+    assert (row.kind, row.status) == ("moe", "kept")
+    assert row.reason == (f"{MOE_OFF}; under weights=int8 its experts stay 16-bit (ops with 'moe' quantizes them "
+                          "too)")

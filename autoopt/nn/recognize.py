@@ -720,7 +720,10 @@ def _moe(m: nn.Module, parts: MoEParts, context: Context) -> MoEMatch | NoMatch:
     """A MoE block as a match (its router and experts probed), or why not: then the walk goes on into it (a
     shared expert is an MLP of its own)."""
     if "moe" not in context.ops:
-        return NoMatch(kind="moe", reason=MOE_OFF if context.ops == DEFAULT_OPS else "moe not in ops=", descend=True)
+        reason = MOE_OFF if context.ops == DEFAULT_OPS else "moe not in ops="
+        if context.weights is not None:  # most of a MoE model's bytes are its experts: say they stay 16-bit
+            reason += f"; under weights={context.weights} its experts stay 16-bit (ops with 'moe' quantizes them too)"
+        return NoMatch(kind="moe", reason=reason, descend=True)
     found = _moe_match(m, parts, context)
     if isinstance(found, str):
         return NoMatch(kind="moe", reason=found, descend=True)
