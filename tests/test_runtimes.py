@@ -377,3 +377,14 @@ def test_transformers_runs_q_k_v_and_gate_up_as_separate_gemms():
     fused = recommend("h100-sxm", "llama-3-8b", runtime="autoopt", batch=1, prompt_len=128, gen_len=16,
                       phase="decode", weight_dtype="bf16", compare_wfc=False, top=1)
     assert {"qkv_proj", "gate_up_proj"} <= {o.name for o in fused.ops}
+
+
+def test_recommend_args_for_transformers_tensor_parallel_puts_the_call_on_stdout_and_torchrun_on_stderr(capsys):
+    from autoopt.cli import main
+
+    rc = main(["recommend", "--model", "llama-3-8b", "--profile", "h100-sxm-8x", "--runtime", "transformers",
+               "--tensor-parallel", "2", "--weight-dtype", "bf16", "--format", "args"])
+    out = capsys.readouterr()
+    assert rc == 0 and out.out.startswith("transformers.AutoModelForCausalLM.from_pretrained(")
+    assert "tp_plan='auto'" in out.out
+    assert out.err.strip() == "autoopt: run it in one process a GPU: torchrun --nproc-per-node 2 SCRIPT.py"

@@ -4,6 +4,7 @@ runtime's rules and with that runtime's own arguments."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING, Any
 
 from autoopt.cli._common import FORMATS, UsageError, add_profile_arg, chosen_profile, emit
@@ -58,8 +59,11 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.format == "args":
         from autoopt.runtimes.export import export, format_args
 
-        print(format_args(export(rec.to_dict(), args.runtime, model_id=args.model_id, profile=prof.to_dict(),
-                                 moe_configs=args.moe_configs)))
+        exported = export(rec.to_dict(), args.runtime, model_id=args.model_id, profile=prof.to_dict(),
+                          moe_configs=args.moe_configs)
+        print(format_args(exported))
+        if "launch" in exported:  # data on stdout, how to start it on stderr
+            print(f"autoopt: run it in one process a GPU: {exported['launch']}", file=sys.stderr)
         return 0
     data = rec.to_dict()
     text = rec.explain()
@@ -69,6 +73,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         data["runtime_args"] = export(data, args.runtime, model_id=args.model_id, profile=prof.to_dict(),
                                      moe_configs=args.moe_configs)
         text += f"\nRun it with {args.runtime}:\n  {format_args(data['runtime_args'])}"
+        if "launch" in data["runtime_args"]:
+            text += f"\n  in one process a GPU: {data['runtime_args']['launch']}"
     emit(data, args.format, text)
     return 0
 
