@@ -322,8 +322,9 @@ GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 1900.0}
 #:   the regret harness's 12 uncompiled one-GPU steps of Llama-3-8B cut to 8 layers (4 formats x batch 1, 8,
 #:   32; 10.0-17.6 ms, median 12.17; benchmarks/results/h100/regret_1gpu_layers8.json): 1520 us. Out of
 #:   sample, the same harness's one-GPU rows in the 2- and 4-GPU runs measured medians 10.37 and 13.15 ms
-#:   (0.85x and 1.08x), and 32-layer eager generate() less its loop 42.6-44.0 ms on an H100 host and 32.6-46.1
-#:   ms on H200 hosts against 48.6 predicted: a host-bound step varies +-30 % from run to run and host to host.
+#:   (predicted over measured 1.17 and 0.93), and 32-layer eager generate() less its loop 42.6-44.0 ms on an
+#:   H100 host and 32.6-46.1 ms on H200 hosts against 48.6 predicted: a host-bound step varies +-30 % from run
+#:   to run and host to host.
 #: - ``transformers`` (its own modules, uncompiled): eager generate() less :data:`GENERATE_HOST_US`, per layer,
 #:   Llama-3-8B H100 1.30 and 1.24, H200 0.67, 0.69, 0.74 and 0.71, Qwen2.5-7B H200 1.39 and 0.91 ms
 #:   (e2e_*.json, batch 1 and 16): median 825 us.
