@@ -520,3 +520,10 @@ def test_under_weights_a_block_left_to_transformers_says_its_experts_stay_16_bit
     assert (row.kind, row.status) == ("moe", "kept")
     assert row.reason == (f"{MOE_OFF}; under weights=int8 its experts stay 16-bit (ops with 'moe' quantizes them "
                           "too)")
+
+
+def test_the_quantized_op_refuses_float_expert_ids_as_the_16_bit_op_does():
+    p13, p2 = _packed_experts("int8")
+    with pytest.raises(RuntimeError, match="fused_moe_quant: topk_ids must be an integer tensor, got torch.float32"):
+        _moe.fused_moe_quant(torch.randn(5, 200).half(), p13["qweight"], p2["qweight"], p13["scales"], p2["scales"],
+                             torch.ones(5, 2), torch.zeros(5, 2), "int8")

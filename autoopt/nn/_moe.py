@@ -175,31 +175,42 @@ def kernels_at(m: int, experts: int, n: int, k: int, topk: int, dtype: torch.dty
 # -- the op -------------------------------------------------------------------------------------------------
 
 
-def _check(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any) -> None:
-    for name, t in (("hidden", hidden), ("w13", w13), ("w2", w2), ("topk_weights", topk_weights),
-                    ("topk_ids", topk_ids)):
+def _check_call(op: str, tensors: tuple[tuple[str, Any], ...], topk_weights: Any, topk_ids: Any,
+                activation: Any) -> None:
+    """What both ops take alike: tensors (``tensors`` lists them by name, ``hidden`` ``[M, K]`` first), the
+    activation, a routing ``[M, topk]`` with integer ids, one device. ``op`` names the op in the messages."""
+    named = (*tensors, ("topk_weights", topk_weights), ("topk_ids", topk_ids))
+    for name, t in named:
         if not isinstance(t, Tensor):
-            raise TypeError(f"autoopt.nn.fused_moe: {name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"autoopt.nn.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if activation not in ACTIVATIONS:
-        raise ValueError(f"autoopt.nn.fused_moe: activation must be one of {', '.join(map(repr, ACTIVATIONS))}, "
+        raise ValueError(f"autoopt.nn.{op}: activation must be one of {', '.join(map(repr, ACTIVATIONS))}, "
                          f"got {activation!r}")
-    if hidden.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
-        raise ValueError(f"autoopt.nn.fused_moe: hidden must be 2-D [M, K], w13 and w2 3-D ([E, 2N, K], [E, K, N]); "
-                         f"got {tuple(hidden.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
+    hidden = tensors[0][1]
+    if hidden.dim() != 2:
+        raise ValueError(f"autoopt.nn.{op}: hidden must be 2-D [M, K], got {tuple(hidden.shape)}")
+    m = hidden.shape[0]
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != m or topk_weights.shape != topk_ids.shape:
+        raise ValueError(f"autoopt.nn.{op}: topk_ids and topk_weights must both be [M, topk] with M = {m}; got "
+                         f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
+        raise RuntimeError(f"autoopt.nn.{op}: topk_ids must be an integer tensor, got {topk_ids.dtype}")
+    for name, t in named[1:]:
+        if t.device != hidden.device:
+            raise RuntimeError(f"autoopt.nn.{op}: expected all tensors on one device, but hidden is on "
+                               f"{hidden.device} and {name} is on {t.device}")
+
+
+def _check(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_ids: Any, activation: Any) -> None:
+    _check_call("fused_moe", (("hidden", hidden), ("w13", w13), ("w2", w2)), topk_weights, topk_ids, activation)
+    if w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError(f"autoopt.nn.fused_moe: w13 and w2 must be 3-D ([E, 2N, K], [E, K, N]); got "
+                         f"{tuple(w13.shape)}, {tuple(w2.shape)}")
     m, k = hidden.shape
     e, two_n, _ = w13.shape
     if w13.shape[2] != k or two_n % 2 or tuple(w2.shape) != (e, k, two_n // 2):
         raise ValueError(f"autoopt.nn.fused_moe: w13 must be [E, 2N, K] and w2 [E, K, N] for hidden [M, K] = "
                          f"[{m}, {k}]; got w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}")
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != m or topk_weights.shape != topk_ids.shape:
-        raise ValueError(f"autoopt.nn.fused_moe: topk_ids and topk_weights must both be [M, topk] with M = {m}; got "
-                         f"{tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
-    if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
-        raise RuntimeError(f"autoopt.nn.fused_moe: topk_ids must be an integer tensor, got {topk_ids.dtype}")
-    for name, t in (("w13", w13), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
-        if t.device != hidden.device:
-            raise RuntimeError(f"autoopt.nn.fused_moe: expected all tensors on one device, but hidden is on "
-                               f"{hidden.device} and {name} is on {t.device}")
     if w13.dtype != hidden.dtype or w2.dtype != hidden.dtype:
         raise RuntimeError(f"autoopt.nn.fused_moe: dtype mismatch: hidden is {hidden.dtype}, w13 {w13.dtype}, "
                            f"w2 {w2.dtype} (cast them alike)")
@@ -305,20 +316,15 @@ def _check_quant(hidden: Any, w13: Any, w2: Any, w13_scale: Any, w2_scale: Any, 
     from autoopt.errors import OpError
     from autoopt.kernels.quant import parse_weight
 
-    for name, t in (("hidden", hidden), ("w13", w13), ("w2", w2), ("w13_scale", w13_scale), ("w2_scale", w2_scale),
-                    ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"autoopt.nn.fused_moe_quant: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"autoopt.nn.fused_moe_quant: activation must be one of {', '.join(map(repr, ACTIVATIONS))},"
-                         f" got {activation!r}")
+    _check_call("fused_moe_quant", (("hidden", hidden), ("w13", w13), ("w2", w2), ("w13_scale", w13_scale),
+                                    ("w2_scale", w2_scale)), topk_weights, topk_ids, activation)
     try:
         fmt = parse_weight(weight)
     except OpError as exc:
         raise ValueError(f"autoopt.nn.fused_moe_quant: {exc}") from None
-    if hidden.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
-        raise ValueError(f"autoopt.nn.fused_moe_quant: hidden must be 2-D [M, K], w13 and w2 3-D; got "
-                         f"{tuple(hidden.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
+    if w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError(f"autoopt.nn.fused_moe_quant: w13 and w2 must be 3-D (packed per expert); got "
+                         f"{tuple(w13.shape)}, {tuple(w2.shape)}")
     m, k = hidden.shape
     e, two_n = w13.shape[:2]
     n = two_n // 2
@@ -326,14 +332,6 @@ def _check_quant(hidden: Any, w13: Any, w2: Any, w13_scale: Any, w2_scale: Any, 
     if two_n % 2 or tuple(w13.shape) != want13 or tuple(w2.shape) != want2:
         raise ValueError(f"autoopt.nn.fused_moe_quant: {fmt.spec} experts for hidden [M, K] = [{m}, {k}] are w13 "
                          f"{list(want13)} and w2 {list(want2)}; got {tuple(w13.shape)}, {tuple(w2.shape)}")
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != m or topk_weights.shape != topk_ids.shape:
-        raise ValueError(f"autoopt.nn.fused_moe_quant: topk_ids and topk_weights must both be [M, topk] with M = {m};"
-                         f" got {tuple(topk_ids.shape)} and {tuple(topk_weights.shape)}")
-    for name, t in (("w13", w13), ("w2", w2), ("w13_scale", w13_scale), ("w2_scale", w2_scale),
-                    ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
-        if t.device != hidden.device:
-            raise RuntimeError(f"autoopt.nn.fused_moe_quant: expected all tensors on one device, but hidden is on "
-                               f"{hidden.device} and {name} is on {t.device}")
     return n, k
 
 

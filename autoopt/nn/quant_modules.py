@@ -301,7 +301,6 @@ def pack_experts(experts: torch.Tensor, fmt: Any, *, transposed: bool = False) -
             if name not in out:
                 out[name] = torch.empty((experts.shape[0], *t.shape), dtype=t.dtype, device=t.device)
             out[name][e].copy_(t)
-        del packed
     return out
 
 
