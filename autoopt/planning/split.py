@@ -268,19 +268,22 @@ def allreduce_us(nbytes: float, tp: int, bw_gbs: float, path: str) -> float:
     return lat + bus / (bw_gbs * 1e3)
 
 
+def layer_allreduces_us(profile: HardwareProfile, group: Sequence[Device], hidden: int, tokens: int) -> float:
+    """A tensor-parallel layer's two all-reduces of ``tokens`` bf16 rows of ``hidden`` (after the attention's
+    output projection and the MLP's down projection) over ``group``'s slowest link."""
+    tp = len(group)
+    bw, path = min(link_gbs(profile, group[j], group[(j + 1) % tp]) for j in range(tp))
+    return 2 * allreduce_us(tokens * hidden * 2, tp, bw, path)
+
+
 def tp_step_comm_us(profile: HardwareProfile, split: SplitPlan, layers: int, hidden: int, tokens: int) -> float:
-    """The all-reduces of one forward step of ``tokens`` rows under ``split``'s tensor parallelism: two per
-    layer (after the attention's output projection and the MLP's down projection), over the first stage's
-    group's slowest link; 0 without tensor parallelism."""
-    tp = split.tp
-    if tp <= 1:
+    """The all-reduces of one forward step of ``tokens`` rows under ``split``'s tensor parallelism, over the
+    first stage's group (:func:`layer_allreduces_us` a layer); 0 without tensor parallelism."""
+    if split.tp <= 1:
         return 0.0
     by_index = {d.index: d for d in devices_of(profile, include_cpu=True)}
     group = [by_index[i] for i in split.stages[0].devices if i in by_index]
-    if len(group) < tp:
-        return 0.0
-    bw, path = min(link_gbs(profile, group[j], group[(j + 1) % tp]) for j in range(tp))
-    return 2 * layers * allreduce_us(tokens * hidden * 2, tp, bw, path)
+    return layers * layer_allreduces_us(profile, group, hidden, tokens) if len(group) == split.tp else 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -440,9 +443,7 @@ def _evaluate(profile: HardwareProfile, model: ModelSpec, fmt: QuantFormat, wl: 
     # Tensor-parallel communication: two all-reduces per layer over the group's slowest link.
     tp_us_per_layer = 0.0
     if tp > 1:
-        g = groups[0]
-        bw, path = min(link_gbs(profile, g[j], g[(j + 1) % tp]) for j in range(tp))
-        tp_us_per_layer = sum(w * 2 * allreduce_us(wl.batch * q * model.hidden_size * 2, tp, bw, path)
+        tp_us_per_layer = sum(w * layer_allreduces_us(profile, groups[0], model.hidden_size, wl.batch * q)
                               for q, _, w in wl.points())
     stages, stage_t = [], []
     for k, ((a, b), g) in enumerate(zip(ranges, groups, strict=True)):

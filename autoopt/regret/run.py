@@ -125,13 +125,13 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
     if option.layout == "tensor-parallel":  # transformers' own modules, sharded by its tp_plan
         rec = recommend(hardware, spec, batch=option.batch, max_devices=option.gpus, tensor_parallel=option.gpus,
                         runtime="transformers", **kw)
-        p = rec.predicted
-        gpu = float(p.get("decode_gpu_us", p["decode_step_us"])) + spec.num_layers * UNCOMPILED_TRANSFORMERS_LAYER_US
-        return max(gpu, float(p.get("decode_host_us", 0.0))) / 1e3
-    batch = math.ceil(option.batch / option.gpus) if option.layout == "replicas" else option.batch
-    rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
+        glue_us = UNCOMPILED_TRANSFORMERS_LAYER_US
+    else:
+        batch = math.ceil(option.batch / option.gpus) if option.layout == "replicas" else option.batch
+        rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
+        glue_us = UNCOMPILED_AUTOOPT_LAYER_US
     p = rec.predicted  # uncompiled: the larger of the GPU's time (with the glue) and the host's (recommend()'s)
-    gpu = float(p.get("decode_gpu_us", p["decode_step_us"])) + spec.num_layers * UNCOMPILED_AUTOOPT_LAYER_US
+    gpu = float(p.get("decode_gpu_us", p["decode_step_us"])) + spec.num_layers * glue_us
     return max(gpu, float(p.get("decode_host_us", 0.0))) / 1e3
 
 
