@@ -13,7 +13,6 @@ space (most of it unmeasured) cannot. Nothing runs on a GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -38,9 +37,8 @@ def point_score(row: dict[str, Any], gpu: Any) -> tuple[float, str] | None:
     from autoopt.templates.gemm import matmul_path
     from autoopt.templates.moe import FusedMoeTemplate, moe_cost
 
-    shape = tuple(row.get("block_shape") or ()) or None
     op = OpSpec(kind="fused_moe", shape=(row["M"], row["E"], row["topk"], row["N"], row["K"]), dtype="bf16",
-                weight=FORMATS[(row["dtype"], shape)])
+                weight=FORMATS[_format_key(row)])
     grid = {k: v for k, v in row.get("grid", {}).items() if isinstance(v, (int, float))}
     template, predicted = FusedMoeTemplate(), {}
     for key in grid:
@@ -55,19 +53,52 @@ def point_score(row: dict[str, Any], gpu: Any) -> tuple[float, str] | None:
     return min(grid.values()) / grid[first], first
 
 
+#: the largest grid file read (the committed ones are under 1 MiB)
+MAX_GRID_BYTES = 16 << 20
+
+
+def load_rows(path: Path) -> list[dict[str, Any]]:
+    """The (case, M) rows of a ``moe_runtime_configs.py`` result, the file checked first (a regular JSON file of
+    sane size, rows holding the case's shape and a grid). ValueError (one line, naming the file) otherwise."""
+    from benchmarks.rescore_regret import checked_json
+
+    data = checked_json(path, MAX_GRID_BYTES, "a moe_runtime_configs.py result")
+    rows = data.get("rows") if isinstance(data, dict) else None
+    need = ("case", "M", "E", "topk", "N", "K", "dtype")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and all(k in r for k in need) for r in rows):
+        raise ValueError(f"{path}: not a moe_runtime_configs.py result (expected 'rows' with {', '.join(need)})")
+    for r in rows:
+        if _format_key(r) not in FORMATS:
+            raise ValueError(f"{path}: {r['case']} M={r['M']} has dtype {r['dtype']!r} (block shape "
+                             f"{r.get('block_shape')}); expected one of {sorted({d for d, _ in FORMATS})}")
+    return rows
+
+
+def _format_key(row: dict[str, Any]) -> tuple[Any, tuple[int, ...] | None]:
+    return row["dtype"], tuple(row.get("block_shape") or ()) or None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", type=Path, default=list(FILES))
     args = ap.parse_args(argv)
     gpu = load_profile("h100-sxm").gpu
     for path in args.files:
+        try:
+            rows = load_rows(path)
+        except ValueError as exc:
+            print(f"replay_moe: {exc}", file=sys.stderr)
+            return 2
         scores = []
-        for row in json.loads(path.read_text())["rows"]:
+        for row in rows:
             got = point_score(row, gpu)
             if got is None:
                 continue
             scores.append(got[0])
             print(f"{row['case']:24s} M={row['M']:<5d} {got[0]:.3f} {got[1]}")
+        if not scores:
+            print(f"replay_moe: {path}: no (case, M) point with a timed grid", file=sys.stderr)
+            return 2
         geo = math.exp(sum(map(math.log, scores)) / len(scores))
         print(f"{path.name}: {len(scores)} points, geomean {geo:.4f}, min {min(scores):.3f}")
     return 0

@@ -105,7 +105,7 @@ def hardware(profile: str, data: dict[str, Any]) -> Any:
     return load_profile(Path(profile) if Path(profile).exists() else profile)
 
 
-def _checked_json(path: Path, limit: int, what: str) -> Any:
+def checked_json(path: Path, limit: int, what: str) -> Any:
     """``path``'s JSON, checked first: a regular file of at most ``limit`` bytes. ValueError (one line) otherwise."""
     try:
         st = path.stat()
@@ -122,7 +122,7 @@ def _checked_json(path: Path, limit: int, what: str) -> Any:
 def load_run(path: Path) -> dict[str, Any]:
     """A regret run's JSON, checked first: a regular file of sane size holding an object with ``model``,
     ``layers`` and a ``workloads`` list. ValueError (one line, naming the file) otherwise."""
-    data = _checked_json(path, MAX_RUN_BYTES, "a regret run's JSON")
+    data = checked_json(path, MAX_RUN_BYTES, "a regret run's JSON")
     if not isinstance(data, dict) or not isinstance(data.get("workloads"), list) or "model" not in data:
         raise ValueError(f"{path}: not a regret run (expected the JSON `autoopt check regret --out` writes)")
     return data

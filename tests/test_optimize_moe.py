@@ -524,6 +524,6 @@ def test_under_weights_a_block_left_to_transformers_says_its_experts_stay_16_bit
 
 def test_the_quantized_op_refuses_float_expert_ids_as_the_16_bit_op_does():
     p13, p2 = _packed_experts("int8")
-    with pytest.raises(RuntimeError, match="fused_moe_quant: topk_ids must be an integer tensor, got torch.float32"):
+    with pytest.raises(RuntimeError, match=r"fused_moe_quant: topk_ids must be an integer tensor, got torch\.float32"):
         _moe.fused_moe_quant(torch.randn(5, 200).half(), p13["qweight"], p2["qweight"], p13["scales"], p2["scales"],
                              torch.ones(5, 2), torch.zeros(5, 2), "int8")
