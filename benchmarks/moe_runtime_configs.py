@@ -408,7 +408,6 @@ def run_case(args: argparse.Namespace, mod: Any, profile: Any, idx: int, m: int,
     if tuned:
         us, cfg = min(tuned, key=lambda t: t[0])
         row["d_tuned"] = {"config": cfg, "measured_us": us, "timed": len(tuned), "label": "measured (rank top-k)"}
-    best: tuple[float, dict[str, int]] | None = None
     timed = 0
     for cfg in grid:
         if time.time() > t_end:
@@ -417,10 +416,7 @@ def run_case(args: argparse.Namespace, mod: Any, profile: Any, idx: int, m: int,
         r = measure(lambda cfg=cfg: vllm_runner(mod, c, cfg, sm90), ref, tol)
         # every grid timing kept (the cost model's calibration data): "BM/BN/BK/G/warps/stages" -> us
         row.setdefault("grid", {})["/".join(str(cfg[kk]) for kk in GRID[0])] = r.get("measured_us", r.get("check"))
-        if r.get("check") == "passed":
-            timed += 1
-            if best is None or r["measured_us"] < best[0]:
-                best = (r["measured_us"], cfg)
+        timed += r.get("check") == "passed"
     final_round(row, lambda cfg: measure(lambda: vllm_runner(mod, c, cfg, sm90), ref, tol), timed)
     torch.cuda.empty_cache()
     return row
