@@ -38,23 +38,39 @@ def test_import_time_reported_by_importtime_is_well_under_150ms():
     assert best < 150_000, f"import autoopt took {best} us"
 
 
-_COLD_RECOMMEND = ("import sys, autoopt\n"
+# prints whether tempfile was imported; on stderr, the stack that first asked for it (a failure names the culprit)
+_COLD_RECOMMEND = ("import sys, traceback\n"
+                   "class Watch:\n"
+                   "    def find_spec(self, name, path=None, target=None):\n"
+                   "        if name == 'tempfile':\n"
+                   "            sys.stderr.write(''.join(traceback.format_stack(limit=30)))\n"
+                   "sys.meta_path.insert(0, Watch())\n"
+                   "import logging; logging.basicConfig(level=logging.INFO)\n"
+                   "import autoopt\n"
                    "autoopt.recommend('h100-sxm', 'llama-3-8b', batch=1, phase='decode')\n"
                    "print('tempfile' in sys.modules)")
 
 
-def test_a_cold_recommend_does_not_import_tempfile():
-    # the stores' atomic writer imports it when it writes: tempfile (shutil, bz2, lzma, random) is ~5 ms
-    assert _run(_COLD_RECOMMEND).stdout.strip() == "False"
-
-
-def test_a_cold_recommend_without_home_does_not_import_tempfile():
-    # CI runners and services often start with no $HOME: the cache folder then comes from the password
-    # database, not from platformdirs (which imports tempfile)
-    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME")}
+def test_a_cold_recommend_does_not_import_tempfile(tmp_path):
+    # the stores' atomic writer imports it when it writes: tempfile (shutil, bz2, lzma, random) is ~5 ms.
+    # Cold means a fresh machine: an empty cache folder of its own, not the one earlier tests filled
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOOPT_CACHE_DIR": str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", _COLD_RECOMMEND], capture_output=True, text=True, check=True,
-                         cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)})
-    assert out.stdout.strip() == "False"
+                         cwd=ROOT, env=env)
+    assert out.stdout.strip() == "False", out.stderr[-6000:]
+
+
+def test_without_home_the_cache_folder_is_found_without_importing_platformdirs():
+    # CI runners and services often start with no $HOME: the cache folder then comes from the password
+    # database (as expanduser does), not from platformdirs, which imports tempfile (~5 ms)
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME", "AUTOOPT_CACHE_DIR")}
+    code = ("import sys\n"
+            "from autoopt.results.location import default_path\n"
+            "path = default_path()\n"
+            "print(path.is_absolute(), 'platformdirs' in sys.modules, 'tempfile' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         env={**env, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.split() == ["True", "False", "False"]
 
 
 def test_importtime_lists_neither_torch_nor_triton():
