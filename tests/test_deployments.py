@@ -34,3 +34,14 @@ def test_autoopt_plans_a_runnable_deployment_no_worse_than_published_unless_it_s
     assert "error" not in out["published"], out["published"]
     if out["autoopt_vs_published"] < 0.999:  # the published setting is predicted faster: the plan says why
         assert out["autoopt"]["reason"].startswith(("balanced", "quality", "speed"))
+
+
+#: predicted / measured tokens/s beyond which a row must say what the source measured that the plan does not model
+FAR_OFF = 2.0
+
+
+@pytest.mark.parametrize("row", PLANNABLE, ids=[r["id"] for r in PLANNABLE])
+def test_a_prediction_beyond_two_times_the_measurement_is_explained_by_its_row(row):
+    ratio = evaluate(row)["measured"].get("tokens_per_s", {}).get("ratio")
+    if ratio is not None and not 1 / FAR_OFF <= ratio <= FAR_OFF:
+        assert len(row.get("far_off_because") or "") > 80, f"{row['id']}: predicted/measured {ratio}, no note why"

@@ -291,8 +291,9 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
     if rt is not None and spec.is_moe:
         ops = _runtime_moe_ops(ops, spec, wl, fit, rt.name, moe_chooser)
     predicted = _totals(fit, costs, plan, head, _step_comm(hw, spec, wl, fit, costs))
-    predicted.update(_eager_host(rt.name if rt else None, spec, wl, predicted, fit.tp))
+    predicted.update(_eager_host(rt.name if rt else None, spec, wl, predicted, fit.tp, fit.quant.format.name))
     predicted.update(_generate_token(rt.name if rt else None, wl, predicted))
+    predicted.update(_request_with_host(predicted, costs.phases))
     offload = _offload(hw, spec, wl, fit, predicted, rt)
     replicas = _replicas(hw, spec, wl, fit, shape)
     _flush_learned()
@@ -334,16 +335,28 @@ EAGER_HOST_LAYER_US = {"autoopt": 1520.0, "transformers": 825.0}
 #: and 18.5 ms on 4 (batch 1, 8, 32; regret_{2,4}gpu_layers8.json), median 1940 us a layer; in sample (no other
 #: run measured it), and 4 GPUs ran 1.4x 2 GPUs' host time, which one constant does not follow.
 EAGER_TP_HOST_LAYER_US = 1940.0
+#: the host's extra time a decoder layer of an uncompiled transformers step spends in a quantized checkpoint's
+#: linear modules, by weight format, in us (on top of :data:`EAGER_HOST_LAYER_US`): AutoAWQ's seven ``WQLinear``
+#: modules a layer run their own Python forward and extra launches, so AWQ decodes slower than bf16 in
+#: transformers though it reads a quarter of the bytes. Fitted from Qwen's published speed benchmark (A100 80GB,
+#: transformers 4.46, AutoAWQ 0.2.6, batch 1, input 1, 2048 tokens; Qwen2.5 speed_benchmark.rst at 010c37c):
+#: (1/AWQ - 1/BF16 tokens/s) / layers for the sizes outside the deployments table, 0.5B 244, 1.5B 227, 3B 196,
+#: 14B 241, 32B 179 us: median 227. Held out, the table's 7B measures 231 and its 72B AWQ row is scored in
+#: benchmarks/results/deployments.json. GPTQ-Int4 (exllama kernels) measured 37-113 us a layer *faster* than
+#: bf16 in the same table, which a host-bound step does not explain; it gets no term (predicted as bf16).
+TRANSFORMERS_QUANT_HOST_LAYER_US = {"awq": 227.0}
 
 
-def _eager_host(runtime: str | None, spec: ModelSpec, wl: Workload, predicted: Mapping[str, float], tp: int = 1
-                ) -> dict[str, float]:
+def _eager_host(runtime: str | None, spec: ModelSpec, wl: Workload, predicted: Mapping[str, float], tp: int = 1,
+                weight_format: str = "") -> dict[str, float]:
     """An uncompiled decode step of a runtime in :data:`EAGER_HOST_LAYER_US` as the larger of its GPU time
     (``decode_gpu_us``) and its host's (``decode_host_us``; transformers sharded by its ``tp_plan``:
-    :data:`EAGER_TP_HOST_LAYER_US`); nothing for graphed steps and other runtimes."""
+    :data:`EAGER_TP_HOST_LAYER_US`; a quantized checkpoint's modules: :data:`TRANSFORMERS_QUANT_HOST_LAYER_US`);
+    nothing for graphed steps and other runtimes."""
     per_layer = EAGER_HOST_LAYER_US.get(runtime or "")
-    if per_layer is not None and runtime == "transformers" and tp > 1:
-        per_layer = EAGER_TP_HOST_LAYER_US
+    if per_layer is not None and runtime == "transformers":
+        per_layer = (EAGER_TP_HOST_LAYER_US if tp > 1 else per_layer) \
+            + TRANSFORMERS_QUANT_HOST_LAYER_US.get(weight_format, 0.0)
     if per_layer is None or wl.cuda_graphs or "decode_step_us" not in predicted:
         return {}
     gpu, host = predicted["decode_step_us"], spec.num_layers * per_layer
@@ -358,6 +371,18 @@ def _generate_token(runtime: str | None, wl: Workload, predicted: Mapping[str, f
     if host is None or "decode_step_us" not in predicted:
         return {}
     return {"generate_token_us": predicted["decode_step_us"] + host, "generate_host_us": host}
+
+
+def _request_with_host(predicted: Mapping[str, float], phases: tuple[_Phase, ...]) -> dict[str, float]:
+    """``request_us`` with each decode step at its host-bound time (:func:`_eager_host`) and the runtime's
+    per-token loop (:func:`_generate_token`): the layer costs it was summed from are GPU time only, so a
+    transformers request would otherwise be priced as if its host kept up with the GPU."""
+    decode = next((p for p in phases if p.name == "decode"), None)
+    if decode is None or "request_us" not in predicted:
+        return {}
+    step = predicted.get("decode_step_us", 0.0)
+    extra = step - predicted.get("decode_gpu_us", step) + predicted.get("generate_host_us", 0.0)
+    return {"request_us": predicted["request_us"] + decode.runs * extra} if extra > 0 else {}
 
 
 #: what ``preference="fastest"`` compares per phase: the predicted time of the phase asked for

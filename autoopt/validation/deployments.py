@@ -100,6 +100,8 @@ def evaluate(row: Mapping[str, Any]) -> dict[str, Any]:
     mine, theirs = plan.predicted["request_us"], published.predicted["request_us"]
     out["autoopt_vs_published"] = round(theirs / mine, 3) if mine else None
     out["measured"] = _against_measured(row, published)
+    if row.get("far_off_because"):
+        out["far_off_because"] = " ".join(str(row["far_off_because"]).split())
     return out
 
 
