@@ -34,3 +34,15 @@ def _write(tmp, text: str) -> str:
     path = tmp / "grid.json"
     path.write_text(text)
     return str(path)
+
+
+def test_a_config_timed_twice_in_a_run_counts_its_least_timing():
+    from benchmarks.replay_moe import timings
+
+    row = {"grid": {"16/64/128/1/4/4": 385.7, "16/128/128/1/4/4": 64.2, "32/64/64/1/4/3": "error: out of smem"},
+           "b_default": {"config": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+                                    "num_warps": 4, "num_stages": 4}, "check": "passed", "measured_us": 125.7},
+           "c_zero_shot": {"config": {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128,
+                                      "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 4},
+                           "check": "failed", "measured_us": 1.0}}
+    assert timings(row) == {"16/64/128/1/4/4": 125.7, "16/128/128/1/4/4": 64.2}
