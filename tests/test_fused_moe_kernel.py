@@ -18,8 +18,13 @@ if importlib.util.find_spec("triton") is None:
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from _fuzz import budget  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
 from autoopt.backend import registry  # noqa: E402
-from autoopt.backend.kernels.fused_moe import fused_experts, fused_moe_gemm, moe_align  # noqa: E402
+from autoopt.backend.kernels import fused_moe as fm  # noqa: E402
+from autoopt.backend.kernels.fused_moe import fused_experts, fused_moe_gemm, moe_align, moe_align_torch  # noqa: E402
 from autoopt.backend.runner import evaluate  # noqa: E402
 from autoopt.kernels.config import KernelConfig  # noqa: E402
 from autoopt.kernels.ops import OpSpec  # noqa: E402
@@ -89,6 +94,34 @@ def test_align_keeps_slot_order_within_an_expert():
     sorted_ids, expert_ids, total = moe_align(ids, 4, 5)
     assert sorted_ids.cpu().tolist()[:12] == [1, 4, 6, 6, 3, 6, 6, 6, 0, 2, 5, 6]
     assert expert_ids.cpu().tolist()[:4] == [0, 1, 2, -1] and int(total[0]) == 12
+
+
+@budget(40)
+@given(st.data())
+def test_the_one_program_align_equals_the_torch_align(data):
+    # any ids, repeats and experts with no slot included, E not a power of two, int32 or int64 ids
+    e = data.draw(st.integers(1, 300), label="experts")
+    slots = data.draw(st.integers(1, 300), label="slots")
+    topk = data.draw(st.sampled_from([d for d in (1, 2, 3, 4, 6, 8) if slots % d == 0]), label="topk")
+    block_m = data.draw(st.sampled_from([16, 32, 64, 128]), label="block_m")
+    flat = data.draw(st.lists(st.integers(0, e - 1), min_size=slots, max_size=slots), label="ids")
+    dtype = data.draw(st.sampled_from([torch.int32, torch.int64]), label="dtype")
+    ids = torch.tensor(flat, dtype=dtype, device=DEV).reshape(slots // topk, topk)
+    got, want = fm._align_one_program(ids, block_m, e), moe_align_torch(ids, block_m, e)
+    for name, a, b in zip(("sorted_token_ids", "expert_ids", "num_tokens_post_padded"), got, want, strict=True):
+        assert a.dtype == torch.int32 and torch.equal(a.cpu(), b.cpu()), name
+
+
+def test_a_decode_steps_align_is_one_program_and_a_prefills_the_torch_ops(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fm, "_align_one_program", lambda *a: calls.append("one") or moe_align_torch(*a))
+    monkeypatch.setattr(fm, "moe_align_torch", lambda *a: calls.append("torch") or moe_align_torch(*a))
+    decode = torch.zeros((fm.ALIGN_ONE_PROGRAM_SLOTS // 8, 8), dtype=torch.int64, device=DEV)
+    prefill = torch.zeros((fm.ALIGN_ONE_PROGRAM_SLOTS // 8 + 1, 8), dtype=torch.int64, device=DEV)
+    fm.moe_align(decode, 16, 128)
+    fm.moe_align(prefill, 16, 128)
+    fm.moe_align(decode, 16, fm.ALIGN_ONE_PROGRAM_EXPERTS + 1)
+    assert calls == ["one", "torch", "torch"]
 
 
 def test_align_gives_an_expert_with_no_tokens_no_block():

@@ -6,13 +6,15 @@ Config semantics are the runtimes' (vLLM/SGLang ``fused_moe_kernel``): keys ``BL
 - :func:`moe_align`: the routed token slots (``M * topk``, slot ``s`` = token ``s // topk``'s ``s % topk``-th
   choice) sorted by expert and padded per expert to a multiple of ``BLOCK_SIZE_M``; padding holds the
   sentinel ``M * topk``. Each M-block then belongs to one expert (``expert_ids``; -1 past the end).
-  Torch ops, no host synchronisation (the buffers have the worst-case size and the kernel exits early
-  past ``num_tokens_post_padded``).
+  No host synchronisation (the buffers have the worst-case size and the kernel exits early past
+  ``num_tokens_post_padded``). Up to :data:`ALIGN_ONE_PROGRAM_SLOTS` slots and :data:`ALIGN_ONE_PROGRAM_EXPERTS`
+  experts it is one Triton program (a decode step's case); beyond, ~20 torch ops (a sort among them), whose
+  launches a prefill's GEMMs dwarf.
 - :func:`fused_moe_gemm`: ``C[slot] = A[slot // a_div] @ W[expert]^T`` for every real slot of every
   M-block, fp32 accumulation, tiles in group-M order over (M-blocks, N-tiles), optionally times the
   slot's routing weight. ``W`` is ``[E, N_out, K]`` (rows of an ``nn.Linear`` per expert).
-- :func:`fused_experts`: gate_up GEMM, ``silu(gate) * up`` (gate is the first half of the 2N rows),
-  down GEMM with the routing weights, sum over the top-k.
+- :func:`fused_experts`: gate_up GEMM, ``silu(gate) * up`` (gate is the first half of the 2N rows; one pass
+  of ``gated.py``'s kernel, fp32 math), down GEMM with the routing weights, sum over the top-k.
 
 Weights as transformers 5 stores fused experts (``MixtralExperts``, ``Qwen3MoeExperts``: ``gate_up_proj``
 ``[E, 2N, K]``, ``down_proj`` ``[E, K, N]``), which is also vLLM's ``w13``/``w2`` layout. 16-bit experts, or
@@ -42,7 +44,8 @@ import triton.language as tl
 from autoopt.backend.kernels import interpreter_active
 from autoopt.backend.kernels.quant_gemv import int4_tile_dot
 
-__all__ = ["CONFIG_KEYS", "fused_experts", "fused_moe_gemm", "fused_moe_prepare", "moe_align"]
+__all__ = ["ALIGN_ONE_PROGRAM_EXPERTS", "ALIGN_ONE_PROGRAM_SLOTS", "CONFIG_KEYS", "fused_experts", "fused_moe_gemm",
+           "fused_moe_prepare", "moe_align", "moe_align_torch"]
 
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 #: side of a block-FP8 scale block (DeepSeek-V3's 128 x 128; autoopt.kernels.quant.FP8_BLOCK)
@@ -55,6 +58,54 @@ _Q_NONE, _Q_TENSOR, _Q_CHANNEL, _Q_BLOCK, _Q_INT8, _Q_INT4 = 0, 1, 2, 3, 4, 5
 _W8A8 = (_Q_TENSOR, _Q_CHANNEL, _Q_BLOCK)
 
 
+#: the largest slot count (M * topk) and expert count :func:`moe_align` runs as one Triton program: a decode
+#: step's align in one launch instead of ~20 (each ~2-3 us in a CUDA graph; the sort alone is several). Its
+#: loops walk the slots in chunks of :data:`_ALIGN_CHUNK` against every expert, so its time grows with
+#: slots x experts: past these sizes a prefill's GEMMs dwarf the torch path's launches anyway.
+ALIGN_ONE_PROGRAM_SLOTS = 1024
+ALIGN_ONE_PROGRAM_EXPERTS = 512
+_ALIGN_CHUNK = 32
+#: the gated activation between the GEMMs: the elementwise template's everyday config (a memory-bound pass;
+#: one launch instead of torch's silu and mul, and no intermediate)
+_GATED_PARAMS = {"BLOCK_SIZE": 1024, "num_warps": 4}
+
+
+@triton.jit
+def _moe_align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, total_ptr, numel, num_experts, cap,  # type: ignore[no-untyped-def]
+                      BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
+    """One program: counts per expert, padded starts (an exclusive cumsum), each slot's place (its expert's
+    start + the slots of that expert before it), the sentinel fill, the scatter, and each M-block's expert.
+    Experts are a ``[EXPERTS]`` axis and slots come in ``[CHUNK]`` chunks, so a slot's per-expert values are
+    picked by a one-hot ``[EXPERTS, CHUNK]`` sum, not a gather."""
+    e = tl.arange(0, EXPERTS)
+    c = tl.arange(0, CHUNK)
+    counts = tl.zeros([EXPERTS], dtype=tl.int32)
+    for base in range(0, numel, CHUNK):
+        ids = tl.load(ids_ptr + base + c, mask=base + c < numel, other=-1).to(tl.int32)
+        counts += tl.sum((ids[None, :] == e[:, None]).to(tl.int32), axis=1)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    starts = ends - padded
+    total = tl.sum(padded, axis=0)
+    for base in range(0, cap, CHUNK):  # the sentinel everywhere first; the scatter below overwrites
+        tl.store(sorted_ptr + base + c, tl.zeros([CHUNK], dtype=tl.int32) + numel, mask=base + c < cap)
+    tl.debug_barrier()  # the fill's stores land before the scatter's (one CTA: bar.sync orders global memory)
+    seen = tl.zeros([EXPERTS], dtype=tl.int32)
+    for base in range(0, numel, CHUNK):
+        ids = tl.load(ids_ptr + base + c, mask=base + c < numel, other=-1).to(tl.int32)
+        hot = (ids[None, :] == e[:, None]).to(tl.int32)  # [EXPERTS, CHUNK]
+        before = tl.cumsum(hot, axis=1) - hot  # this chunk's earlier slots of the same expert
+        pos = tl.sum(hot * (starts[:, None] + seen[:, None] + before), axis=0)
+        tl.store(sorted_ptr + pos, base + c, mask=base + c < numel)
+        seen += tl.sum(hot, axis=1)
+    for base in range(0, cap // BLOCK_M, CHUNK):
+        first = (base + c) * BLOCK_M
+        expert = tl.sum((ends[:, None] <= first[None, :]).to(tl.int32), axis=0)  # searchsorted(ends, right)
+        expert = tl.where(first < total, expert, -1)
+        tl.store(expert_ids_ptr + base + c, expert, mask=base + c < cap // BLOCK_M)
+    tl.store(total_ptr, total)
+
+
 def moe_align(topk_ids: Any, block_m: int, num_experts: int) -> tuple[Any, Any, Any]:
     """``(sorted_token_ids, expert_ids, num_tokens_post_padded)`` for ``topk_ids`` ``[M, topk]``.
 
@@ -63,6 +114,37 @@ def moe_align(topk_ids: Any, block_m: int, num_experts: int) -> tuple[Any, Any, 
     each expert's run padded to a multiple of ``block_m`` with the sentinel ``M*topk``; unused tail also
     the sentinel. ``expert_ids`` (int32, one per M-block): the block's expert, -1 past the padded total.
     ``num_tokens_post_padded`` (int32 ``[1]``): that total, ``sum_e ceil(count_e / block_m) * block_m``."""
+    numel = topk_ids.numel()
+    if 0 < numel <= ALIGN_ONE_PROGRAM_SLOTS and 0 < num_experts <= ALIGN_ONE_PROGRAM_EXPERTS \
+            and (topk_ids.is_cuda or interpreter_active()):
+        return _align_one_program(topk_ids, block_m, num_experts)
+    return moe_align_torch(topk_ids, block_m, num_experts)
+
+
+def _align_cap(numel: int, block_m: int, num_experts: int) -> int:
+    """The worst-case padded length, rounded up to ``block_m`` (see :func:`moe_align`)."""
+    worst = min(numel + num_experts * (block_m - 1), numel * block_m)
+    return -(-max(worst, 1) // block_m) * block_m
+
+
+def _align_one_program(topk_ids: Any, block_m: int, num_experts: int) -> tuple[Any, Any, Any]:
+    """:func:`moe_align` as one launch of :func:`_moe_align_kernel`."""
+    import torch
+
+    flat = topk_ids.reshape(-1).contiguous()
+    numel, dev = flat.numel(), flat.device
+    cap = _align_cap(numel, block_m, num_experts)
+    sorted_ids = torch.empty((cap,), dtype=torch.int32, device=dev)
+    expert_ids = torch.empty((cap // block_m,), dtype=torch.int32, device=dev)
+    total = torch.empty((1,), dtype=torch.int32, device=dev)
+    experts = triton.next_power_of_2(num_experts)
+    _moe_align_kernel[(1,)](flat, sorted_ids, expert_ids, total, numel, num_experts, cap, BLOCK_M=block_m,
+                            EXPERTS=experts, CHUNK=_ALIGN_CHUNK, num_warps=8 if experts > 128 else 4)
+    return sorted_ids, expert_ids, total
+
+
+def moe_align_torch(topk_ids: Any, block_m: int, num_experts: int) -> tuple[Any, Any, Any]:
+    """:func:`moe_align` in torch ops (any size; the one-program kernel's reference in the tests)."""
     import torch
 
     flat = topk_ids.reshape(-1).to(torch.int64)
@@ -74,8 +156,7 @@ def moe_align(topk_ids: Any, block_m: int, num_experts: int) -> tuple[Any, Any, 
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     starts = ends - padded
-    worst = min(numel + num_experts * (block_m - 1), numel * block_m)
-    cap = -(-max(worst, 1) // block_m) * block_m
+    cap = _align_cap(numel, block_m, num_experts)
     order = torch.argsort(flat, stable=True)
     by_expert = flat[order]
     first_of_expert = torch.cumsum(counts, 0) - counts
@@ -376,6 +457,11 @@ def fused_moe_prepare(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_id
     inter = torch.empty((slots, 2 * n), dtype=dt, device=dev) if gemm == "both" else None
     act = torch.empty((slots, n), dtype=dt, device=dev) if gemm == "both" else None
     partial = torch.empty((slots, k), dtype=dt, device=dev) if gemm == "both" else None
+    gated = None
+    if inter is not None and act is not None:  # silu(gate) * up in one pass over the strided halves (fp32 math)
+        from autoopt.backend.kernels.gated import gated_prepare
+
+        gated = gated_prepare(inter[:, :n], inter[:, n:], act, _GATED_PARAMS, gelu=False)
 
     def run() -> None:
         align = moe_align(topk_ids, cfg["BLOCK_SIZE_M"], e)
@@ -390,8 +476,8 @@ def fused_moe_prepare(hidden: Any, w13: Any, w2: Any, topk_weights: Any, topk_id
                        w_offset=w13_offset)()
         if gemm == "gate_up":
             return
-        assert inter is not None and act is not None and partial is not None
-        torch.mul(torch.nn.functional.silu(inter[:, :n]), inter[:, n:], out=act)
+        assert gated is not None and act is not None and partial is not None
+        gated()
         y, ys = _quantize_rows(act, quant) if quant in _W8A8 else (act, None)
         fused_moe_gemm(y, w2, partial, align, cfg, a_div=1, num_valid=slots, w_scale=w2_scale, a_scale=ys,
                        topk_weights=topk_weights, w_offset=w2_offset)()
