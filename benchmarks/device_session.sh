@@ -40,6 +40,8 @@ for s in "$@"; do
     moee2e)   TAIL=30 stage moee2e python3 benchmarks/moe_e2e.py --out "$R/moe_e2e.json" ;;
     # issue 29: a second model and a fourth batch, toward 20 measured workloads
     regret2)  stage regret2 python3 -m autoopt check regret --model qwen2.5-7b --layers 8 --batches 1,8,16,32 --gpus "${GPUS:-1}" --out "$R/regret_qwen_${GPUS:-1}gpu_layers8.json" ;;
+    # issue 29: where the batch-32 graphed step's time goes (predicted 0.62-0.70 of measured), eager and compiled
+    b32trace) stage b32trace python3 benchmarks/quant_trace.py --batch 32 --layers 8 --formats autoopt-bf16,fp8 --out "$R/quant_trace_b32_layers8.json" ;;
     *) echo "unknown stage $s" ;;
   esac
 done

@@ -4,15 +4,17 @@ One question: the graphed decode step of Llama-3-8B after ``optimize(weights=fmt
 of its format's weight-read floor (``quant_e2e.json``). Which kernels take the rest? For bf16 (the
 model as transformers builds it), autoopt fp8 and autoopt int4, on a model built fresh per variant:
 
-- ``eager``: ``--steps`` decode steps over a static cache (batch 1, 128 tokens of context) under
+- ``eager``: ``--steps`` decode steps over a static cache (``--batch`` rows, default 1, 128 tokens of context) under
   torch.profiler, reduced by ``autoopt.trace`` to GPU time and launches per kernel class per step;
 - ``compiled``: the same with the forward under ``torch.compile`` (fullgraph, Inductor's kernels);
 - ``measured_graphed_ms``: the step captured in one CUDA graph and replayed (eager, then compiled).
 
 Every number is measured; the weight-read floor is the format's linear weights + the bf16 LM head
-over the measured copy bandwidth, as in ``quant_e2e.py``::
+over the measured copy bandwidth, as in ``quant_e2e.py``. Format ``autoopt-bf16`` is ``optimize()`` with no
+weight format (what the regret harness's "bf16" option runs)::
 
     PYTHONPATH=. python benchmarks/quant_trace.py --out $OUT/quant_trace.json
+    PYTHONPATH=. python benchmarks/quant_trace.py --batch 32 --layers 8 --formats autoopt-bf16,fp8 --out b32.json
 """
 
 from __future__ import annotations
@@ -39,16 +41,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=5, help="profiled decode steps per variant (default %(default)s)")
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's 32)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
-    return ap.parse_args(argv)
+    ap.add_argument("--batch", type=int, default=1, help="sequences decoded together (default %(default)s)")
+    args = ap.parse_args(argv)
+    if not 1 <= args.batch <= 256:
+        ap.error(f"--batch {args.batch}: expected 1 to 256")
+    return args
 
 
-def _stepper(model: Any, forward: Any) -> Any:
-    """A decode step over a static cache filled with a 128-token prompt."""
+def _stepper(model: Any, forward: Any, batch: int = 1) -> Any:
+    """A decode step of ``batch`` rows over a static cache filled with a 128-token prompt."""
     import torch
     from transformers import StaticCache
 
     cache = StaticCache(config=model.config, max_cache_len=PROMPT + 64)
-    ids = torch.randint(0, model.config.vocab_size, (1, PROMPT), device="cuda")
+    ids = torch.randint(0, model.config.vocab_size, (batch, PROMPT), device="cuda")
     model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     tok, pos = ids[:, -1:].clone(), torch.tensor([PROMPT], device="cuda")
 
@@ -59,7 +65,7 @@ def _stepper(model: Any, forward: Any) -> Any:
     return step
 
 
-def profile_steps(model: Any, compiled: bool, steps: int) -> dict[str, Any]:
+def profile_steps(model: Any, compiled: bool, steps: int, batch: int = 1) -> dict[str, Any]:
     """GPU time and launches per kernel class per decode step, from a real profiler trace."""
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -68,7 +74,7 @@ def profile_steps(model: Any, compiled: bool, steps: int) -> dict[str, Any]:
 
     forward = torch.compile(model.forward, fullgraph=True, dynamic=False) if compiled else model.forward
     with torch.inference_mode(), tempfile.TemporaryDirectory() as tmp:
-        step = _stepper(model, forward)
+        step = _stepper(model, forward, batch)
         for _ in range(3):
             step()
         torch.cuda.synchronize()
@@ -105,19 +111,21 @@ def weight_floor_ms(model: Any, copy_gbs: float) -> float:
 def run_variant(fmt: str, args: argparse.Namespace, copy_gbs: float) -> dict[str, Any]:
     from autoopt.nn.e2e import _graphed_decode_ms, build_model
 
-    row: dict[str, Any] = {"format": fmt, "impl": "transformers" if fmt == "bf16" else "autoopt optimize()"}
+    row: dict[str, Any] = {"format": fmt, "batch": args.batch,
+                           "impl": "transformers" if fmt == "bf16" else "autoopt optimize()"}
     model = build_model(MODEL, dtype="bf16", device="cuda", layers=args.layers)
     if fmt != "bf16":
         from autoopt.nn.optimize import optimize
 
-        report = optimize(model, weights=fmt)
+        report = optimize(model) if fmt == "autoopt-bf16" else optimize(model, weights=fmt)
         row["optimize_counts"] = report.counts()
     row["weight_read_floor_ms"] = round(weight_floor_ms(model, copy_gbs), 4)
-    row["eager"] = profile_steps(model, False, args.steps)
-    row["measured_graphed_ms"] = {"eager": round(_graphed_decode_ms(model, 1, PROMPT, 64), 4)}
+    row["eager"] = profile_steps(model, False, args.steps, args.batch)
+    row["measured_graphed_ms"] = {"eager": round(_graphed_decode_ms(model, args.batch, PROMPT, 64), 4)}
     if not args.no_compile:
-        row["compiled"] = profile_steps(model, True, args.steps)
-        row["measured_graphed_ms"]["compiled"] = round(_graphed_decode_ms(model, 1, PROMPT, 64, compiled=True), 4)
+        row["compiled"] = profile_steps(model, True, args.steps, args.batch)
+        row["measured_graphed_ms"]["compiled"] = round(_graphed_decode_ms(model, args.batch, PROMPT, 64,
+                                                                          compiled=True), 4)
     del model
     return row
 
@@ -135,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     out = Path(args.out)
     report: dict[str, Any] = {"env": environment(), "model": MODEL, "layers": args.layers, "prompt": PROMPT,
+                              "batch": args.batch,
                               "measured_copy_gbs": round(copy_gbs(), 1), "variants": {}}
     for fmt in [f for f in args.formats.split(",") if f]:
         t1 = time.time()
