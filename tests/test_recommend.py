@@ -278,6 +278,30 @@ def test_a_host_bound_request_is_priced_at_its_host_bound_steps_and_generate_loo
     assert p["request_us"] - p["prefill_us"] == pytest.approx(128 * p["generate_token_us"], rel=0.02)
 
 
+def _glue_bytes(runtime, batch, model="llama-3-8b"):
+    """Bytes the attention glue of layer 0 moves at decode over 144 keys, as ``runtime`` runs it."""
+    from autoopt.hardware.library import load_profile
+    from autoopt.planning import recommendation as r
+
+    spec = r.parse_model(model)
+    dev = r.devices_of(load_profile("h100-sxm"))[0]
+    layer = spec.layer_ops(0, batch=batch, q_len=1, context=144, dtype="bf16")
+    mode = r._Mode(name="bf16", gemm_dtype="bf16", act_bytes=2, weight_ratio=1.0)
+    return r._attention_glue(dev, layer, spec.num_kv_heads, runtime, graphed=True, phase="decode", mode=mode, tp=1,
+                             mla=spec.is_mla).op.bytes
+
+
+def test_transformers_attention_moves_its_kv_copies_to_every_query_head():
+    # Llama-3-8B: 32 query heads over 8 KV heads (n_rep 4), 144 keys of 128 dims at batch 32: 2 x 4 x K/V bytes
+    kv = 2 * 32 * 144 * 8 * 128 * 2
+    assert _glue_bytes("transformers", 32) - _glue_bytes("vllm", 32) == 2 * 4 * kv
+    assert _glue_bytes("autoopt", 32) == _glue_bytes("transformers", 32)
+
+
+def test_an_mla_model_has_no_kv_copies_priced():
+    assert _glue_bytes("transformers", 8, "deepseek-v3") == _glue_bytes("vllm", 8, "deepseek-v3")
+
+
 @pytest.mark.parametrize("runtime", [None, "vllm"])
 def test_runtimes_without_python_modules_have_no_host_bound_step(runtime):
     rec = recommend("h100-sxm", "llama-3-8b", batch=1, prompt_len=128, gen_len=128, phase="decode",

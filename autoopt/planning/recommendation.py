@@ -814,7 +814,7 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
             us += t.us * t.op.count
             ops.append(t)
         glue = _attention_glue(dev, layer, spec.num_kv_heads, runtime, graphed=p.graphed, phase=p.name, mode=mode,
-                               tp=tp)
+                               tp=tp, mla=spec.is_mla)
         if glue is not None:
             us += glue.us
             ops.append(glue)
@@ -1125,16 +1125,29 @@ UNCOMPILED_TRANSFORMERS_LAYER_US = 62.1
 UNCOMPILED_AUTOOPT_LAYER_US = 31.0
 
 
+#: runtimes whose attention is transformers' SDPA path over a static cache, which always passes a mask: then
+#: transformers (<= 5.23; the lent hosts ran 5.17) copies K and V to every query head (``repeat_kv``) before SDPA,
+#: over the cache's whole length, since ``use_gqa_in_sdpa`` needs no mask (transformers/integrations/
+#: sdpa_attention.py; 5.24 packs a single query's heads instead, when not compiled). A layer then moves
+#: 2 x n_rep x its K/V bytes beyond the attention's own read: the copy reads them once and writes n_rep copies,
+#: and SDPA reads n_rep copies, not one. Negligible at batch 1, it is ~45 us a layer of Llama-3-8B at batch 32
+#: over 144 keys on an H100, where the regret tables' graphed steps measured ~125 us a layer above prediction.
+REPEAT_KV_RUNTIMES = frozenset({"transformers", "autoopt"})
+
+
 def _attention_glue(dev: Device, layer: Sequence[LayerOp], nkv: int, runtime: str | None, *, graphed: bool,
-                    phase: str, mode: _Mode, tp: int) -> _OpTime | None:
+                    phase: str, mode: _Mode, tp: int, mla: bool = False) -> _OpTime | None:
     """The rotary embedding and KV-cache write around a layer's attention, as the runtime launches them: at
-    least its kernels' latency floor, else the bytes they move (q and k read and written, k and v stored)."""
+    least its kernels' latency floor, else the bytes they move (q and k read and written, k and v stored; under
+    :data:`REPEAT_KV_RUNTIMES`, the K/V copies to every query head too)."""
     att = next((op for op in layer if op.kind == "attention"), None)
     if att is None or dev.gpu is None:
         return None
-    batch, n, q_len, _, d = att.shape
+    batch, n, q_len, keys, d = att.shape
     tokens = batch * q_len
     moved = tokens * d * 2 * (2 * (n + nkv) + 2 * nkv) / max(1, tp)  # 16-bit activations and cache
+    if runtime in REPEAT_KV_RUNTIMES and not mla and n > nkv:
+        moved += 2 * (n // nkv) * (2 * batch * keys * nkv * d * 2) / max(1, tp)
     kernels = ATTENTION_GLUE_KERNELS.get(runtime or "", 2)
     per_kernel = GLUE_KERNEL_US if graphed else max(GLUE_KERNEL_US, _standalone_launch_us())
     us = max(kernels * per_kernel, moved / (dev.bandwidth_gbs * 1e3))
