@@ -330,6 +330,26 @@ def test_the_store_folder_is_platformdirs_own_answer(monkeypatch, env):
     assert default_path() == Path(platformdirs.user_cache_dir("autoopt")) / "results.sqlite3"
 
 
+def test_with_no_home_to_find_there_is_no_store_and_one_warning(monkeypatch, caplog):
+    # no $HOME, no $XDG_CACHE_HOME and an account with no password entry: platformdirs 4 raises RuntimeError
+    import platformdirs
+
+    from autoopt.results import location
+
+    def no_home(*_a, **_k):
+        raise RuntimeError("could not determine the home directory for '~/.cache'")
+
+    for var in ("AUTOOPT_CACHE_DIR", "XDG_CACHE_HOME", "HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr("os.path.expanduser", lambda p: p)
+    monkeypatch.setattr(platformdirs, "user_cache_dir", no_home)
+    monkeypatch.setattr(location, "_warned_no_home", False)
+    with caplog.at_level("WARNING"):
+        assert location.default_path() is None
+        assert location.default_path() is None
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["no results cache"]
+
+
 # -- this machine's learned answers ------------------------------------------------------------
 
 ODD = OpSpec(kind="gemm", shape=(77, 1234, 4096), dtype="bf16")  # no catalog model has it: not shipped

@@ -28,7 +28,8 @@ SHIPPED_DIR = Path(__file__).resolve().parent / "shipped"
 
 
 def default_path() -> Path | None:
-    """Where the user store lives, or None when ``AUTOOPT_CACHE_DIR=off`` switches it off."""
+    """Where the user store lives, or None when ``AUTOOPT_CACHE_DIR=off`` switches it off or no home folder can
+    be found (no ``$HOME``, ``$XDG_CACHE_HOME`` or password entry: the cache is optional, logged once)."""
     value = os.environ.get(CACHE_ENV, "").strip()
     if value.lower() == "off":
         return None
@@ -41,10 +42,33 @@ def default_path() -> Path | None:
     if linux is not None:
         return Path(linux) / "autoopt" / FILE_NAME
     try:
+        return _platform_cache_dir() / FILE_NAME
+    except (RuntimeError, KeyError, OSError) as exc:  # platformdirs 4 / Path.home() with no home to expand
+        _no_home(exc)
+        return None
+
+
+def _platform_cache_dir() -> Path:
+    """platformdirs' cache folder for autoopt (``~/.cache/autoopt`` when platformdirs is missing)."""
+    try:
         import platformdirs
     except ImportError:  # a dependency, but a broken environment should still have a cache
-        return Path.home() / ".cache" / "autoopt" / FILE_NAME
-    return Path(platformdirs.user_cache_dir("autoopt")) / FILE_NAME
+        return Path.home() / ".cache" / "autoopt"
+    return Path(platformdirs.user_cache_dir("autoopt"))
+
+
+_warned_no_home = False
+
+
+def _no_home(exc: BaseException) -> None:
+    """One log line for a process whose cache folder cannot be placed."""
+    global _warned_no_home
+    if not _warned_no_home:
+        _warned_no_home = True
+        from autoopt._log import get_logger
+
+        get_logger(__name__).warning("no results cache: no home folder to put it in (%s); set %s=/some/dir to "
+                                     "keep one", exc, CACHE_ENV)
 
 
 def _linux_cache_dir() -> str | None:
