@@ -25,7 +25,8 @@ PUBLISHED_TOTAL = {"llama-3-8b": 8.03, "llama-3-70b": 70.6, "mistral-7b": 7.24, 
                    # model cards / technical reports (sources in models.yaml); Scout: the text model
                    # (107.8 B of the 109 B, the rest is the vision encoder), Gemma 3: report Table 1;
                    # Maverick: 400 B with its vision encoder (tests/test_model_families.py adds it)
-                   "qwen3-30b-a3b": 30.5, "qwen3-235b-a22b": 235.0, "gpt-oss-20b": 20.91, "gpt-oss-120b": 116.83, "gemma-3-27b": 27.0,
+                   "qwen3-30b-a3b": 30.5, "qwen3-235b-a22b": 235.0, "gpt-oss-20b": 20.91, "gpt-oss-120b": 116.83,
+                   "gemma-3-27b": 27.0,
                    "llama-4-scout": 107.8, "llama-4-maverick": 400.0,
                    # plain-MLP families (model cards; Pythia: its suite's models table, to the unit)
                    "starcoder2-3b": 3.03, "phi-2": 2.78, "pythia-1b": 1.011781632, "falcon-7b": 6.92,

@@ -384,10 +384,30 @@ def test_the_plan_under_vllm_lists_its_fused_moe_kernel_with_the_files_config():
     from autoopt.planning.recommendation import recommend
 
     rec = recommend("h100-sxm", "mixtral-8x7b", runtime="vllm", batch=8, moe_chooser=fixed)
-    experts = [o for o in rec.ops if o.name in ("expert_gate_up", "expert_down")]
+    experts = [o for o in rec.ops if o.name == "experts"]
     assert experts and all(o.kernel == "fused_moe_kernel" for o in experts)
     decode = next(o for o in experts if o.phase == "decode")
     assert decode.config == {**CFG, "BLOCK_SIZE_M": 16} and "at M=8" in decode.reason
+    assert "the fused-MoE template's estimate" in decode.reason
+
+
+def test_under_vllm_a_moe_layer_is_priced_as_one_fused_launch_per_gemm_not_per_expert():
+    # Qwen3-235B-A22B on 8 H100s at batch 1: 8 experts a token, each priced alone cost ~180 us a layer; the
+    # kernel measured 64 us for both GEMMs (moe_runtime_configs.json, TP8 M=1). One EP rank's experts now
+    from autoopt.planning.recommendation import recommend
+
+    vllm = recommend("h100-sxm-8x", "qwen3-235b-a22b", runtime="vllm", weight_dtype="bf16", phase="decode")
+    (row,) = [o for o in vllm.ops if o.name == "experts"]
+    assert row.kind == "fused_moe" and row.shape == (1, 16, 1, 1536, 4096)
+    assert 20 < row.predicted_us < 100
+    assert not [o for o in vllm.ops if o.name.startswith("expert_")]
+
+
+def test_a_format_the_fused_kernel_does_not_take_keeps_the_per_expert_estimate():
+    from autoopt.planning.recommendation import recommend
+
+    rec = recommend("h100-sxm-8x", "qwen3-235b-a22b", runtime="vllm", weight_dtype="awq", phase="decode")
+    assert {o.name for o in rec.ops} >= {"expert_gate_up", "expert_down"}
 
 
 def test_the_plan_without_a_runtime_keeps_autoopts_expert_gemms():

@@ -809,6 +809,12 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
         us = 0.0
         layer = spec.layer_ops(i, batch=batch, q_len=p.q_len, context=p.context, dtype=mode.gemm_dtype,
                                fused=runtime not in UNFUSED_PROJECTIONS)
+        experts = _fused_experts(spec, dev, layer, mode, runtime, tokens=batch * p.q_len, tp=tp, top=top,
+                                 phase=p.name, graphed=p.graphed)
+        if experts is not None:  # one fused launch per GEMM over every expert, in place of the per-expert ops
+            layer = tuple(op for op in layer if op.name not in _FUSED_EXPERT_OPS)
+            us += experts.us
+            ops.append(experts)
         for op in layer:
             t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed, quantized=True)
             us += t.us * t.op.count
@@ -821,6 +827,64 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
         phase_us[p.name] = us
         request_us += p.runs * us
     return _LayerCost(ops=tuple(ops), phase_us=phase_us, request_us=request_us)
+
+
+#: runtimes whose MoE layers run ``fused_moe_kernel``: one launch per GEMM over every expert, the tokens sorted
+#: by expert and padded per expert to BLOCK_SIZE_M. Their expert time is the fused-MoE template's
+#: (autoopt.templates.moe, validated on vLLM's own kernel: it orders 144-config grids at 0.96 of the best, and
+#: prices the config it picks at 1.17x measured, geomean over 48 (case, M) points,
+#: benchmarks/results/h100/moe_runtime_configs.json). Priced as separate GEMMs, a layer of Qwen3-235B-A22B at
+#: TP 8 cost 180 us a decode step against the kernel's measured 64 us, and 2.9 ms a 1024-token prefill
+#: against 281 us. The shard is the one the plan's export runs (expert parallelism over the TP GPUs, as
+#: ``--enable-expert-parallel`` / ``--ep-size`` and ``export moe-configs --ep`` have it).
+FUSED_MOE_RUNTIMES = frozenset({"vllm", "sglang"})
+#: the per-expert ops the fused kernel replaces (router, softmax and shared experts stay)
+_FUSED_EXPERT_OPS = frozenset({"expert_gate_up", "expert_act", "expert_down"})
+
+
+def _fused_moe_dtype(mode: _Mode) -> str | None:
+    """The runtimes' fused-MoE dtype for a layer mode: 16-bit, or FP8 W8A8 (None: weight-only and integer
+    formats, which the runtimes run through other kernels, priced per expert)."""
+    if mode.weight_ratio == 1.0 and mode.gemm_dtype in ("bf16", "fp16"):
+        return mode.gemm_dtype
+    if mode.gemm_dtype == "fp8" and abs(mode.weight_ratio - 1.0) < 0.01:
+        return "fp8_w8a8"
+    return None
+
+
+def _fused_experts(spec: ModelSpec, dev: Device, layer: Sequence[LayerOp], mode: _Mode, runtime: str | None, *,
+                   tokens: int, tp: int, top: int, phase: str, graphed: bool) -> _OpTime | None:
+    """A MoE layer's routed experts as ``runtime``'s fused-MoE kernel (:data:`FUSED_MOE_RUNTIMES`), priced by
+    rank() over the fused_moe op of its shard; None where it does not apply (another runtime, no routed experts
+    in this layer, a format or shard the kernel does not take), so the per-expert ops are priced instead."""
+    dtype = _fused_moe_dtype(mode)
+    if runtime not in FUSED_MOE_RUNTIMES or dtype is None or dev.gpu is None \
+            or not any(op.name == "expert_gate_up" for op in layer):
+        return None
+    from autoopt.planning.moe_configs import fused_moe_op, model_shards
+
+    ep = tp if tp > 1 else 1
+    try:
+        shard = model_shards(spec, runtime, tp=tp, ep=ep, dtype=dtype)[0]
+        # an EP rank runs the slots routed to its experts: M * topk / ep on average, priced as the busiest rank
+        # (at decode one token's top-k spreads over the ranks; ceil(topk / ep) is the most one rank gets)
+        topk = -(-shard.topk // ep)
+        m = max(1, -(-tokens * shard.topk // (ep * topk)))
+        op_spec = fused_moe_op(dataclasses.replace(shard, topk=min(topk, shard.experts)), m)
+    except AutooptError as exc:
+        log.info("%s's experts priced per expert under %s: %s", spec.name, runtime, exc)
+        return None
+    best = _rank(dev.gpu, op_spec, top)
+    if isinstance(best, AutooptError):
+        log.info("%s's experts priced per expert under %s: %s", spec.name, runtime, best)
+        return None
+    us = best.predicted_us
+    if graphed:
+        us = max(GRAPH_LAUNCH_US, us - 2 * _standalone_launch_us() + 2 * GRAPH_LAUNCH_US)  # one launch per GEMM
+    parts = [op for op in layer if op.name in _FUSED_EXPERT_OPS]
+    op = LayerOp(name="experts", kind="fused_moe", shape=op_spec.shape, flops=sum(o.flops * o.count for o in parts),
+                 bytes=sum(o.bytes * o.count for o in parts), op=op_spec, kernel_class="moe")
+    return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=best.bound, best=best)
 
 
 # -- step 3: the per-layer chain ---------------------------------------------------------
@@ -940,13 +1004,15 @@ def _runtime_moe_ops(ops: tuple[OpChoice, ...], spec: ModelSpec, wl: Workload, f
                      chooser: MoeChooser | None) -> tuple[OpChoice, ...]:
     """Under vLLM/SGLang, the expert GEMM rows as the runtime runs them: its ``fused_moe_kernel`` with the
     config of its file for the phase's M (the file ``autoopt export moe-configs`` writes; the nearest M
-    key, as the runtime looks it up). Times stay autoopt's per-expert estimate. The shard follows the
-    export's arguments: expert parallelism over the TP GPUs when TP > 1."""
-    from autoopt.planning.moe_configs import model_shards, rank_chooser
+    key, as the runtime looks it up). Times are the fused-MoE template's (:func:`_fused_experts`), or the
+    per-expert estimate where it does not apply. The shard follows the export's arguments: expert
+    parallelism over the TP GPUs when TP > 1."""
+    from autoopt.planning.moe_configs import model_shards
     from autoopt.runtimes.moe_configs import RUNTIMES, file_name, nearest_m
 
     dtype = _MOE_DTYPES.get(fit.quant.format.name)
-    if runtime not in RUNTIMES or dtype is None or not any(o.name in _EXPERT_GEMMS for o in ops):
+    rows = (*_EXPERT_GEMMS, "experts")
+    if runtime not in RUNTIMES or dtype is None or not any(o.name in rows for o in ops):
         return ops
     tp = fit.split.tp if fit.split else 1
     try:
@@ -956,13 +1022,15 @@ def _runtime_moe_ops(ops: tuple[OpChoice, ...], spec: ModelSpec, wl: Workload, f
         return ops
     out: list[OpChoice] = []
     for o in ops:
-        if o.name not in _EXPERT_GEMMS:
+        if o.name not in rows:
             out.append(o)
             continue
+        timed = ("the fused-MoE template's estimate for this shard" if o.name == "experts"
+                 else "autoopt's per-expert estimate")
         m = nearest_m(wl.batch * (wl.prompt_len if o.phase == "prefill" else 1))
         where = f"{runtime}'s file {file_name(runtime, shard, o.gpu)} at M={m}"
         try:
-            entry = (chooser or rank_chooser(_gpu_named(fit, o.gpu)))(shard, m)
+            entry = (chooser or _cached_chooser(_gpu_named(fit, o.gpu)))(shard, m)
         except AutooptError as exc:
             out.append(dataclasses.replace(o, kernel="fused_moe_kernel", template=runtime, path=runtime, config={},
                                            source="runtime", measured_us=None,
@@ -972,9 +1040,25 @@ def _runtime_moe_ops(ops: tuple[OpChoice, ...], spec: ModelSpec, wl: Workload, f
         out.append(dataclasses.replace(o, kernel="fused_moe_kernel", template=runtime, path=runtime,
                                        config=dict(entry.params), source="runtime", measured_us=entry.measured_us,
                                        reason=f"{runtime} runs the experts as fused_moe_kernel with {where} "
-                                              f"({entry.label}: {entry.source}); time: autoopt's per-expert "
-                                              "estimate"))
+                                              f"({entry.label}: {entry.source}); time: {timed}"))
     return tuple(out)
+
+
+def _cached_chooser(gpu: GPUProfile) -> MoeChooser:
+    """:func:`autoopt.planning.moe_configs.rank_chooser` answered through :func:`_rank`: the shipped rank
+    cache first (a cold ``recommend()`` of a catalog MoE model under vLLM ranks nothing), rank() otherwise."""
+    from autoopt.planning.moe_configs import fused_moe_op
+    from autoopt.runtimes.moe_configs import MoeEntry
+
+    def choose(shard: Any, m: int) -> MoeEntry:
+        best = _rank(gpu, fused_moe_op(shard, m), 1)
+        if isinstance(best, AutooptError):
+            raise best
+        return MoeEntry(params=best.config.params, label=best.label, predicted_us=best.predicted_us,
+                        measured_us=best.measured_us, source=best.source if best.measured_us is not None
+                        else f"rank(): {best.config.kernel} ({best.bound}-bound)")
+
+    return choose
 
 
 def _gpu_named(fit: _Fit, name: str) -> GPUProfile:
