@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autoopt.errors import ModelError, OpError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
@@ -19,7 +19,11 @@ from autoopt.kernels.ops import OP_KINDS, OpSpec
 from autoopt.planning.model import ModelSpec
 from autoopt.runtimes.moe_configs import M_VALUES, MoeEntry, MoeShard, Written, moe_shards, write_configs
 
-__all__ = ["MoeChooser", "choose_all", "export_configs", "fused_moe_op", "model_shards", "rank_chooser"]
+if TYPE_CHECKING:
+    from autoopt.kernels.config import Candidate
+
+__all__ = ["MoeChooser", "choose_all", "export_configs", "fused_moe_op", "model_shards", "moe_entry",
+           "rank_chooser"]
 
 #: the export's format names -> (autoopt weight spec, what it means); None: a 16-bit weight.
 #: fp8_w8a8 is per-tensor in vLLM and per-channel in autoopt's fp8: the same bytes and MMAs.
@@ -72,12 +76,16 @@ def rank_chooser(gpu: GPUProfile | HardwareProfile) -> MoeChooser:
     from autoopt.search.ranking import rank
 
     def choose(shard: MoeShard, m: int) -> MoeEntry:
-        best = rank(gpu, fused_moe_op(shard, m), top=1).best
-        return MoeEntry(params=best.config.params, label=best.label, predicted_us=best.predicted_us,
-                        measured_us=best.measured_us, source=best.source if best.measured_us is not None
-                        else f"rank(): {best.config.kernel} ({best.bound}-bound)")
+        return moe_entry(rank(gpu, fused_moe_op(shard, m), top=1).best)
 
     return choose
+
+
+def moe_entry(best: Candidate) -> MoeEntry:
+    """rank()'s best candidate for a fused_moe op as a config-file entry, labelled as rank() labels it."""
+    return MoeEntry(params=best.config.params, label=best.label, predicted_us=best.predicted_us,
+                    measured_us=best.measured_us, source=best.source if best.measured_us is not None
+                    else f"rank(): {best.config.kernel} ({best.bound}-bound)")
 
 
 def choose_all(chooser: MoeChooser, shard: MoeShard, ms: Iterable[int] = M_VALUES) -> dict[int, MoeEntry]:

@@ -1047,16 +1047,14 @@ def _runtime_moe_ops(ops: tuple[OpChoice, ...], spec: ModelSpec, wl: Workload, f
 def _cached_chooser(gpu: GPUProfile) -> MoeChooser:
     """:func:`autoopt.planning.moe_configs.rank_chooser` answered through :func:`_rank`: the shipped rank
     cache first (a cold ``recommend()`` of a catalog MoE model under vLLM ranks nothing), rank() otherwise."""
-    from autoopt.planning.moe_configs import fused_moe_op
+    from autoopt.planning.moe_configs import fused_moe_op, moe_entry
     from autoopt.runtimes.moe_configs import MoeEntry
 
     def choose(shard: Any, m: int) -> MoeEntry:
         best = _rank(gpu, fused_moe_op(shard, m), 1)
         if isinstance(best, AutooptError):
             raise best
-        return MoeEntry(params=best.config.params, label=best.label, predicted_us=best.predicted_us,
-                        measured_us=best.measured_us, source=best.source if best.measured_us is not None
-                        else f"rank(): {best.config.kernel} ({best.bound}-bound)")
+        return moe_entry(best)
 
     return choose
 
