@@ -4,8 +4,9 @@ Each (case, M) point of ``benchmarks/results/h100/moe_runtime_configs*.json`` ti
 own kernel. For each point this ranks the grid's valid configs by the fused-MoE template's prediction
 (``autoopt.templates.moe.moe_cost`` on the H100 profile) and reports the measured time of the config ranked
 first over the grid's best (1: the model's first choice among them was the fastest), per point and as a
-geomean. It scores the model's order of configs that were measured, which a zero-shot pick from the whole
-space (most of it unmeasured) cannot. A config's time is the least of its timings in that run (:func:`timings`).
+geomean, with that config's predicted over measured time (the model's absolute scale). It scores the
+model's order of configs that were measured, which a zero-shot pick from the whole space (most of it
+unmeasured) cannot. A config's time is the least of its timings in that run (:func:`timings`).
 Nothing runs on a GPU.
 
     PYTHONPATH=. python benchmarks/replay_moe.py [FILE ...]
@@ -33,8 +34,9 @@ FORMATS = {("bf16", None): None, ("fp8_w8a8", None): "fp8", ("fp8_w8a8", (128, 1
            ("int8_w8a16", None): "int8", ("int4_w4a16", None): "int4"}
 
 
-def point_score(row: dict[str, Any], gpu: Any) -> tuple[float, str] | None:
-    """(grid best over the measured time of the model's first config, that config's key), or None."""
+def point_score(row: dict[str, Any], gpu: Any) -> tuple[float, str, float] | None:
+    """(grid best over the measured time of the model's first config, that config's key, its predicted time
+    over its measured time), or None."""
     from autoopt.templates.gemm import matmul_path
     from autoopt.templates.moe import FusedMoeTemplate, moe_cost
 
@@ -51,7 +53,7 @@ def point_score(row: dict[str, Any], gpu: Any) -> tuple[float, str] | None:
     if not predicted:
         return None
     first = min(predicted, key=lambda k: predicted[k])
-    return min(grid.values()) / grid[first], first
+    return min(grid.values()) / grid[first], first, predicted[first] / grid[first]
 
 
 def timings(row: dict[str, Any]) -> dict[str, float]:
@@ -98,6 +100,10 @@ def _format_key(row: dict[str, Any]) -> tuple[Any, tuple[int, ...] | None]:
     return row["dtype"], tuple(row.get("block_shape") or ()) or None
 
 
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(map(math.log, xs)) / len(xs))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", type=Path, default=list(FILES))
@@ -109,18 +115,20 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"replay_moe: {exc}", file=sys.stderr)
             return 2
-        scores = []
+        scores, ratios = [], []
         for row in rows:
             got = point_score(row, gpu)
             if got is None:
                 continue
             scores.append(got[0])
-            print(f"{row['case']:24s} M={row['M']:<5d} {got[0]:.3f} {got[1]}")
+            ratios.append(got[2])
+            print(f"{row['case']:24s} M={row['M']:<5d} {got[0]:.3f} {got[1]} predicted/measured {got[2]:.2f}")
         if not scores:
             print(f"replay_moe: {path}: no (case, M) point with a timed grid", file=sys.stderr)
             return 2
-        geo = math.exp(sum(map(math.log, scores)) / len(scores))
-        print(f"{path.name}: {len(scores)} points, geomean {geo:.4f}, min {min(scores):.3f}")
+        print(f"{path.name}: {len(scores)} points, geomean {_geomean(scores):.4f}, min {min(scores):.3f}; "
+              f"the first config's predicted/measured geomean {_geomean(ratios):.2f} "
+              f"({min(ratios):.2f}-{max(ratios):.2f})")
     return 0
 
 

@@ -832,8 +832,9 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
 #: runtimes whose MoE layers run ``fused_moe_kernel``: one launch per GEMM over every expert, the tokens sorted
 #: by expert and padded per expert to BLOCK_SIZE_M. Their expert time is the fused-MoE template's
 #: (autoopt.templates.moe, validated on vLLM's own kernel: it orders 144-config grids at 0.96 of the best, and
-#: prices the config it picks at 1.17x measured, geomean over 48 (case, M) points,
-#: benchmarks/results/h100/moe_runtime_configs.json). Priced as separate GEMMs, a layer of Qwen3-235B-A22B at
+#: prices the config it picks at 1.17x measured, geomean over 48 (case, M) points of
+#: benchmarks/results/h100/moe_runtime_configs.json, 1.15x over the other run's; benchmarks/replay_moe.py
+#: prints both). Priced as separate GEMMs, a layer of Qwen3-235B-A22B at
 #: TP 8 cost 180 us a decode step against the kernel's measured 64 us, and 2.9 ms a 1024-token prefill
 #: against 281 us. The shard is the one the plan's export runs (expert parallelism over the TP GPUs, as
 #: ``--enable-expert-parallel`` / ``--ep-size`` and ``export moe-configs --ep`` have it).

@@ -71,7 +71,7 @@ _GATED_PARAMS = {"BLOCK_SIZE": 1024, "num_warps": 4}
 
 
 @triton.jit
-def _moe_align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, total_ptr, numel, num_experts, cap,  # type: ignore[no-untyped-def]
+def _moe_align_kernel(ids_ptr, sorted_ptr, expert_ids_ptr, total_ptr, numel, cap,  # type: ignore[no-untyped-def]
                       BLOCK_M: tl.constexpr, EXPERTS: tl.constexpr, CHUNK: tl.constexpr):
     """One program: counts per expert, padded starts (an exclusive cumsum), each slot's place (its expert's
     start + the slots of that expert before it), the sentinel fill, the scatter, and each M-block's expert.
@@ -138,7 +138,7 @@ def _align_one_program(topk_ids: Any, block_m: int, num_experts: int) -> tuple[A
     expert_ids = torch.empty((cap // block_m,), dtype=torch.int32, device=dev)
     total = torch.empty((1,), dtype=torch.int32, device=dev)
     experts = triton.next_power_of_2(num_experts)
-    _moe_align_kernel[(1,)](flat, sorted_ids, expert_ids, total, numel, num_experts, cap, BLOCK_M=block_m,
+    _moe_align_kernel[(1,)](flat, sorted_ids, expert_ids, total, numel, cap, BLOCK_M=block_m,
                             EXPERTS=experts, CHUNK=_ALIGN_CHUNK, num_warps=8 if experts > 128 else 4)
     return sorted_ids, expert_ids, total
 
