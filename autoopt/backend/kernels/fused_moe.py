@@ -206,28 +206,29 @@ def _fused_moe_kernel(a_ptr, w_ptr, c_ptr, a_s_ptr, w_s_ptr, w_z_ptr, topk_w_ptr
         acc = _int4_tiles(acc, a_ptr, w_ptr, w_s_ptr, w_z_ptr, row, valid, offs_n % N, expert, K, stride_am,
                           stride_ak, stride_we, stride_wn, stride_wse, stride_wsn, SCALE_BLOCK, BLOCK_SIZE_K, INT4_F16,
                           ASM, HAS_Z)
-    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K) if QUANT != 5 else 0):
-        k_ok = offs_k < K - k * BLOCK_SIZE_K
-        a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        if QUANT == 4:  # int8 codes are exact in the activations' 16-bit type
-            w = w.to(a.dtype)
-        if DOT_CAST == 1:
-            a = a.to(tl.float16)
-            w = w.to(tl.float16)
-        elif DOT_CAST == 2:
-            a = a.to(tl.float32)
-            w = w.to(tl.float32)
-        if QUANT == 3:  # block-FP8: each K-tile lies in one 128-block; scale its product before adding
-            kb = (k * BLOCK_SIZE_K) // SCALE_BLOCK
-            a_s = tl.load(a_s_ptr + row * stride_asm + kb * stride_ask, mask=valid, other=0.0)
-            w_s = tl.load(w_s_ptr + expert * stride_wse + (offs_n // SCALE_BLOCK) * stride_wsn + kb * stride_wsk,
-                          mask=n_ok, other=0.0)
-            acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
-        else:
-            acc = tl.dot(a, w, acc)
-        a_ptrs += BLOCK_SIZE_K * stride_ak
-        w_ptrs += BLOCK_SIZE_K * stride_wk
+    else:  # a constexpr branch: Triton compiles only the taken one (int4's uint8 codes never meet tl.dot here)
+        for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+            k_ok = offs_k < K - k * BLOCK_SIZE_K
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            if QUANT == 4:  # int8 codes are exact in the activations' 16-bit type
+                w = w.to(a.dtype)
+            if DOT_CAST == 1:
+                a = a.to(tl.float16)
+                w = w.to(tl.float16)
+            elif DOT_CAST == 2:
+                a = a.to(tl.float32)
+                w = w.to(tl.float32)
+            if QUANT == 3:  # block-FP8: each K-tile lies in one 128-block; scale its product before adding
+                kb = (k * BLOCK_SIZE_K) // SCALE_BLOCK
+                a_s = tl.load(a_s_ptr + row * stride_asm + kb * stride_ask, mask=valid, other=0.0)
+                w_s = tl.load(w_s_ptr + expert * stride_wse + (offs_n // SCALE_BLOCK) * stride_wsn + kb * stride_wsk,
+                              mask=n_ok, other=0.0)
+                acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+            else:
+                acc = tl.dot(a, w, acc)
+            a_ptrs += BLOCK_SIZE_K * stride_ak
+            w_ptrs += BLOCK_SIZE_K * stride_wk
     if QUANT == 1 or QUANT == 2:  # per-token activation scale x the expert's (or its channel's) weight scale
         a_s = tl.load(a_s_ptr + row * stride_asm, mask=valid, other=0.0)
         if QUANT == 1:
