@@ -201,6 +201,30 @@ def test_the_autoopt_runtime_prices_the_seven_glue_kernels_transformers_attentio
     assert glue[0].predicted_us == pytest.approx(7 * GLUE_KERNEL_US)
 
 
+def test_at_batch_32_the_glue_prices_repeat_kv_and_sdpa_reading_its_copies_at_the_measured_rate():
+    # Llama-3-8B, batch 32 over 192 keys: 25.2 MB of K/V a layer; the copy moves 5x, SDPA reads 4x (one of
+    # them priced by the attention op) at 0.70 of the 2948 GB/s stream: 92.9 us with q/k/v's own bytes
+    # (quant_trace_b32_layers8.json measured 43.8 us of copy + 49.0 us of SDPA)
+    rec = recommend("h100-sxm", "llama-3-8b", batch=32, prompt_len=128, gen_len=64, phase="decode",
+                    runtime="autoopt", weight_dtype="bf16", max_devices=1, cuda_graphs=True)
+    glue = next(o for o in rec.ops if o.kernel_class == "rotary")
+    attention = next(o for o in rec.ops if o.kernel_class == "attention")
+    assert glue.predicted_us == pytest.approx(83.2, abs=0.1)
+    assert glue.predicted_us + attention.predicted_us == pytest.approx(92.9, abs=0.1)
+
+
+def test_sdpa_efficiency_applies_to_decode_only():
+    from autoopt.planning.recommendation import SDPA_DECODE_KV_EFFICIENCY
+
+    kw = dict(batch=1, prompt_len=2048, gen_len=1, phase="prefill", weight_dtype="bf16", max_devices=1,
+              runtime="autoopt")
+    glue = next(o for o in recommend("h100-sxm", "llama-3-8b", **kw).ops if o.kernel_class == "rotary")
+    # 2048 tokens: 50.3 MB of q/k/v and cache writes plus 8 x 8.4 MB of K/V copies and their reads, all at the
+    # stream rate (117.4 MB at 2948 GB/s); at 0.70 the reads would add 11.4 us
+    assert SDPA_DECODE_KV_EFFICIENCY == 0.70
+    assert glue.predicted_us == pytest.approx(39.84, abs=0.01)
+
+
 def test_fastest_preference_keeps_the_format_predicted_fastest_and_names_the_others():
     kw = dict(batch=8, phase="decode", runtime="autoopt", max_devices=1, cuda_graphs=True)
     rec = recommend("h100-sxm", "llama-3-8b", preference="fastest", **kw)

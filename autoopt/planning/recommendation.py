@@ -1211,29 +1211,57 @@ UNCOMPILED_AUTOOPT_LAYER_US = 31.0
 #: runtimes whose attention is transformers' SDPA path over a static cache, which always passes a mask: then
 #: transformers (<= 5.23; the lent hosts ran 5.17) copies K and V to every query head (``repeat_kv``) before SDPA,
 #: over the cache's whole length, since ``use_gqa_in_sdpa`` needs no mask (transformers/integrations/
-#: sdpa_attention.py; 5.24 packs a single query's heads instead, when not compiled). A layer then moves
-#: 2 x n_rep x its K/V bytes beyond the attention's own read: the copy reads them once and writes n_rep copies,
-#: and SDPA reads n_rep copies, not one. Negligible at batch 1, it is ~45 us a layer of Llama-3-8B at batch 32
-#: over 144 keys on an H100, where the regret tables' graphed steps measured ~125 us a layer above prediction.
+#: sdpa_attention.py; 5.24 packs a single query's heads instead, when not compiled). The copy reads the cache
+#: once and writes n_rep copies (:func:`repeat_kv_copy_bytes`); SDPA then reads n_rep copies, not one.
+#: Negligible at batch 1; at batch 32 over 192 keys it is ~93 us a layer of Llama-3-8B on an H100
+#: (quant_trace_b32_layers8.json: the compiled copy 43.8 us, SDPA 49.0 us).
 REPEAT_KV_RUNTIMES = frozenset({"transformers", "autoopt"})
+#: the fraction of the sustained rate at which cuDNN's SDPA flash kernel (transformers' attention) reads K/V
+#: at decode: Llama-3-8B, batch 32, 192 keys, H100: 100.7 MB of repeated K/V a layer in 49.0 us compiled and
+#: 48.8 us eager, 2.06 TB/s against the 2.95 TB/s this model sustains (the run's own copy: 3.00 TB/s;
+#: quant_trace_b32_layers8.json). One query row per (batch, head): its 16-row tiles are mostly padding.
+SDPA_DECODE_KV_EFFICIENCY = 0.70
+#: GB/s at which the uncompiled repeat_kv copy runs (``expand`` + ``reshape``: PyTorch's strided
+#: ``elementwise_kernel``, not a vectorised one). H100, batch 32, 192 keys: the graphed step took 109.3 (bf16)
+#: and 104.4 (fp8) us a layer more uncompiled than compiled, against 28.6 us at batch 1
+#: (:data:`UNCOMPILED_AUTOOPT_LAYER_US`'s glue); the ~78 us that grows with the batch over ~122 MB more copy
+#: puts the copy at 1.03 TB/s uncompiled, against 2.87 TB/s fused into Inductor's kernel
+#: (quant_trace_b32_layers8.json, quant_trace.json).
+UNCOMPILED_REPEAT_KV_GBS = 1030.0
+
+
+def repeat_kv_copy_bytes(batch: int, keys: int, heads: int, kv_heads: int, head_dim: int, *, tp: int = 1) -> float:
+    """Bytes transformers' ``repeat_kv`` moves a layer (16-bit K and V: read once, written once per query head
+    of a KV head), 0 without grouped-query attention; a tensor-parallel shard moves its share."""
+    if heads <= kv_heads or kv_heads <= 0:
+        return 0.0
+    kv = 2 * batch * keys * kv_heads * head_dim * 2 / max(1, tp)
+    return (1 + heads // kv_heads) * kv
 
 
 def _attention_glue(dev: Device, layer: Sequence[LayerOp], nkv: int, runtime: str | None, *, graphed: bool,
                     phase: str, mode: _Mode, tp: int, mla: bool = False) -> _OpTime | None:
     """The rotary embedding and KV-cache write around a layer's attention, as the runtime launches them: at
     least its kernels' latency floor, else the bytes they move (q and k read and written, k and v stored; under
-    :data:`REPEAT_KV_RUNTIMES`, the K/V copies to every query head too)."""
+    :data:`REPEAT_KV_RUNTIMES`, the K/V copies to every query head and SDPA's reads of them beyond the one
+    read the attention op prices)."""
     att = next((op for op in layer if op.kind == "attention"), None)
     if att is None or dev.gpu is None:
         return None
     batch, n, q_len, keys, d = att.shape
     tokens = batch * q_len
     moved = tokens * d * 2 * (2 * (n + nkv) + 2 * nkv) / max(1, tp)  # 16-bit activations and cache
+    extra_us = 0.0
     if runtime in REPEAT_KV_RUNTIMES and not mla and n > nkv:
-        moved += 2 * (n // nkv) * (2 * batch * keys * nkv * d * 2) / max(1, tp)
+        copy = repeat_kv_copy_bytes(batch, keys, n, nkv, d, tp=tp)
+        kv = copy / (1 + n // nkv)
+        moved += copy + (n // nkv - 1) * kv
+        # at decode SDPA reads the copies slower than a stream: the part beyond the stream's time
+        eff = SDPA_DECODE_KV_EFFICIENCY if q_len == 1 else 1.0
+        extra_us = (n // nkv) * kv * (1 / eff - 1) / (dev.bandwidth_gbs * 1e3)
     kernels = ATTENTION_GLUE_KERNELS.get(runtime or "", 2)
     per_kernel = GLUE_KERNEL_US if graphed else max(GLUE_KERNEL_US, _standalone_launch_us())
-    us = max(kernels * per_kernel, moved / (dev.bandwidth_gbs * 1e3))
+    us = max(kernels * per_kernel, moved / (dev.bandwidth_gbs * 1e3) + extra_us)
     op = LayerOp(name="rope_kv_cache", kind="rotary", shape=(tokens, n, d), flops=6.0 * tokens * (n + nkv) * d,
                  bytes=float(moved), kernel_class="rotary")
     return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us,

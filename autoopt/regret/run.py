@@ -31,6 +31,13 @@ __all__ = ["Measured", "RegretRun", "Workload", "predicted_ms", "recommended", "
 
 #: tokens of context behind each measured decode step (the static cache holds them)
 PROMPT = 128
+#: timed decode steps per option unless told (``--steps``)
+STEPS = 20
+#: cache slots beyond the prompt and the timed steps (:func:`autoopt.nn.e2e.decode_step_ms` allocates
+#: ``prompt + steps + 8``): transformers' SDPA walks the whole static cache, so these are the keys it reads
+CACHE_SLACK = 8
+#: the keys behind the uncompiled-glue constants' measurement (quant_trace.py's cache: prompt 128 + 64)
+GLUE_FIT_KEYS = 192
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,31 +115,50 @@ def model_spec(model: str, layers: int | None) -> Any:
     return dataclasses.replace(spec, num_layers=layers) if layers else spec
 
 
-def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option) -> float:
-    """recommend()'s decode step for ``option``, in ms, plus the pointwise kernels that the harness's models
-    run uncompiled and recommend() prices compiled: one GPU (runtime ``autoopt``, plus transformers' attention
-    glue); tensor-parallel over its GPUs (runtime ``transformers`` at that degree, its ``tp_plan``: separate
-    q/k/v and gate/up GEMMs, plus all of transformers' modules' glue, which a shard pays whole); replicas:
-    one GPU's step at the replica's share of the batch (they run at once)."""
+def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option, *, steps: int = STEPS) -> float:
+    """recommend()'s decode step for ``option``, in ms, over the cache the harness allocates (``steps``), plus
+    what the harness's models run uncompiled and recommend() prices compiled (:func:`_uncompiled_layer_us`):
+    one GPU (runtime ``autoopt``); tensor-parallel over its GPUs (runtime ``transformers`` at that degree, its
+    ``tp_plan``: separate q/k/v and gate/up GEMMs, plus all of transformers' modules' glue, which a shard pays
+    whole); replicas: one GPU's step at the replica's share of the batch (they run at once)."""
+    from autoopt.planning.recommendation import recommend
+
+    kw: dict[str, Any] = dict(prompt_len=PROMPT, gen_len=steps + CACHE_SLACK, phase="decode",
+                              weight_dtype=option.weights, cuda_graphs=option.cuda_graphs)
+    tp = option.gpus if option.layout == "tensor-parallel" else 1
+    batch = math.ceil(option.batch / option.gpus) if option.layout == "replicas" else option.batch
+    if tp > 1:  # transformers' own modules, sharded by its tp_plan
+        rec = recommend(hardware, spec, batch=batch, max_devices=tp, tensor_parallel=tp, runtime="transformers",
+                        **kw)
+    else:
+        rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
+    p = rec.predicted  # uncompiled: the larger of the GPU's time (with the glue) and the host's (recommend()'s)
+    glue = _uncompiled_layer_us(hardware, spec, batch=batch, keys=PROMPT + steps + CACHE_SLACK, tp=tp)
+    gpu = float(p.get("decode_gpu_us", p["decode_step_us"])) + spec.num_layers * glue
+    return max(gpu, float(p.get("decode_host_us", 0.0))) / 1e3
+
+
+def _uncompiled_layer_us(hardware: HardwareProfile, spec: Any, *, batch: int, keys: int, tp: int) -> float:
+    """What a decoder layer costs uncompiled beyond the compiled step recommend() prices: the glue kernels'
+    latency (transformers' modules under tensor parallelism, only its attention's once optimize() has run),
+    plus transformers' repeat_kv copy at its uncompiled rate instead of the stream rate recommend() gives it.
+    Both latency constants were measured on one GPU at batch 1 over :data:`GLUE_FIT_KEYS` keys, which holds
+    that copy's share already: only the copy beyond it is added."""
     from autoopt.planning.recommendation import (
         UNCOMPILED_AUTOOPT_LAYER_US,
+        UNCOMPILED_REPEAT_KV_GBS,
         UNCOMPILED_TRANSFORMERS_LAYER_US,
-        recommend,
+        repeat_kv_copy_bytes,
     )
+    from autoopt.planning.split import devices_of
 
-    kw: dict[str, Any] = dict(prompt_len=PROMPT, gen_len=16, phase="decode", weight_dtype=option.weights,
-                              cuda_graphs=option.cuda_graphs)
-    if option.layout == "tensor-parallel":  # transformers' own modules, sharded by its tp_plan
-        rec = recommend(hardware, spec, batch=option.batch, max_devices=option.gpus, tensor_parallel=option.gpus,
-                        runtime="transformers", **kw)
-        glue_us = UNCOMPILED_TRANSFORMERS_LAYER_US
-    else:
-        batch = math.ceil(option.batch / option.gpus) if option.layout == "replicas" else option.batch
-        rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
-        glue_us = UNCOMPILED_AUTOOPT_LAYER_US
-    p = rec.predicted  # uncompiled: the larger of the GPU's time (with the glue) and the host's (recommend()'s)
-    gpu = float(p.get("decode_gpu_us", p["decode_step_us"])) + spec.num_layers * glue_us
-    return max(gpu, float(p.get("decode_host_us", 0.0))) / 1e3
+    latency = UNCOMPILED_TRANSFORMERS_LAYER_US if tp > 1 else UNCOMPILED_AUTOOPT_LAYER_US
+    gpus = devices_of(hardware)
+    if spec.is_mla or not gpus:
+        return latency
+    heads = (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim)
+    beyond_fit = repeat_kv_copy_bytes(batch, keys, *heads, tp=tp) - repeat_kv_copy_bytes(1, GLUE_FIT_KEYS, *heads)
+    return latency + beyond_fit * (1 / UNCOMPILED_REPEAT_KV_GBS - 1 / gpus[0].bandwidth_gbs) / 1e3
 
 
 def recommended(hardware: HardwareProfile, spec: Any, batch: int, predicted: Mapping[Option, float | None]
@@ -168,7 +194,8 @@ def _fastest_format(hardware: HardwareProfile, spec: Any, batch: int) -> tuple[s
     """(format, reason) recommend() keeps for one GPU at ``batch`` under ``preference="fastest"``."""
     from autoopt.planning.recommendation import recommend
 
-    rec = recommend(hardware, spec, batch=batch, prompt_len=PROMPT, gen_len=16, phase="decode", runtime="autoopt",
+    rec = recommend(hardware, spec, batch=batch, prompt_len=PROMPT, gen_len=STEPS + CACHE_SLACK, phase="decode",
+                    runtime="autoopt",
                     max_devices=1, preference="fastest", cuda_graphs=True)
     return rec.quant.format.name, rec.quant.reason
 
