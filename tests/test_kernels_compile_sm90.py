@@ -30,8 +30,10 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def report() -> dict:
-    out = subprocess.run([sys.executable, str(SCRIPT), "1"], capture_output=True, text=True, env=_env(), cwd=ROOT,
+def report(tmp_path_factory) -> dict:
+    # Triton's cache goes under $HOME, which a CI runner may lack: a folder of this session's instead
+    env = {"TRITON_CACHE_DIR": str(tmp_path_factory.mktemp("triton-cache")), **_env()}
+    out = subprocess.run([sys.executable, str(SCRIPT), "1"], capture_output=True, text=True, env=env, cwd=ROOT,
                          timeout=900)
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads(out.stdout)
@@ -65,7 +67,7 @@ def test_the_compile_check_reports_a_dot_of_mismatched_types(tmp_path):
             "t = lambda d: torch.empty((16, 16), dtype=d)\n"
             "print(c._compile(bad_kernel.bad, (t(torch.bfloat16), t(torch.uint8), t(torch.float32)), "
             "{'BLOCK': 16, 'num_warps': 4}))")
-    env = _env()
+    env = {"TRITON_CACHE_DIR": str(tmp_path / "triton-cache"), **_env()}
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(tmp_path)])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert "Both operands must be same dtype" in out.stdout, out.stderr[-3000:]
