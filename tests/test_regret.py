@@ -301,7 +301,8 @@ def test_a_one_gpu_option_is_priced_with_the_attention_glue_it_runs_uncompiled()
 
 def test_the_predicted_step_reads_the_cache_the_harness_allocates():
     # decode_step_ms allocates prompt + steps + 8 slots and transformers' SDPA walks them all
-    from autoopt.regret.run import CACHE_SLACK, PROMPT, STEPS
+    from autoopt.nn.e2e import CACHE_SLACK
+    from autoopt.regret.run import PROMPT, STEPS
 
     assert (PROMPT, STEPS, CACHE_SLACK) == (128, 20, 8)
 

@@ -33,9 +33,6 @@ __all__ = ["Measured", "RegretRun", "Workload", "predicted_ms", "recommended", "
 PROMPT = 128
 #: timed decode steps per option unless told (``--steps``)
 STEPS = 20
-#: cache slots beyond the prompt and the timed steps (:func:`autoopt.nn.e2e.decode_step_ms` allocates
-#: ``prompt + steps + 8``): transformers' SDPA walks the whole static cache, so these are the keys it reads
-CACHE_SLACK = 8
 #: the keys behind the uncompiled-glue constants' measurement (quant_trace.py's cache: prompt 128 + 64)
 GLUE_FIT_KEYS = 192
 
@@ -121,6 +118,7 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option, *, steps:
     one GPU (runtime ``autoopt``); tensor-parallel over its GPUs (runtime ``transformers`` at that degree, its
     ``tp_plan``: separate q/k/v and gate/up GEMMs, plus all of transformers' modules' glue, which a shard pays
     whole); replicas: one GPU's step at the replica's share of the batch (they run at once)."""
+    from autoopt.nn.e2e import CACHE_SLACK
     from autoopt.planning.recommendation import recommend
 
     kw: dict[str, Any] = dict(prompt_len=PROMPT, gen_len=steps + CACHE_SLACK, phase="decode",
@@ -133,6 +131,7 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option, *, steps:
     else:
         rec = recommend(hardware, spec, batch=batch, runtime="autoopt", max_devices=1, **kw)
     p = rec.predicted  # uncompiled: the larger of the GPU's time (with the glue) and the host's (recommend()'s)
+    # transformers' SDPA walks the whole static cache decode_step_ms allocates: these are the keys it reads
     glue = _uncompiled_layer_us(hardware, spec, batch=batch, keys=PROMPT + steps + CACHE_SLACK, tp=tp)
     gpu = float(p.get("decode_gpu_us", p["decode_step_us"])) + spec.num_layers * glue
     return max(gpu, float(p.get("decode_host_us", 0.0))) / 1e3
@@ -192,11 +191,11 @@ def recommended(hardware: HardwareProfile, spec: Any, batch: int, predicted: Map
 
 def _fastest_format(hardware: HardwareProfile, spec: Any, batch: int) -> tuple[str, str]:
     """(format, reason) recommend() keeps for one GPU at ``batch`` under ``preference="fastest"``."""
+    from autoopt.nn.e2e import CACHE_SLACK
     from autoopt.planning.recommendation import recommend
 
     rec = recommend(hardware, spec, batch=batch, prompt_len=PROMPT, gen_len=STEPS + CACHE_SLACK, phase="decode",
-                    runtime="autoopt",
-                    max_devices=1, preference="fastest", cuda_graphs=True)
+                    runtime="autoopt", max_devices=1, preference="fastest", cuda_graphs=True)
     return rec.quant.format.name, rec.quant.reason
 
 
@@ -323,7 +322,7 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
         predicted: dict[Option, float | None] = {}
         for opt in (o for o in options if o.batch == batch and o.runnable):
             try:
-                predicted[opt] = predicted_ms(hardware, spec, opt)
+                predicted[opt] = predicted_ms(hardware, spec, opt, steps=steps)
             except AutooptError as exc:
                 predicted[opt] = None
                 notes.append(f"{opt.label}: no prediction ({exc})")
