@@ -55,6 +55,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autoopt._files import write_atomic
+
 #: (label, E, N per shard, K hidden, top-k, dtype): real models' MoE layers (published config.json values)
 CASES: tuple[tuple[str, int, int, int, int, str], ...] = (
     ("Mixtral-8x7B TP1", 8, 14336, 4096, 2, "bf16"),
@@ -535,11 +537,15 @@ def main(argv: list[str] | None = None) -> int:
             report["rows"].append(row)
             report["summary"] = summarize(report["rows"])
             report["elapsed_s"] = round(time.time() - t0, 1)
-            out.write_text(json.dumps(report, indent=1) + "\n")
+            # written after each point, atomically, and marked incomplete until the last: a run stopped
+            # from outside leaves the points it finished, labelled as a partial run
+            report["complete"] = False
+            write_atomic(out, json.dumps(report, indent=1) + "\n")
             brief = {k: row[k].get("measured_us") for k in ("a_shipped", "b_default", "c_zero_shot", "d_tuned",
                                                             "search_best") if isinstance(row.get(k), dict)}
             print(CASES[i][0], m, brief, file=sys.stderr, flush=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    report["complete"] = True
+    write_atomic(out, json.dumps(report, indent=1) + "\n")
     print(json.dumps(report.get("summary"), indent=1), file=sys.stderr)
     return 0
 
