@@ -315,3 +315,32 @@ def test_at_batch_32_the_uncompiled_repeat_kv_copy_is_priced_at_its_measured_rat
     spec = model_spec("llama-3-8b", 8)
     us = _uncompiled_layer_us(load_profile("h100-sxm"), spec, batch=32, keys=156, tp=1)
     assert us == pytest.approx(31.0 + 62.1, abs=0.1)
+
+
+def _b32_trace() -> dict:
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100" / "quant_trace_b32_layers8.json"
+    return json.loads(path.read_text())
+
+
+def test_the_sdpa_efficiency_is_what_the_batch_32_trace_measured():
+    # 8 layers of Llama-3-8B at batch 32 over 192 keys: SDPA read 4 repeated copies of 25.2 MB of K/V a layer
+    from autoopt.planning.recommendation import SDPA_DECODE_KV_EFFICIENCY
+
+    trace = _b32_trace()["variants"]["autoopt-bf16"]
+    sdpa_us = trace["compiled"]["by_class_per_step"]["attention"]["us"] / 8
+    kv = 2 * 32 * 192 * 8 * 128 * 2
+    assert 4 * kv / (sdpa_us * 1e3) / 2948 == pytest.approx(SDPA_DECODE_KV_EFFICIENCY, abs=0.01)
+
+
+def test_the_uncompiled_copy_rate_is_what_the_batch_32_trace_measured():
+    # uncompiled minus compiled graphed step a layer, less the batch-1 glue the constant already holds, is
+    # the repeat_kv copy's extra time: 5 x 25.2 MB less the batch-1 copy, moved at ~1.03 TB/s instead of 2.95
+    # (bf16 998 GB/s, fp8 1040)
+    from autoopt.planning.recommendation import UNCOMPILED_REPEAT_KV_GBS
+
+    moved = 5 * (2 * 32 * 192 * 8 * 128 * 2 - 2 * 1 * 192 * 8 * 128 * 2)
+    for name in ("autoopt-bf16", "fp8"):
+        trace = _b32_trace()["variants"][name]
+        extra_us = (trace["eager"]["gpu_kernel_us_per_step"] - trace["compiled"]["gpu_kernel_us_per_step"]) / 8 - 28.6
+        rate = moved / (extra_us * 1e-6 + moved / 2948e9) / 1e9
+        assert rate == pytest.approx(UNCOMPILED_REPEAT_KV_GBS, rel=0.05), name
