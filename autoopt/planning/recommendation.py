@@ -1224,10 +1224,10 @@ SDPA_DECODE_KV_EFFICIENCY = 0.70
 #: GB/s at which the uncompiled repeat_kv copy runs (``expand`` + ``reshape``: PyTorch's strided
 #: ``elementwise_kernel``, not a vectorised one). H100, batch 32, 192 keys: the graphed step took 109.3 (bf16)
 #: and 104.4 (fp8) us a layer more uncompiled than compiled, against 28.6 us at batch 1
-#: (:data:`UNCOMPILED_AUTOOPT_LAYER_US`'s glue); the ~78 us that grows with the batch over ~122 MB more copy
-#: puts the copy at 1.03 TB/s uncompiled, against 2.87 TB/s fused into Inductor's kernel
+#: (:data:`UNCOMPILED_AUTOOPT_LAYER_US`'s glue); the rest, over the 122 MB more copy than at batch 1, puts the
+#: uncompiled copy at 998 and 1040 GB/s (mean 1020), against 2.87 TB/s fused into Inductor's kernel
 #: (quant_trace_b32_layers8.json, quant_trace.json).
-UNCOMPILED_REPEAT_KV_GBS = 1030.0
+UNCOMPILED_REPEAT_KV_GBS = 1020.0
 
 
 def repeat_kv_copy_bytes(batch: int, keys: int, heads: int, kv_heads: int, head_dim: int, *, tp: int = 1) -> float:
