@@ -42,8 +42,8 @@ OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv", "moe
 #: 1.53 vs 1.26 ms, prefill 1 x 2048 19.2 vs 10.5 ms; Mixtral-8x7B, 4 layers: 1.65 vs 1.68 ms and 18.2 vs
 #: 14.2 ms; benchmarks/results/h100/moe_e2e.json), so it is asked for by name until it measures faster.
 DEFAULT_OPS = tuple(op for op in OPS if op != "moe")
-MOE_OFF = ("moe is not in the default ops: the fused-MoE path measured slower than transformers' grouped_mm "
-           "experts on an H100 (benchmarks/results/h100/moe_e2e.json); ops=[..., 'moe'] runs it")
+MOE_OFF = ("moe is not in the default ops: on an H100 the fused-MoE path decodes faster than transformers' "
+           "grouped_mm experts but prefills slower (benchmarks/results/h100/moe_e2e.json); ops=[..., 'moe'] runs it")
 #: the child names of the projections one fused GEMM can serve, in the order attention code calls them.
 QKV = ("q_proj", "k_proj", "v_proj")
 #: the tail of the reason when a fused replacement of this kind is not made: the walk visits its parts.
