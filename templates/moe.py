@@ -92,6 +92,14 @@ def served(op: OpSpec) -> bool:
 #: (measured time of the config the model ranks first among the grid's, over the grid's best; geomean over 48
 #: (case, M) points) from 0.939 to 0.957 and from 0.900 to 0.916; 1.0 / 1.065 and up lose it again.
 MOE_ONE_WARPGROUP_EFFICIENCY = 0.85
+#: wgmma rate kept by a 64-row tile on 8 warps, whose two warpgroups split BLOCK_SIZE_N (each m64 x N/2), beyond
+#: the narrower instruction's own factor (``wgmma_width_efficiency``). H100, vLLM's kernel, M >= 512 (compute
+#: bound): such configs measured a median 1.217 and 1.259x the same config with 128 rows (140 and 72 pairs,
+#: benchmarks/results/h100/moe_runtime_configs{,_run3_partial}.json) where the model said 1.134 and 1.185; below
+#: M = 512 it matched (0.94-1.00 against 0.95-0.99). 0.90 brings it to 1.175 and 1.253. Zero-shot picks whose
+#: time the runs hold, over each run's fastest measured config, geomean: 0.967 -> 0.975 (run1, not used to fit),
+#: 0.947 -> 0.957, 0.938 -> 0.949; Mixtral's M = 1024 and TP8 M = 4096 picks move to 128-row tiles.
+MOE_SPLIT_N_EFFICIENCY = 0.90
 #: a GEMM's SM time when one CTA fills an SM (its tile's prologue and epilogue hidden behind no other CTA):
 #: a tie-breaker between configs the model prices within a few per cent (see above)
 MOE_SINGLE_CTA_SLOWDOWN = 1.02
@@ -277,6 +285,8 @@ def _sm_us(x: _Ctx, g: _Gemm, blocks: int, rows_per_block: float, bm: int, bn: i
                 rate *= c.single_warpgroup_efficiency
             if warps < 8:
                 rate *= MOE_ONE_WARPGROUP_EFFICIENCY
+            elif bm < 64 * (warps // 4):
+                rate *= MOE_SPLIT_N_EFFICIENCY
             rate *= wgmma_width_efficiency(bm, bn, warps, c)
         else:
             idle = SUBPARTITIONS / min(SUBPARTITIONS, occ * warps)
