@@ -9,6 +9,9 @@ model's order of configs that were measured, which a zero-shot pick from the who
 unmeasured) cannot. A config's time is the least of its timings in that run (:func:`timings`).
 Nothing runs on a GPU.
 
+It also scores today's zero-shot pick (rank()'s first from the whole space) where the run happened to time
+that config (in its grid, its named sets or its final round): over the run's fastest timed config.
+
     PYTHONPATH=. python benchmarks/replay_moe.py [FILE ...]
 """
 
@@ -75,6 +78,34 @@ def timings(row: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def measured(row: dict[str, Any]) -> dict[str, float]:
+    """Every config the row's process timed (the grid, the named sets, the final round), its least time."""
+    out = timings(row)
+    for entry in row.values():
+        if isinstance(entry, dict) and isinstance(entry.get("config"), dict) and entry.get("check", "passed") == \
+                "passed" and isinstance(entry.get("measured_us"), (int, float)):
+            key = "/".join(str(entry["config"].get(k)) for k in KEYS)
+            out[key] = min(out.get(key, math.inf), float(entry["measured_us"]))
+    final = row.get("final_round", {}).get("us", {}) if isinstance(row.get("final_round"), dict) else {}
+    for key, times in final.items():
+        if isinstance(times, list) and times:
+            out[key] = min(out.get(key, math.inf), *map(float, times))
+    return out
+
+
+def zero_shot_score(row: dict[str, Any], gpu: Any) -> tuple[float, str] | None:
+    """(the row's fastest measured time over the measured time of rank()'s first config from the whole space,
+    that config's key), or None when the run did not time that config (a pick outside what it measured)."""
+    from autoopt.search.ranking import rank
+
+    op = OpSpec(kind="fused_moe", shape=(row["M"], row["E"], row["topk"], row["N"], row["K"]), dtype="bf16",
+                weight=FORMATS[_format_key(row)])
+    times = measured(row)
+    params = rank(gpu, op, top=1).candidates[0].config.params
+    key = "/".join(str(params[k]) for k in KEYS)
+    return (min(times.values()) / times[key], key) if key in times and times else None
+
+
 #: the largest grid file read (the committed ones are under 1 MiB)
 MAX_GRID_BYTES = 16 << 20
 
@@ -123,12 +154,19 @@ def main(argv: list[str] | None = None) -> int:
             scores.append(got[0])
             ratios.append(got[2])
             print(f"{row['case']:24s} M={row['M']:<5d} {got[0]:.3f} {got[1]} predicted/measured {got[2]:.2f}")
-        if not scores:
-            print(f"replay_moe: {path}: no (case, M) point with a timed grid", file=sys.stderr)
+        if scores:
+            print(f"{path.name}: {len(scores)} points, geomean {_geomean(scores):.4f}, min {min(scores):.3f}; "
+                  f"the first config's predicted/measured geomean {_geomean(ratios):.2f} "
+                  f"({min(ratios):.2f}-{max(ratios):.2f})")
+        zero = [z for z in (zero_shot_score(row, gpu) for row in rows) if z is not None]
+        if not scores and not zero:
+            print(f"replay_moe: {path}: no (case, M) point with a timed grid or a timed zero-shot config",
+                  file=sys.stderr)
             return 2
-        print(f"{path.name}: {len(scores)} points, geomean {_geomean(scores):.4f}, min {min(scores):.3f}; "
-              f"the first config's predicted/measured geomean {_geomean(ratios):.2f} "
-              f"({min(ratios):.2f}-{max(ratios):.2f})")
+        if zero:
+            got = [z[0] for z in zero]
+            print(f"{path.name}: zero-shot (rank()'s first from the whole space), {len(got)} of {len(rows)} points "
+                  f"timed in the run: geomean {_geomean(got):.4f}, min {min(got):.3f} of the run's fastest")
     return 0
 
 

@@ -96,9 +96,10 @@ MOE_ONE_WARPGROUP_EFFICIENCY = 0.85
 #: the narrower instruction's own factor (``wgmma_width_efficiency``). H100, vLLM's kernel, M >= 512 (compute
 #: bound): such configs measured a median 1.217 and 1.259x the same config with 128 rows (140 and 72 pairs,
 #: benchmarks/results/h100/moe_runtime_configs{,_run3_partial}.json) where the model said 1.134 and 1.185; below
-#: M = 512 it matched (0.94-1.00 against 0.95-0.99). 0.90 brings it to 1.175 and 1.253. Zero-shot picks whose
-#: time the runs hold, over each run's fastest measured config, geomean: 0.967 -> 0.975 (run1, not used to fit),
-#: 0.947 -> 0.957, 0.938 -> 0.949; Mixtral's M = 1024 and TP8 M = 4096 picks move to 128-row tiles.
+#: M = 512 it matched (0.94-1.00 against 0.95-0.99). 0.90 brings it to 1.175 and 1.253. Zero-shot picks the
+#: runs happened to time, over each run's fastest timed config (benchmarks/replay_moe.py), geomean: 0.947 ->
+#: 0.957 (run 1, not used to fit), 0.950 -> 0.958, 0.940 -> 0.946, 0.936 -> 0.950 (the partial run 3); Mixtral's
+#: M = 1024 and TP8 M = 4096 picks move to 128-row tiles.
 MOE_SPLIT_N_EFFICIENCY = 0.90
 #: a GEMM's SM time when one CTA fills an SM (its tile's prologue and epilogue hidden behind no other CTA):
 #: a tie-breaker between configs the model prices within a few per cent (see above)

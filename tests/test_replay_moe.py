@@ -13,7 +13,16 @@ def test_a_committed_grid_scores_each_point_and_the_geomean(capsys):
     path = replay_moe.FILES[0]
     assert replay_moe.main([str(path)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert len(lines) == 49 and lines[-1].startswith(f"{path.name}: 48 points, geomean 0.9")
+    assert len(lines) == 50 and lines[-2].startswith(f"{path.name}: 48 points, geomean 0.9")
+
+
+def test_the_zero_shot_pick_is_scored_where_the_run_timed_it(capsys):
+    # rank()'s first config from the whole space, over the run's fastest, on the points whose run timed it
+    path = replay_moe.FILES[0]
+    assert replay_moe.main([str(path)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"{path.name}: zero-shot (rank()'s first from the whole space), 41 of 48 points timed")
+    assert "geomean 0.958" in last
 
 
 @pytest.mark.parametrize(("make", "says"), [
