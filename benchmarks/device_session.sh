@@ -38,6 +38,8 @@ for s in "$@"; do
     moeint4)  stage moeint4 python3 -m autoopt export moe-configs --model mixtral-8x7b --tp 8 --dtype int4_w4a16 --tune --no-store --out "$R/moe_int4" ;;
     # issue 28: optimize() on the MoE models (bf16 experts, int4 and fp8 experts) against transformers' experts
     moee2e)   TAIL=30 stage moee2e python3 benchmarks/moe_e2e.py --out "$R/moe_e2e.json" ;;
+    # issue 28: where optimize()'s MoE prefill loses to grouped_mm (top kernels, host enqueue), bf16 only
+    moeprefill) TAIL=30 stage moeprefill python3 benchmarks/moe_e2e.py --variants eager,grouped_mm,autoopt --trace-prefill --out "$R/moe_e2e_prefill_trace.json" ;;
     # issue 28: the runtime's own kernel under each config set (carry .vllm; ~5-9 min: run it alone in a call).
     # CASES=4,5,6,7 runs the cases the 2026-11-27 run did not reach
     mrc)      stage mrc python3 benchmarks/moe_runtime_configs.py --vllm-src .vllm ${CASES:+--cases "$CASES"} --out "$R/moe_runtime_configs.json" ;;

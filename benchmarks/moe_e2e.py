@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--budget-s", type=float, default=520.0)
+    ap.add_argument("--trace-prefill", action="store_true",
+                    help="also record each variant's 1 x 2048 prefill by kernel (GPU time) and its host enqueue time")
     return ap.parse_args(argv)
 
 
@@ -57,7 +59,23 @@ def build(name: str, variant: str) -> Any:
     return model
 
 
-def run_variant(name: str, variant: str, prompts: Any, ref: Any) -> tuple[dict[str, Any], Any]:
+def trace_prefill(forward: Any, vocab: int) -> dict[str, Any]:
+    """Where a compiled 1 x 2048 prefill's time goes: its top kernels by GPU time, and the host's time to
+    enqueue it (above the kernels' total, the prefill is bound by the host)."""
+    import torch
+
+    from benchmarks.e2e_prefill_profile import _enqueue_ms, _top_kernels
+
+    ids = torch.randint(0, vocab, (1, 2048), device="cuda")
+
+    def step() -> Any:
+        with torch.inference_mode():
+            return forward(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+    return {"label": "measured (torch.profiler, one prefill after the timed ones)",
+            "enqueue_ms": round(_enqueue_ms(step), 3), "top_kernels": _top_kernels(step, 15)}
+
+
+def run_variant(name: str, variant: str, prompts: Any, ref: Any, trace: bool = False) -> tuple[dict[str, Any], Any]:
     import torch
 
     from autoopt.nn.e2e import _graphed_decode_ms, _prefill_ms
@@ -83,6 +101,8 @@ def run_variant(name: str, variant: str, prompts: Any, ref: Any) -> tuple[dict[s
     try:
         forward = torch.compile(model.forward, fullgraph=False, dynamic=False)
         row["measured_prefill_ms"] = round(_prefill_ms(forward, model.config.vocab_size, 1, 2048, "cuda", 5), 3)
+        if trace:
+            row["prefill_trace"] = trace_prefill(forward, model.config.vocab_size)
         torch._dynamo.reset()
         row["measured_decode_step_ms"] = round(_graphed_decode_ms(model, 1, 128, 32, compiled=True), 4)
     except Exception as exc:  # a variant that does not compile keeps its logits (eager's are the reference)
@@ -112,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows[variant] = {"skipped": "time budget"}
                 continue
             t1 = time.time()
-            got, failed = isolated(partial(run_variant, name, variant, prompts, ref))
+            got, failed = isolated(partial(run_variant, name, variant, prompts, ref, args.trace_prefill))
             row = failed or got[0]
             if got is not None and variant == "eager":
                 ref = got[1]
