@@ -43,8 +43,7 @@ def point_score(row: dict[str, Any], gpu: Any) -> tuple[float, str, float] | Non
     from autoopt.templates.gemm import matmul_path
     from autoopt.templates.moe import FusedMoeTemplate, moe_cost
 
-    op = OpSpec(kind="fused_moe", shape=(row["M"], row["E"], row["topk"], row["N"], row["K"]), dtype="bf16",
-                weight=FORMATS[_format_key(row)])
+    op = _op(row)
     grid = timings(row)
     template, predicted = FusedMoeTemplate(), {}
     for key in grid:
@@ -66,31 +65,36 @@ def timings(row: dict[str, Any]) -> dict[str, float]:
     385.7 us in the grid and 125.7 us as vLLM's default in the same run); the least of repeated timings is
     the kernel's own time."""
     out = {k: float(v) for k, v in row.get("grid", {}).items() if isinstance(v, (int, float))}
-    for entry in row.values():
-        if not isinstance(entry, dict) or not isinstance(entry.get("config"), dict):
-            continue
-        us = entry.get("measured_us")
-        if not isinstance(us, (int, float)) or entry.get("check", "passed") != "passed":
-            continue
-        key = "/".join(str(entry["config"].get(k)) for k in KEYS)
+    for key, us in _named_times(row):
         if key in out:
-            out[key] = min(out[key], float(us))
+            out[key] = min(out[key], us)
     return out
 
 
 def measured(row: dict[str, Any]) -> dict[str, float]:
     """Every config the row's process timed (the grid, the named sets, the final round), its least time."""
     out = timings(row)
-    for entry in row.values():
-        if isinstance(entry, dict) and isinstance(entry.get("config"), dict) and entry.get("check", "passed") == \
-                "passed" and isinstance(entry.get("measured_us"), (int, float)):
-            key = "/".join(str(entry["config"].get(k)) for k in KEYS)
-            out[key] = min(out.get(key, math.inf), float(entry["measured_us"]))
     final = row.get("final_round", {}).get("us", {}) if isinstance(row.get("final_round"), dict) else {}
-    for key, times in final.items():
-        if isinstance(times, list) and times:
-            out[key] = min(out.get(key, math.inf), *map(float, times))
+    repeats = [(key, float(us)) for key, times in final.items() if isinstance(times, list) for us in times
+               if isinstance(us, (int, float))]
+    for key, us in [*_named_times(row), *repeats]:
+        out[key] = min(out.get(key, math.inf), us)
     return out
+
+
+def _named_times(row: dict[str, Any]) -> list[tuple[str, float]]:
+    """(config key, measured us) of each named config set the row timed whose check passed."""
+    out = []
+    for entry in row.values():
+        if isinstance(entry, dict) and isinstance(entry.get("config"), dict) and \
+                isinstance(entry.get("measured_us"), (int, float)) and entry.get("check", "passed") == "passed":
+            out.append(("/".join(str(entry["config"].get(k)) for k in KEYS), float(entry["measured_us"])))
+    return out
+
+
+def _op(row: dict[str, Any]) -> OpSpec:
+    return OpSpec(kind="fused_moe", shape=(row["M"], row["E"], row["topk"], row["N"], row["K"]), dtype="bf16",
+                  weight=FORMATS[_format_key(row)])
 
 
 def zero_shot_score(row: dict[str, Any], gpu: Any) -> tuple[float, str] | None:
@@ -98,12 +102,10 @@ def zero_shot_score(row: dict[str, Any], gpu: Any) -> tuple[float, str] | None:
     that config's key), or None when the run did not time that config (a pick outside what it measured)."""
     from autoopt.search.ranking import rank
 
-    op = OpSpec(kind="fused_moe", shape=(row["M"], row["E"], row["topk"], row["N"], row["K"]), dtype="bf16",
-                weight=FORMATS[_format_key(row)])
     times = measured(row)
-    params = rank(gpu, op, top=1).candidates[0].config.params
+    params = rank(gpu, _op(row), top=1).candidates[0].config.params
     key = "/".join(str(params[k]) for k in KEYS)
-    return (min(times.values()) / times[key], key) if key in times and times else None
+    return (min(times.values()) / times[key], key) if key in times else None
 
 
 #: the largest grid file read (the committed ones are under 1 MiB)
