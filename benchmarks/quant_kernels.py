@@ -74,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--dot-grid", action="store_true",
                     help="also time the int4 decode GEMV's dot-path grid (BLOCK_M 16, BLOCK_N 32-256, BLOCK_K 64/128, "
                          "4/8 warps, 3/4 stages, SPLIT_K 1/2/4), the calibration set of its cost factor")
+    ap.add_argument("--fma-grid", action="store_true",
+                    help="also time the int4 decode GEMV's FMA-path grid (BLOCK_M 1, BLOCK_N 16-128, BLOCK_K 256-1024, "
+                         "2/4/8 warps, 3 stages, SPLIT_K 1/2/4), the calibration set of its cost factor")
     ap.add_argument("--no-torchao", action="store_true", help="skip torchao even when it imports")
     return ap.parse_args(argv)
 
@@ -165,9 +168,10 @@ def autoopt_rows(lin: Linear, spec: str, gpu: Any, copy_gbs: float, args: argpar
     tol = registry.tolerance(op)
     ranking = rank(gpu, op, top=100_000 if args.per_path else max(4 * args.top, 12), measured=False)
     picks = per_kernel(ranking.candidates, args.top, per_path=args.per_path)
-    if args.dot_grid and kind == "gemv" and fmt.name == "int4":
-        picks += [(i + 1, i + 1, c) for i, c in enumerate(ranking.candidates) if in_dot_grid(c.config)
-                  and all(c is not p[2] for p in picks)]
+    for on, grid in ((args.dot_grid, DOT_GRID), (args.fma_grid, FMA_GRID)):
+        if on and kind == "gemv" and fmt.name == "int4":
+            picks += [(i + 1, i + 1, c) for i, c in enumerate(ranking.candidates) if in_grid(c.config, grid)
+                      and all(c is not p[2] for p in picks)]
     for overall, kernel_rank, cand in picks:
         row = {"linear": lin.name, "m": lin.m, "n": lin.n, "k": lin.k, "impl": f"autoopt {cand.config.kernel}",
                "format": fmt.spec, "rank": kernel_rank, "overall_rank": overall, "config": dict(cand.config.params),
@@ -216,11 +220,14 @@ def per_kernel(candidates: Any, top: int, *, per_path: bool = False) -> list[tup
 #: --dot-grid's axes (the int4 GEMV's dot path at M = 1)
 DOT_GRID = {"BLOCK_M": (16,), "BLOCK_N": (32, 64, 128, 256), "BLOCK_K": (64, 128), "SPLIT_K": (1, 2, 4),
             "num_warps": (4, 8), "num_stages": (3, 4)}
+#: --fma-grid's axes (its FMA path, BLOCK_M = 1)
+FMA_GRID = {"BLOCK_M": (1,), "BLOCK_N": (16, 32, 64, 128), "BLOCK_K": (256, 512, 1024), "SPLIT_K": (1, 2, 4),
+            "num_warps": (2, 4, 8), "num_stages": (3,)}
 
 
-def in_dot_grid(config: Any) -> bool:
-    """Whether a ranked config lies on ``DOT_GRID``."""
-    return all(config.params.get(key) in values for key, values in DOT_GRID.items())
+def in_grid(config: Any, grid: dict[str, tuple[int, ...]]) -> bool:
+    """Whether a ranked config lies on ``grid``."""
+    return all(config.params.get(key) in values for key, values in grid.items())
 
 
 def torch_rows(lin: Linear, gpu: Any, copy_gbs: float, args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:

@@ -365,20 +365,25 @@ def test_generate_predictions_are_within_15_percent_of_every_committed_generate_
 
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
     runs = [("h100-sxm", results / "h100" / f) for f in ("quant_e2e.json", "quant_e2e_run3.json",
-                                                         "quant_e2e_int4_torchao.json")]
+                                                         "quant_e2e_int4_torchao.json", "quant_e2e_int4_pairdot.json")]
     runs.append(("h200", results / "h200" / "quant_e2e.json"))
+    # their int4 rows ran the int4 GEMV before its paired-bf16 decode (quant_gemv.int4_pair_dot), which the
+    # cost model now prices: 0.84-0.99 of those runs, 1.035 of the run after it (quant_e2e_int4_pairdot.json)
+    old_int4 = {"quant_e2e.json", "quant_e2e_run3.json", "quant_e2e_int4_torchao.json"}
     checked = 0
     for profile, path in runs:
         for name, row in json.loads(path.read_text())["variants"].items():
             impl, fmt = name.split()
             if impl not in ("transformers", "autoopt") or "measured_generate_ms_per_token_median" not in row:
                 continue
+            if name == "autoopt int4" and path.name in old_int4:
+                continue
             rec = recommend(profile, "llama-3-8b", batch=1, prompt_len=128, gen_len=128, phase="decode",
                             weight_dtype=fmt, cuda_graphs=True, runtime=impl)
             ratio = rec.predicted["generate_token_us"] / 1e3 / row["measured_generate_ms_per_token_median"]
             assert 0.85 <= ratio <= 1.15, (path.name, name, ratio)
             checked += 1
-    assert checked == 11
+    assert checked == 9
 
 
 # -- tensor parallelism's all-reduces are part of each step ----------------------------------------------------

@@ -90,15 +90,14 @@ MMA_MEASURED_FACTOR = {"int4": 4.0, "int4-asym": 4.0}
 #: (``quant_kernels_batched.json``): x2 takes median |ln(pred/measured)| 0.301 -> 0.152 there (in-sample;
 #: x2.5: 0.160).
 GEMV_DOT_MEASURED_FACTOR = {"int4": 1.0, "fp8": 2.0}
-#: The int4 decode GEMV (FMA path, M = 1) against its hand count: on the H100 qperf run
-#: (``benchmarks/results/h100/quant_kernels_qperf.json``, 15 timed configs a format over Llama-3-8B's five
-#: linears) it ran 1.51x (symmetric) and 1.50x (asymmetric) the prediction at the median, while fp8 and int8 ran
-#: 0.98x and 1.01x: the int4 stream is bound by the bytes each warp keeps in flight (a 4-bit weight is half the
-#: bytes a load brings per dequantized element, and the loop's dequantization sits between loads), which the
-#: bandwidth model, tuned on 8- and 16-bit streams, does not price. x1.5 takes median |ln(pred/measured)| from
-#: 0.41 to 0.19 (symmetric) and 0.40 to 0.09 (asymmetric); the step trace (``quant_trace.json``: 128 GEMVs,
-#: 3368 us against 1965 us predicted graphed) agrees.
-GEMV_MEASURED_FACTOR = {"int4": 1.5, "int4-asym": 1.5}
+#: The int4 decode GEMV (FMA path, M = 1) against its hand count, refitted after the paired-bf16 decode
+#: and elementwise accumulation (``quant_gemv.int4_pair_dot``): on the H100 FMA grid
+#: (``benchmarks/results/h100/quant_kernels_fmagrid.json``, 141 symmetric and 129 asymmetric timed configs
+#: over Llama-3-8B's four decode linears) x1.15 takes median |ln(pred/measured)| to 0.135 (x1: 0.175, median
+#: ratio 0.84) and x1.4 the asymmetric to 0.151 (x1: 0.336, ratio 0.71: its per-tile activation sums for the
+#: offsets, a cross-thread reduction, are not in the hand count). The kernel before (fp32 decode, group sums
+#: inside the loop) ran 1.5x its count (``quant_kernels_qperf.json``).
+GEMV_MEASURED_FACTOR = {"int4": 1.15, "int4-asym": 1.4}
 #: Block-FP8 W8A8: each K-tile's dot completes before its scaling (a serial chain per tile). The hand
 #: count (the tile's MMA at tc_efficiency + the scaling FMAs) under-priced it 2.65x on the same run
 #: (gate_up 492 us predicted, 1301-1410 measured); x3.0 fits the 15 configs (median |ln| 0.97 -> 0.03).
@@ -140,12 +139,12 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
     # Every path first takes the byte out of its loaded 32-bit word (a PRMT/SHF: 1 op a byte).
     if fma:
         if fmt.name == "int4":
-            # per byte: extract 1, per nibble shift + and/or 2 (the and/or is one LOP3 since fp32 1.0 is a
-            # kernel argument: quant_gemv.int4_as_float; with two literals ptxas emitted two) -> 5 per 2
-            # weights; one FFMA a weight; per group and row ~4 FP ops of scaling and ~2 shuffle-adds of the
-            # reduction over at least 32 weights -> ~0.15. Measured on the H100 the int4 GEMV runs at ~0.6x
-            # this price (quant_kernels.json): the loads in flight bind, not the ALU (a lead, see the report)
-            return DequantWork(int_ops=2.5, fp_ops=1.15)
+            # quant_gemv.int4_pair_dot's PTX, 4 bytes a call: PRMT 1, SHF 3, LOP3 4 to decode, SHL 2 and LOP3 2
+            # to widen the bf16 sums (INT: 12 per 8 weights), 8 paired bf16 FMAs (4 make q - 8, 4 multiply
+            # and add), then one FFMA a byte of scaled accumulation (FP: 12 per 8). Read in the sm_90 SASS
+            # of the loop (BLOCK_N 16, BLOCK_K 512/1024): 3.6 instructions a weight with the address and load
+            # work, against 6.5 for the fp32 decode and in-loop group sums it replaced.
+            return DequantWork(int_ops=1.5, fp_ops=1.5)
         # int8: extract, shift, xor (1 + (q+128)/256); e4m3: extract (sign-extending), shift, and: 3 INT32
         # ops; one FFMA; per-row/group scaling amortised over >= 128 weights (~0.05)
         return DequantWork(int_ops=3.0, fp_ops=1.05)

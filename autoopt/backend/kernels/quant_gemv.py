@@ -9,19 +9,23 @@ Dequantization costs ALU, and at M = 1 it would bind before DRAM on an H100 if e
 int->float conversion (16 a clock per SM: CUDA C++ Programming Guide, arithmetic instruction
 throughput), so codes become floats by bit tricks, two or three integer ops and no conversion:
 
-- int4: the code's 4 bits go to the top of an fp32 mantissa with exponent 0: ``f = 1 + q/16``. A
-  K-group's products ``P = sum f*x`` and ``S = sum x`` then give ``sum w*x = 16 s P + (z - 24 s) S``
-  for ``w = (q - 8) s + z``: the scale and offset are applied once per group, not per weight.
-- int8: ``f = 1 + (q + 128)/256`` the same way; ``sum w*x = s (256 P - 384 S)`` per row.
+- int4 (bf16 activations): four packed bytes decode at once into bf16 pairs ``q - 8`` (PRMT, shifts, one
+  LOP3 per pair onto a magic exponent, a paired subtraction) and multiply their activations in paired bf16
+  FMAs (:func:`int4_pair_dot`); fp16 activations and the interpreter take ``q - 8 = 16 (1 + q/16) - 24``,
+  the code's 4 bits at the top of an fp32 mantissa with exponent 0 (:func:`int4_as_float`), exactly.
+- int8: ``f = 1 + (q + 128)/256`` the same way; ``sum w*x = s (256 P - 384 S)`` per row, ``S = sum x``.
 - e4m3: sign and the 7 exponent+mantissa bits placed at fp32's bits 31 and 26..20 make exactly
   ``w * 2^-120`` (e4m3 subnormals land on fp32 subnormals); the scale is multiplied by 2^120 at the end.
 
-``BLOCK_M == 1``: FMAs into fp32, per group (int4, fp8_block: a ``[BLOCK_N, groups, group]`` tile,
-summed per group then scaled) or per row (fp8, int8). The per-group loop runs as ``tl.range(num_stages=...)``,
-so its tiles come through cp.async stages (a plain ``range`` left them register-fed, one tile in flight:
-no LDGSTS in the sm_90 SASS). On the H100 that took int4's best FMA configs from 18.8 / 16.7 / 34.6 to
-15.0 / 13.4 / 31.0 us (Llama-3-8B qkv / o / down at M = 1; gate_up 42.3 -> 42.7); the per-row loop stays
-register-fed: staged, fp8 ran 3-9 % slower (``benchmarks/results/h100/quant_kernels_fma_pipelined.json``).
+``BLOCK_M == 1``: FMAs into fp32. Per-row formats (fp8, int8) keep a ``[BLOCK_N, BLOCK_K]`` accumulator and
+scale at the end; grouped ones (int4, fp8_block) a ``[BLOCK_N, groups, group]`` one, each tile's products
+times their group's scale added elementwise (asymmetric int4 adds ``z`` times the group's activation sum),
+and everything summed once after the loop. The grouped loop runs as ``tl.range(num_stages=...)``, so its
+tiles come through cp.async stages (a plain ``range`` left them register-fed, one tile in flight: no LDGSTS
+in the sm_90 SASS); the per-row loop stays register-fed: staged, fp8 ran 3-9 % slower
+(``benchmarks/results/h100/quant_kernels_fma_pipelined.json``). On the H100 the paired decode with the
+elementwise accumulation took int4's best configs from 14.3 / 11.8 / 40.8 / 28.8 to 13.0 / 11.4 / 35.2 /
+27.7 us (Llama-3-8B qkv / o / gate_up / down at M = 1, same run: ``int4_gemv_ab.json``).
 
 ``BLOCK_M > 1`` (and ``BLOCK_M = 16`` at M = 1 for symmetric int4): ``tl.dot`` with M padded to 16 (the MMA
 minimum; padded rows are masked loads); int4 codes become ``q - 8`` in the dot's 16-bit type by a few lines of
@@ -42,8 +46,8 @@ import triton.language as tl
 from autoopt.backend.kernels import interpreter_active
 from autoopt.backend.kernels.gemm import splitk_reduce_prepare
 
-__all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "int4_as_float", "int4_tile_dot",
-           "int4_unpack16", "quant_gemv_prepare", "row_tiles", "weight_views"]
+__all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "int4_as_float", "int4_pair_dot",
+           "int4_tile_dot", "int4_unpack16", "quant_gemv_prepare", "row_tiles", "weight_views"]
 
 #: the kernels' FMT constexpr per format name
 FMT_CODES = {"fp8": 0, "fp8_block": 1, "int8": 2, "int4": 3}
@@ -141,6 +145,57 @@ def int4_unpack16(wb, F16: tl.constexpr, ASM: tl.constexpr):  # type: ignore[no-
     return lo, hi
 
 
+#: ``(q_lo - 8) x_lo + (q_hi - 8) x_hi`` of four packed bytes and their bf16 activations (two registers of
+#: bf16 pairs each), as four fp32: the codes decode as in ``_UNPACK_ASM`` and multiply in paired bf16
+#: FMAs, 20 instructions for 8 weights (2.5 a weight, 1.5 of them INT), against ~5 for the fp32 trick
+#: (``int4_as_float``: extract, shift, LOP3, FFMA a nibble). Each byte's two products round to bf16 (8
+#: bits) in two FMAs: ~2^-9 relative each, under the bf16 output's own rounding in the kernel check.
+_PAIR_DOT_BF16 = tl.constexpr("""
+{
+.reg .b32 t, u, o, n, z, w0, w1, w2, w3, s0, s1;
+mov.b32 o, 0x3F803F80;
+mov.b32 n, 0xC308C308;
+mov.b32 z, 0x80008000;
+prmt.b32 t, $4, $4, 0x3120;
+lop3.b32 u, t, 0x000F000F, 0x43004300, 0xea;
+fma.rn.bf16x2 w0, u, o, n;
+shr.u32 u, t, 8;
+lop3.b32 u, u, 0x000F000F, 0x43004300, 0xea;
+fma.rn.bf16x2 w1, u, o, n;
+shr.u32 u, t, 4;
+lop3.b32 u, u, 0x000F000F, 0x43004300, 0xea;
+fma.rn.bf16x2 w2, u, o, n;
+shr.u32 u, t, 12;
+lop3.b32 u, u, 0x000F000F, 0x43004300, 0xea;
+fma.rn.bf16x2 w3, u, o, n;
+fma.rn.bf16x2 s0, w0, $5, z;
+fma.rn.bf16x2 s0, w2, $7, s0;
+fma.rn.bf16x2 s1, w1, $6, z;
+fma.rn.bf16x2 s1, w3, $8, s1;
+shl.b32 $0, s0, 16;
+and.b32 $1, s0, 0xFFFF0000;
+shl.b32 $2, s1, 16;
+and.b32 $3, s1, 0xFFFF0000;
+}
+""")
+
+
+@triton.jit
+def int4_pair_dot(b, x_lo, x_hi, one, PAIRED: tl.constexpr):  # type: ignore[no-untyped-def]
+    """fp32 ``(q_lo - 8) x_lo + (q_hi - 8) x_hi`` per packed byte of ``b``: by the paired-bf16 PTX above when
+    ``PAIRED`` (bf16 activations on a GPU), else exactly in fp32 (``16 (1 + q/16) - 24 = q - 8``; fp16
+    activations, whose kernel check allows 1e-3, and the interpreter, which runs no PTX)."""
+    if PAIRED:
+        out = tl.inline_asm_elementwise(_PAIR_DOT_BF16, "=r,=r,=r,=r,r,r,r,r,r", [b, x_lo, x_hi],
+                                        dtype=tl.float32, is_pure=True, pack=4)
+    else:
+        v = b.to(tl.int32)
+        w_lo = int4_as_float(v, 0, one) * 16.0 - 24.0
+        w_hi = int4_as_float(v, 4, one) * 16.0 - 24.0
+        out = w_lo * x_lo.to(tl.float32) + w_hi * x_hi.to(tl.float32)
+    return out
+
+
 @triton.jit
 def int4_tile_dot(acc, x_lo, x_hi, wb, s_ptr, z_ptr, offs_wn, stride_sn, grp,  # type: ignore[no-untyped-def]
                   HAS_Z: tl.constexpr, DOT_F16: tl.constexpr, ASM: tl.constexpr):
@@ -190,7 +245,7 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                        FMT: tl.constexpr, G: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        DOT_M: tl.constexpr, EVEN_W: tl.constexpr, EVEN_X: tl.constexpr, DOT_F16: tl.constexpr,
-                       ASM: tl.constexpr, STAGES: tl.constexpr):
+                       ASM: tl.constexpr, PAIRED: tl.constexpr, STAGES: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -234,6 +289,12 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
             GT: tl.constexpr = TILE_B // GB
             HB: tl.constexpr = G // 2 if FMT == 3 else G  # bytes of one group in a row
             pt = tl.arange(0, GT)[:, None] * GB + tl.arange(0, GB)[None, :]  # [GT, GB] byte offsets in a tile
+            # Scaled products accumulate elementwise, one FFMA a byte; the tile is summed once, after the
+            # loop. Summing each tile's groups inside the loop (as this kernel did) cost ~3 SHFL + 4 FADD a
+            # byte of cross-thread reduction: 882 SASS instructions a loop for 64 weights a thread, 13.8 a
+            # weight, at BLOCK_N 16 / BLOCK_K 512 / 4 warps (sm_90, counted offline).
+            acc3 = tl.zeros((BLOCK_N, GT, GB), dtype=tl.float32)
+            accz = tl.zeros((BLOCK_N, GT), dtype=tl.float32)
             for kt in tl.range(0, tiles_per_split, num_stages=STAGES):
                 byte0 = (tile0 + kt) * TILE_B
                 pb = byte0 + pt
@@ -243,37 +304,37 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                     b = tl.load(w_ptrs, eviction_policy="evict_first")
                 else:
                     b = tl.load(w_ptrs, mask=(pb < ROW_B)[None, :, :], other=0, eviction_policy="evict_first")
-                v = b.to(tl.int32)
                 g_ok = grp < NG
                 if FMT == 3:
-                    k_lo = (pb // HB) * G + pb % HB
+                    # a slice lies in one group: its activations are GB contiguous values from a GB multiple
+                    # (said so, or Triton loads them one by one with an address computed for each)
+                    s0 = byte0 + tl.arange(0, GT) * GB
+                    k_base = tl.multiple_of((s0 // HB) * G + s0 % HB, GB)
+                    k_lo = k_base[:, None] + tl.arange(0, GB)[None, :]
                     k_hi = k_lo + HB
                     if EVEN_X:
-                        x_lo = tl.load(x_ptr + k_lo).to(tl.float32)
-                        x_hi = tl.load(x_ptr + k_hi).to(tl.float32)
+                        x_lo = tl.load(x_ptr + k_lo)
+                        x_hi = tl.load(x_ptr + k_hi)
                     else:
-                        x_lo = tl.load(x_ptr + k_lo, mask=k_lo < K, other=0.0).to(tl.float32)
-                        x_hi = tl.load(x_ptr + k_hi, mask=k_hi < K, other=0.0).to(tl.float32)
-                    p = tl.sum(int4_as_float(v, 0, one_bits) * x_lo[None, :, :]
-                               + int4_as_float(v, 4, one_bits) * x_hi[None, :, :], axis=2)
-                    sxg = tl.sum(x_lo + x_hi, axis=1)
+                        x_lo = tl.load(x_ptr + k_lo, mask=k_lo < K, other=0.0)
+                        x_hi = tl.load(x_ptr + k_hi, mask=k_hi < K, other=0.0)
                     s_ptrs = s_ptr + offs_wn[:, None] * stride_sn + grp[None, :]
                     s = tl.load(s_ptrs, mask=g_ok[None, :], other=0.0).to(tl.float32)
-                    if HAS_Z:
+                    acc3 += s[:, :, None] * int4_pair_dot(b, x_lo[None, :, :], x_hi[None, :, :], one_bits,
+                                                          PAIRED)
+                    if HAS_Z:  # w = (q - 8) s + z: z times the group's activation sum
                         z = tl.load(z_ptr + offs_wn[:, None] * stride_sn + grp[None, :], mask=g_ok[None, :],
                                     other=0.0).to(tl.float32)
-                        acc += tl.sum(16.0 * s * p + (z - 24.0 * s) * sxg[None, :], axis=1)
-                    else:
-                        acc += tl.sum(s * (16.0 * p - 24.0 * sxg[None, :]), axis=1)
+                        accz += z * tl.sum(x_lo.to(tl.float32) + x_hi.to(tl.float32), axis=1)[None, :]
                 else:
                     if EVEN_X:
                         x = tl.load(x_ptr + pb).to(tl.float32)
                     else:
                         x = tl.load(x_ptr + pb, mask=pb < K, other=0.0).to(tl.float32)
-                    p = tl.sum(e4m3_bits_scaled(v) * x[None, :, :], axis=2)
                     s_ptrs = s_ptr + (offs_wn // G)[:, None] * stride_sn + grp[None, :]
                     s = tl.load(s_ptrs, mask=g_ok[None, :], other=0.0).to(tl.float32)
-                    acc += tl.sum(s * p, axis=1)
+                    acc3 += s[:, :, None] * (e4m3_bits_scaled(b.to(tl.int32)) * x[None, :, :])
+            acc = tl.sum(tl.sum(acc3, axis=2), axis=1) + tl.sum(accz, axis=1)
             if FMT == 1:
                 acc = acc * 1.329227995784916e36  # 2^120
         if HAS_BIAS:
@@ -372,7 +433,8 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
     dot_f16 = x.dtype == torch.float16 or interpreter_active()
     meta = dict(FMT=FMT_CODES[f.name], G=g, HAS_Z=qw.offsets is not None, HAS_BIAS=bias is not None,
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_M=max(16, bm), EVEN_W=even_w, EVEN_X=even_x,
-                DOT_F16=dot_f16, ASM=not interpreter_active(), STAGES=params.get("num_stages", 2),
+                DOT_F16=dot_f16, ASM=not interpreter_active(),
+                PAIRED=not dot_f16 and not interpreter_active(), STAGES=params.get("num_stages", 2),
                 num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 2))
     grid = (triton.cdiv(n, bn), split_k)
     b = bias if bias is not None else s
