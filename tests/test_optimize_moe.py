@@ -313,6 +313,32 @@ def test_the_kernel_matches_the_contract_under_the_interpreter():
     assert rel(out, _moe.torch_experts(hidden, w13, w2, weights, topk_ids)) < 1e-4
 
 
+def test_the_triton_op_runs_the_kernel_as_the_custom_op_does():
+    # torch.ops.autoopt.fused_moe_kernel is what torch.compile traces on a GPU; eagerly it launches the same kernels
+    pytest.importorskip(KERNEL)
+    if not dispatch.interpreter_active():
+        pytest.skip("runs the kernel under Triton's CPU interpreter")
+    gen = torch.Generator().manual_seed(1)
+    m, e, n, k, topk = 6, 4, 32, 64, 2
+    hidden = torch.randn(m, k, generator=gen).half()
+    w13, w2 = (torch.randn(e, 2 * n, k, generator=gen) / 8).half(), (torch.randn(e, k, n, generator=gen) / 8).half()
+    topk_ids = torch.randint(0, e, (m, topk), generator=gen)
+    weights = torch.rand(m, topk, generator=gen)
+    out = torch.ops.autoopt.fused_moe_kernel(hidden, w13, w2, weights, topk_ids, "silu")
+    assert torch.equal(out, torch.ops.autoopt.fused_moe(hidden, w13, w2, weights, topk_ids, "silu"))
+
+
+@pytest.mark.parametrize("device,dtype,m,taken", [("cuda", torch.bfloat16, 8, True), ("cuda", torch.float16, 8, True),
+                                                  ("cuda", torch.float32, 8, False), ("cuda", torch.bfloat16, 0, False),
+                                                  ("cpu", torch.bfloat16, 8, False)])
+def test_compiled_experts_take_the_triton_op_only_for_16_bit_rows_on_a_gpu(device, dtype, m, taken):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():  # a CUDA tensor's metadata, no GPU needed
+        hidden = torch.empty(m, 64, dtype=dtype, device=device)
+    assert _moe._triton_op_runs(hidden) is taken
+
+
 @pytest.mark.usefixtures("torch_fallback")
 def test_by_default_moe_blocks_keep_transformers_experts_and_say_they_measured_faster():
     model = build("mixtral")

@@ -9,12 +9,13 @@
 the contract of :func:`autoopt.backend.kernels.fused_moe.fused_experts` (imported lazily, on the first call
 that can run it). It is a ``torch.library.custom_op`` (``torch.ops.autoopt.fused_moe``) like the dense ops
 (:mod:`autoopt.nn.ops`): in plain eager mode the implementation is called directly, under ``torch.compile``
-the custom op. It runs the kernel on CUDA tensors, and on CPU tensors under Triton's interpreter, for
-float16, bfloat16 and float32; otherwise the torch loop over the experts that :func:`torch_experts` is, for
-the same reasons the dense ops fall back (:data:`autoopt.nn.dispatch.FALLBACK_REASONS`, noted once per
-reason): no CUDA device, another dtype, bf16 under the interpreter (its bf16 ``tl.dot`` is wrong), fp32 at
-``float32_matmul_precision('highest')`` (the kernel's fp32 dot is TF32), no tokens, autograd, and a build
-without the kernel (``UNAVAILABLE``).
+the custom op, or where the kernel runs on a GPU the ``triton_op`` ``torch.ops.autoopt.fused_moe_kernel``,
+whose kernels the compiled graph launches without calling back into Python. It runs the kernel on CUDA
+tensors, and on CPU tensors under Triton's interpreter, for float16, bfloat16 and float32; otherwise the torch
+loop over the experts that :func:`torch_experts` is, for the same reasons the dense ops fall back
+(:data:`autoopt.nn.dispatch.FALLBACK_REASONS`, noted once per reason): no CUDA device, another dtype, bf16
+under the interpreter (its bf16 ``tl.dot`` is wrong), fp32 at ``float32_matmul_precision('highest')`` (the
+kernel's fp32 dot is TF32), no tokens, autograd, and a build without the kernel (``UNAVAILABLE``).
 
 Quantized experts (:func:`fused_moe_quant`, ``torch.ops.autoopt.fused_moe_quant``): the same contract over
 experts packed per expert by :func:`autoopt.backend.quant.quantize` into a format the kernel runs
@@ -57,6 +58,7 @@ ACTIVATIONS = ("silu",)
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 _KERNEL = "autoopt.backend.kernels.fused_moe"
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_TRITON_OP_DTYPES = (torch.float16, torch.bfloat16)
 
 
 # -- the config per token count ---------------------------------------------------------------------------
@@ -257,6 +259,13 @@ def _fused_moe_impl(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tenso
     if problem is not None:
         note_fallback("fused_moe", problem)
         return torch_experts(hidden, w13, w2, topk_weights, topk_ids, activation)
+    return _run_kernel(hidden, w13, w2, topk_weights, topk_ids, activation)
+
+
+def _run_kernel(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                activation: str) -> Tensor:
+    """The fused kernel's path alone: no fallback and no read of a tensor's values on the host, so that it also
+    runs as the body of the ``triton_op`` below (traced with fake tensors)."""
     kernel = _kernel()
     assert not isinstance(kernel, str)
     m, k = hidden.shape
@@ -265,6 +274,18 @@ def _fused_moe_impl(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tenso
     out: Tensor = kernel(hidden.contiguous(), w13, w2, topk_weights.float(), topk_ids, config=config,
                          activation=activation)
     return out
+
+
+@torch.library.triton_op("autoopt::fused_moe_kernel", mutates_args=())
+def _fused_moe_traced(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, topk_ids: Tensor,
+                      activation: str) -> Tensor:
+    """Under ``torch.compile``, where the kernel runs: a ``triton_op``, whose align step, Triton kernels
+    (launched through :func:`~autoopt.backend.kernels.traceable`) and torch ops the compiled graph launches
+    itself. As a custom op the same work went back into Python every call: on the H100 a Qwen3-30B-A3B prefill
+    (1 x 2048, 8 layers) took 30.7 ms to enqueue for 7.5 ms of kernels, ~0.8 ms of host time a MoE layer
+    (``moe_e2e_prefill_trace.json``, ``moe_prefill_host_qwen3-30b-a3b.json``)."""
+    _check(hidden, w13, w2, topk_weights, topk_ids, activation)
+    return _run_kernel(hidden, w13, w2, topk_weights, topk_ids, activation)
 
 
 _fused_moe_op = torch.library.custom_op(
@@ -293,8 +314,19 @@ def fused_moe(hidden: Tensor, w13: Tensor, w2: Tensor, topk_weights: Tensor, top
         return torch_experts(hidden, w13, w2, topk_weights, topk_ids, activation)
     if _direct(hidden, w13, w2, topk_weights, topk_ids):
         return _fused_moe_impl(hidden, w13, w2, topk_weights, topk_ids, activation)
+    if _triton_op_runs(hidden):
+        traced: Tensor = torch.ops.autoopt.fused_moe_kernel(hidden, w13, w2, topk_weights, topk_ids, activation)
+        return traced
     out: Tensor = torch.ops.autoopt.fused_moe(hidden, w13, w2, topk_weights, topk_ids, activation)
     return out
+
+
+def _triton_op_runs(hidden: Tensor) -> bool:
+    """Whether the ``triton_op`` takes ``hidden``: 16-bit rows on a GPU, decided from metadata Dynamo traces
+    (no ``torch.get_float32_matmul_precision()``, a graph break). Everything else goes through the custom op,
+    which decides at run time: fp32 (its TF32 check), the fallback (it reads routing counts on the host) and the
+    interpreter (a compiled graph cannot launch it). A CUDA build of torch ships Triton, so the kernel imports."""
+    return hidden.device.type == "cuda" and hidden.dtype in _TRITON_OP_DTYPES and hidden.shape[0] != 0
 
 
 # -- quantized experts -------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from autoopt.backend.kernels import interpreter_active
+from autoopt.backend.kernels import interpreter_active, traceable
 from autoopt.backend.kernels.quant_gemv import int4_tile_dot
 
 __all__ = ["ALIGN_ONE_PROGRAM_EXPERTS", "ALIGN_ONE_PROGRAM_SLOTS", "CONFIG_KEYS", "fused_experts", "fused_moe_gemm",
@@ -138,7 +138,7 @@ def _align_one_program(topk_ids: Any, block_m: int, num_experts: int) -> tuple[A
     expert_ids = torch.empty((cap // block_m,), dtype=torch.int32, device=dev)
     total = torch.empty((1,), dtype=torch.int32, device=dev)
     experts = triton.next_power_of_2(num_experts)
-    _moe_align_kernel[(1,)](flat, sorted_ids, expert_ids, total, numel, cap, BLOCK_M=block_m,
+    traceable(_moe_align_kernel)[(1,)](flat, sorted_ids, expert_ids, total, numel, cap, BLOCK_M=block_m,
                             EXPERTS=experts, CHUNK=_ALIGN_CHUNK, num_warps=8 if experts > 128 else 4)
     return sorted_ids, expert_ids, total
 
@@ -386,7 +386,7 @@ def fused_moe_gemm(a: Any, w: Any, out: Any, align: tuple[Any, Any, Any], config
     int4_f16 = a.dtype == torch.float16 or interpreter_active()  # the interpreter's bf16 dot is wrong
 
     def run() -> None:
-        _fused_moe_kernel[grid](
+        traceable(_fused_moe_kernel)[grid](
             a, w, out, a_s, w_s, w_z, tw, sorted_ids, expert_ids, ntpp, n_out, k, em, num_valid,
             a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
             a_s.stride(0), a_s.stride(1) if a_s.dim() > 1 else 0, w_s.stride(0), w_s.stride(1), w_s.stride(2),

@@ -27,6 +27,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from autoopt.backend.kernels import traceable
+
 log = logging.getLogger(__name__)
 
 __all__ = ["gated_prepare", "gelu_tanh_mul_prepare", "rows_view"]
@@ -113,7 +115,7 @@ def gated_prepare(x: Any, y: Any, out: Any, params: dict[str, int], *, gelu: boo
     warps = params.get("num_warps", 4)
 
     def run() -> None:
-        _gated_kernel[grid](x, y, out, numel, n_cols, sx, sy, BLOCK_SIZE=block, EVEN=even, STRIDED=strided,
+        traceable(_gated_kernel)[grid](x, y, out, numel, n_cols, sx, sy, BLOCK_SIZE=block, EVEN=even, STRIDED=strided,
                             GELU=gelu, num_warps=warps)
     return run
 

@@ -110,10 +110,17 @@ fma.rn.TYPE $3, u, o, n;
 """
 
 
+def _one_line(asm: str) -> str:
+    """PTX on one line (statements end in ';'): inductor copies a traced kernel's globals into a module it
+    writes as a string, where the escaped newlines of a multi-line constant broke the string literal (H100,
+    torch 2.11: "unterminated string literal" compiling the fused-MoE triton_op)."""
+    return " ".join(asm.split())
+
+
 def _unpack_asm(type_: str, magic: int, one: int, neg: int) -> str:
     """The decode for one 16-bit type: its magic pair, 1.0 pair and -(magic + 8) pair (bit patterns)."""
-    return (_UNPACK_ASM.replace("TYPE", type_).replace("MAGIC", f"0x{magic:08X}").replace("ONE", f"0x{one:08X}")
-            .replace("NEG", f"0x{neg:08X}"))
+    return _one_line(_UNPACK_ASM.replace("TYPE", type_).replace("MAGIC", f"0x{magic:08X}")
+                     .replace("ONE", f"0x{one:08X}").replace("NEG", f"0x{neg:08X}"))
 
 
 # bf16: 0x4300 = 128, 0x3F80 = 1.0, 0xC308 = -136; fp16: 0x6400 = 1024, 0x3C00 = 1.0, 0xE408 = -1032
@@ -150,7 +157,7 @@ def int4_unpack16(wb, F16: tl.constexpr, ASM: tl.constexpr):  # type: ignore[no-
 #: FMAs, 20 instructions for 8 weights (2.5 a weight, 1.5 of them INT), against ~5 for the fp32 trick
 #: (``int4_as_float``: extract, shift, LOP3, FFMA a nibble). Each byte's two products round to bf16 (8
 #: bits) in two FMAs: ~2^-9 relative each, under the bf16 output's own rounding in the kernel check.
-_PAIR_DOT_BF16 = tl.constexpr("""
+_PAIR_DOT_BF16 = tl.constexpr(_one_line("""
 {
 .reg .b32 t, u, o, n, z, w0, w1, w2, w3, s0, s1;
 mov.b32 o, 0x3F803F80;
@@ -177,7 +184,7 @@ and.b32 $1, s0, 0xFFFF0000;
 shl.b32 $2, s1, 16;
 and.b32 $3, s1, 0xFFFF0000;
 }
-""")
+"""))
 
 
 @triton.jit
