@@ -273,3 +273,17 @@ def test_dequant_cublas_adds_the_bias_and_rejects_w8a8():
     w8a8 = OpSpec(kind="gemm", shape=(33, 100, 256), dtype="bf16", weight="fp8")
     res = evaluate(w8a8, dequant_cfg(), validate=lambda o, c: validate_config(GPU, o, c))
     assert res.label == "rejected"
+
+
+def test_the_paired_bf16_decode_is_left_to_gpus_with_bf16x2_fmas(monkeypatch):
+    # fma.rn.bf16x2 needs sm_80+: a T4 (sm_75) takes the exact fp32 decode; CPU tensors are bound for a named
+    # target's compile (tests/_compile_sm90.py), which takes the PTX
+    from autoopt.backend.kernels import quant_gemv
+
+    quant_gemv._bf16x2.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: {0: (7, 5), 1: (9, 0)}[index])
+    try:
+        assert (quant_gemv._bf16x2("cuda", 0), quant_gemv._bf16x2("cuda", 1), quant_gemv._bf16x2("cpu", None)) == \
+            (False, True, True)
+    finally:
+        quant_gemv._bf16x2.cache_clear()

@@ -39,9 +39,9 @@ __all__ = ["ONE_BY_ONE", "OPS", "QKV", "Context", "DenseMatch", "GatedMLPMatch",
 OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv", "moe")
 #: what optimize() replaces when ``ops=`` is not given: all but ``moe``. On an H100 the fused-MoE path decodes
 #: faster than transformers' own grouped_mm experts under torch.compile but prefills slower (Qwen3-30B-A3B, 8
-#: layers: decode step 1.087 vs 1.252 ms, prefill 1 x 2048 17.8 vs 10.5 ms; Mixtral-8x7B, 4 layers: 1.425 vs
-#: 1.683 ms and 16.9 vs 14.0 ms; benchmarks/results/h100/moe_e2e.json), so it is asked for by name until its
-#: prefill measures faster too.
+#: layers: decode step 1.026 vs 1.260 ms, prefill 1 x 2048 13.6 vs 10.0 ms; Mixtral-8x7B, 4 layers: 1.408 vs
+#: 1.691 ms and 15.6 vs 14.2 ms; benchmarks/results/h100/moe_e2e_prefill_trace_tritonop.json, after the
+#: triton_op; moe_e2e.json before it), so it is asked for by name until its prefill measures faster too.
 DEFAULT_OPS = tuple(op for op in OPS if op != "moe")
 MOE_OFF = ("moe is not in the default ops: on an H100 the fused-MoE path decodes faster than transformers' "
            "grouped_mm experts but prefills slower (benchmarks/results/h100/moe_e2e.json); ops=[..., 'moe'] runs it")

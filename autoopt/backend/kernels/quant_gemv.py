@@ -37,6 +37,7 @@ activations) the dot runs in fp16.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -412,6 +413,18 @@ def weight_views(qw: Any, *, fma: bool) -> tuple[Any, Any, Any]:
     return w, qw.scales, qw.offsets if qw.offsets is not None else qw.scales
 
 
+@functools.cache
+def _bf16x2(device_type: str, index: int | None) -> bool:
+    """Whether a CUDA device has paired bf16 FMAs (``fma.rn.bf16x2``: sm_80+), which :func:`int4_pair_dot`'s
+    PTX needs; before that the exact fp32 decode runs. Tensors elsewhere are bound for a named target's
+    compile (``tests/_compile_sm90.py``), which takes the PTX."""
+    if device_type != "cuda":
+        return True
+    import torch
+
+    return torch.cuda.get_device_capability(index)[0] >= 8
+
+
 def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bias: Any = None) -> Callable[[], None]:
     """Bind a config to tensors; returns a no-argument launcher (split-K workspace allocated here).
 
@@ -441,7 +454,8 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
     meta = dict(FMT=FMT_CODES[f.name], G=g, HAS_Z=qw.offsets is not None, HAS_BIAS=bias is not None,
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_M=max(16, bm), EVEN_W=even_w, EVEN_X=even_x,
                 DOT_F16=dot_f16, ASM=not interpreter_active(),
-                PAIRED=not dot_f16 and not interpreter_active(), STAGES=params.get("num_stages", 2),
+                PAIRED=not dot_f16 and not interpreter_active() and _bf16x2(x.device.type, x.device.index),
+                STAGES=params.get("num_stages", 2),
                 num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 2))
     grid = (triton.cdiv(n, bn), split_k)
     b = bias if bias is not None else s
