@@ -157,7 +157,8 @@ def int4_unpack16(wb, F16: tl.constexpr, ASM: tl.constexpr):  # type: ignore[no-
 #: bf16 pairs each), as four fp32: the codes decode as in ``_UNPACK_ASM`` and multiply in paired bf16
 #: FMAs, 20 instructions for 8 weights (2.5 a weight, 1.5 of them INT), against ~5 for the fp32 trick
 #: (``int4_as_float``: extract, shift, LOP3, FFMA a nibble). Each byte's two products round to bf16 (8
-#: bits) in two FMAs: ~2^-9 relative each, under the bf16 output's own rounding in the kernel check.
+#: bits) in two FMAs, ~2^-9 relative each: on the H100 the kernel's error against the dequantized reference
+#: went from 1.7e-3 (the bf16 output's rounding alone) to 2.5-2.7e-3, inside the 8e-3 bound.
 _PAIR_DOT_BF16 = tl.constexpr(_one_line("""
 {
 .reg .b32 t, u, o, n, z, w0, w1, w2, w3, s0, s1;
