@@ -71,3 +71,23 @@ def test_the_compile_check_reports_a_dot_of_mismatched_types(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(tmp_path)])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert "Both operands must be same dtype" in out.stdout, out.stderr[-3000:]
+
+
+def test_the_kernels_a_triton_op_launches_copy_into_inductors_module_as_valid_python():
+    # inductor copies a traced kernel and the globals it uses into a module it writes out as text; the escaped
+    # newlines of a multi-line PTX constant broke that module ("unterminated string literal", H100, torch 2.11).
+    # Run without the interpreter, whose kernels carry no source for inductor to copy.
+    check = textwrap.dedent("""
+        from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code as copy
+        from autoopt.backend.kernels.fused_moe import _fused_moe_kernel, _moe_align_kernel
+        from autoopt.backend.kernels.gated import _gated_kernel
+        for kernel in (_fused_moe_kernel, _moe_align_kernel, _gated_kernel):
+            source = copy(kernel)
+            assert "\\\\" not in source, kernel.__name__
+            compile(source, kernel.__name__, "exec")
+            print(kernel.__name__, len(source))
+    """)
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=_env(), cwd=ROOT,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[::2] == ["_fused_moe_kernel", "_moe_align_kernel", "_gated_kernel"]
