@@ -4,6 +4,7 @@ end on the CPU with a tiny model (the same code path a GPU run takes, the kernel
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -344,3 +345,39 @@ def test_the_uncompiled_copy_rate_is_what_the_batch_32_trace_measured():
         extra_us = (trace["eager"]["gpu_kernel_us_per_step"] - trace["compiled"]["gpu_kernel_us_per_step"]) / 8 - 28.6
         rate = moved / (extra_us * 1e-6 + moved / 2948e9) / 1e9
         assert rate == pytest.approx(UNCOMPILED_REPEAT_KV_GBS, rel=0.05), name
+
+
+def _eager_replica_medians(run: str) -> float:
+    table = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100" / run).read_text())
+    return statistics.median(o["measured_ms"] for w in table["workloads"] for o in w["options"]
+                             if o["option"]["layout"] == "replicas" and not o["option"]["cuda_graphs"])
+
+
+@pytest.mark.parametrize("run,gpus", [("regret_2gpu_layers8.json", 2), ("regret_4gpu_layers8.json", 4)])
+def test_the_replica_host_factor_is_what_llamas_uncompiled_replicas_measured(run, gpus):
+    # 12 uncompiled replica steps a table (4 formats x batch 1, 8, 32) over one process's 12.16 ms (8 x 1520 us)
+    from autoopt.planning.recommendation import EAGER_HOST_LAYER_US, EAGER_REPLICA_HOST_FACTOR
+
+    one = 8 * EAGER_HOST_LAYER_US["autoopt"] / 1e3
+    assert _eager_replica_medians(run) / one == pytest.approx(EAGER_REPLICA_HOST_FACTOR[gpus], abs=0.002)
+
+
+def test_the_replica_host_factor_is_one_for_one_process_and_linear_between_its_points():
+    from autoopt.planning.recommendation import eager_replica_host_factor
+
+    assert eager_replica_host_factor(1) == 1.0
+    assert eager_replica_host_factor(3) == pytest.approx((1.087 + 1.532) / 2)
+    assert eager_replica_host_factor(8) == pytest.approx(1.532 + 4 * (1.532 - 1.087) / 2)
+
+
+def test_uncompiled_replicas_are_priced_at_their_processes_host_time_and_graphed_ones_are_not():
+    from autoopt.planning.recommendation import eager_replica_host_factor
+    from autoopt.regret.run import model_spec, predicted_ms
+
+    hw, spec = load_profile("h100-sxm"), model_spec("llama-3-8b", 8)
+    one = predicted_ms(hw, spec, Option(weights="int4", cuda_graphs=False, batch=1, gpus=1, layout="single"))
+    four = predicted_ms(hw, spec, Option(weights="int4", cuda_graphs=False, batch=4, gpus=4, layout="replicas"))
+    assert four == pytest.approx(one * eager_replica_host_factor(4))
+    graphed = [predicted_ms(hw, spec, Option(weights="int4", cuda_graphs=True, batch=b, gpus=g, layout=lay))
+               for b, g, lay in ((1, 1, "single"), (4, 4, "replicas"))]
+    assert graphed[0] == pytest.approx(graphed[1])

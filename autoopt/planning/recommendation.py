@@ -29,6 +29,7 @@ timing), as a pipeline of steps, each a function below:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -335,6 +336,29 @@ EAGER_HOST_LAYER_US = {"autoopt": 1520.0, "transformers": 825.0}
 #: and 18.5 ms on 4 (batch 1, 8, 32; regret_{2,4}gpu_layers8.json), median 1940 us a layer; in sample (no other
 #: run measured it), and 4 GPUs ran 1.4x 2 GPUs' host time, which one constant does not follow.
 EAGER_TP_HOST_LAYER_US = 1940.0
+#: the host time of an uncompiled decode step while ``n`` data-parallel replicas step at once on one host, as a
+#: multiple of one process's (:data:`EAGER_HOST_LAYER_US`); between the points linear in ``n`` (1 at one process),
+#: past the last the last slope. Fitted on the regret harness's uncompiled replica steps of Llama-3-8B at 8 layers,
+#: 4 formats x batch 1, 8, 32: medians 13.22 ms on 2 H100s and 18.63 ms on 4 (regret_{2,4}gpu_layers8.json),
+#: over the 12.16 ms one process is priced at. Every replica a Python loop issuing ~1000 launches a step; the
+#: same tables' single-process steps measured 10.36 and 13.15 ms, so replicas ran 1.28x and 1.42x those. Out of
+#: sample, Qwen2.5-7B's replicas measured 16.17 and 19.35 ms (regret_qwen_{2,4}gpu_layers8.json): priced 0.82x
+#: and 0.96x with these, 0.75x and 0.63x without. Run to run a host-bound step moves +-30 %.
+EAGER_REPLICA_HOST_FACTOR = {2: 1.087, 4: 1.532}
+
+
+def eager_replica_host_factor(replicas: int) -> float:
+    """:data:`EAGER_REPLICA_HOST_FACTOR` at ``replicas`` processes (1 for one)."""
+    points = [(1, 1.0), *sorted(EAGER_REPLICA_HOST_FACTOR.items())]
+    if replicas <= 1:
+        return 1.0
+    for (n0, f0), (n1, f1) in itertools.pairwise(points):
+        if replicas <= n1:
+            return f0 + (f1 - f0) * (replicas - n0) / (n1 - n0)
+    (n0, f0), (n1, f1) = points[-2], points[-1]
+    return f1 + (f1 - f0) * (replicas - n1) / (n1 - n0)
+
+
 #: the host's extra time a decoder layer of an uncompiled transformers step spends in a quantized checkpoint's
 #: linear modules, by weight format, in us (on top of :data:`EAGER_HOST_LAYER_US`): AutoAWQ's seven ``WQLinear``
 #: modules a layer run their own Python forward and extra launches, so AWQ decodes slower than bf16 in

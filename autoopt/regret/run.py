@@ -117,9 +117,10 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option, *, steps:
     what the harness's models run uncompiled and recommend() prices compiled (:func:`_uncompiled_layer_us`):
     one GPU (runtime ``autoopt``); tensor-parallel over its GPUs (runtime ``transformers`` at that degree, its
     ``tp_plan``: separate q/k/v and gate/up GEMMs, plus all of transformers' modules' glue, which a shard pays
-    whole); replicas: one GPU's step at the replica's share of the batch (they run at once)."""
+    whole); replicas: one GPU's step at the replica's share of the batch (they run at once), an uncompiled one
+    at the host time of that many processes stepping together (``eager_replica_host_factor``)."""
     from autoopt.nn.e2e import CACHE_SLACK
-    from autoopt.planning.recommendation import recommend
+    from autoopt.planning.recommendation import eager_replica_host_factor, recommend
 
     kw: dict[str, Any] = dict(prompt_len=PROMPT, gen_len=steps + CACHE_SLACK, phase="decode",
                               weight_dtype=option.weights, cuda_graphs=option.cuda_graphs)
@@ -134,7 +135,10 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option, *, steps:
     # transformers' SDPA walks the whole static cache decode_step_ms allocates: these are the keys it reads
     glue = _uncompiled_layer_us(hardware, spec, batch=batch, keys=PROMPT + steps + CACHE_SLACK, tp=tp)
     gpu = float(p.get("decode_gpu_us", p["decode_step_us"])) + spec.num_layers * glue
-    return max(gpu, float(p.get("decode_host_us", 0.0))) / 1e3
+    host = float(p.get("decode_host_us", 0.0))
+    if option.layout == "replicas":  # the replicas' Python loops step at once on one host
+        host *= eager_replica_host_factor(option.gpus)
+    return max(gpu, host) / 1e3
 
 
 def _uncompiled_layer_us(hardware: HardwareProfile, spec: Any, *, batch: int, keys: int, tp: int) -> float:
