@@ -3,7 +3,10 @@ of the file at a named commit) against the tree's, on Llama-3-8B's four linears,
 against the dequantized-weight reference before it is timed; ``--ncu`` launches the tree's kernel once per
 config (after a compiling warm-up) for Nsight Compute to profile, and times nothing.
 
+    mkdir -p .ab && git show cbb9ec0:autoopt/backend/kernels/quant_gemv.py > .ab/quant_gemv_cbb9ec0.py
     PYTHONPATH=. python benchmarks/probes/int4_gemv_ab.py --old .ab/quant_gemv_cbb9ec0.py --out $OUT/ab.json
+
+(``.ab/`` is not ignored, so the copy travels with the tree to the device; it is never committed.)
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,23 @@ CONFIGS = [dict(BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_
            for bn, bk, sk, w, st in [(16, 512, 1, 4, 3), (16, 512, 1, 8, 4), (32, 256, 1, 4, 3), (16, 1024, 1, 4, 3),
                                      (32, 512, 1, 4, 3), (32, 512, 2, 4, 3), (64, 512, 1, 8, 3), (16, 512, 2, 2, 3),
                                      (64, 1024, 2, 8, 3), (32, 1024, 4, 4, 3)]]
+
+
+#: a kernel module is tens of kB; anything past this is not one
+MAX_MODULE_BYTES = 1 << 20
+
+
+def old_module_problem(path: str) -> str | None:
+    """Why ``path`` is not a kernel module to import (None: it is a regular ``.py`` file of a sane size)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return f"--old {path}: {exc.strerror}"
+    if not stat.S_ISREG(st.st_mode) or not path.endswith(".py"):
+        return f"--old {path}: not a regular .py file (a copy of quant_gemv.py at a named commit)"
+    if st.st_size > MAX_MODULE_BYTES:
+        return f"--old {path}: {st.st_size} bytes; a kernel module is at most {MAX_MODULE_BYTES}"
+    return None
 
 
 def load(path: str, name: str) -> Any:
@@ -41,6 +63,10 @@ def main() -> int:
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--configs", type=int, default=len(CONFIGS), help="the first N of CONFIGS")
     args = ap.parse_args()
+    problem = None if args.ncu else old_module_problem(args.old)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     import torch
     import triton.testing
 

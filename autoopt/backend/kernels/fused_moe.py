@@ -139,7 +139,7 @@ def _align_one_program(topk_ids: Any, block_m: int, num_experts: int) -> tuple[A
     total = torch.empty((1,), dtype=torch.int32, device=dev)
     experts = triton.next_power_of_2(num_experts)
     traceable(_moe_align_kernel)[(1,)](flat, sorted_ids, expert_ids, total, numel, cap, BLOCK_M=block_m,
-                            EXPERTS=experts, CHUNK=_ALIGN_CHUNK, num_warps=8 if experts > 128 else 4)
+                                       EXPERTS=experts, CHUNK=_ALIGN_CHUNK, num_warps=8 if experts > 128 else 4)
     return sorted_ids, expert_ids, total
 
 

@@ -115,8 +115,8 @@ def gated_prepare(x: Any, y: Any, out: Any, params: dict[str, int], *, gelu: boo
     warps = params.get("num_warps", 4)
 
     def run() -> None:
-        traceable(_gated_kernel)[grid](x, y, out, numel, n_cols, sx, sy, BLOCK_SIZE=block, EVEN=even, STRIDED=strided,
-                            GELU=gelu, num_warps=warps)
+        traceable(_gated_kernel)[grid](x, y, out, numel, n_cols, sx, sy, BLOCK_SIZE=block, EVEN=even,
+                                       STRIDED=strided, GELU=gelu, num_warps=warps)
     return run
 
 
