@@ -24,7 +24,9 @@ Per variant, in this order (the cheap numbers first, so a variant that fails lat
   context) captured in one CUDA graph and replayed (``autoopt.nn.e2e._graphed_decode_ms``, eager forward), and
   ``measured_pct_of_weight_read_floor``: the time to read every weight a decode step reads (the weight bytes
   less the embedding table, of which a step reads one row) at the measured copy bandwidth, over that step;
-- ``measured_prefill_1x2048_ms``: one eager forward over 1 x 2048 tokens (median of 3);
+- ``measured_prefill_1x2048_ms``: one eager forward over 1 x 2048 tokens (median of 3); with
+  ``--compiled-prefill`` also ``measured_prefill_1x2048_compiled_ms``, the forward through ``torch.compile``
+  (static shapes, Inductor's default mode; median of 5 after its warm-up);
 - ``measured_generate_ms_per_token``: three ``model.generate()`` runs of ``--new-tokens`` tokens, batch 1, greedy,
   with a static KV cache (transformers' ``StaticCache``, what ``cache_implementation="static"`` builds; built
   once so every length shares one compiled step) and transformers' own ``torch.compile`` of the decode step;
@@ -77,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--new-tokens", type=int, default=128, help="tokens per generate() run (default %(default)s)")
     ap.add_argument("--graph-steps", type=int, default=64, help="CUDA-graph replays timed (default %(default)s)")
     ap.add_argument("--no-torchao", action="store_true", help="skip torchao even when it imports")
+    ap.add_argument("--compiled-prefill", action="store_true",
+                    help="also time the 1 x 2048 prefill through torch.compile (static shapes; the issue's comparison "
+                    "is against transformers + compile)")
     ap.add_argument("--no-compile", action="store_true", help="generate() eager (no torch.compile): a quick run")
     ap.add_argument("--budget-s", type=float, default=345.0,
                     help="skip a variant that would end after this many seconds, taking it to last as long as the "
@@ -213,6 +218,13 @@ def measure(model: Any, row: dict[str, Any], args: argparse.Namespace, reference
     prefill = step(row, "prefill", lambda: _prefill_ms(model.forward, model.config.vocab_size, 1, 2048, "cuda", 3))
     if prefill:
         row["measured_prefill_1x2048_ms"] = round(prefill, 3)
+    if args.compiled_prefill:
+        # static shapes, Inductor's default mode: as transformers + compile runs a prompt of this length
+        forward = torch.compile(model.forward, dynamic=False)
+        prefill = step(row, "prefill_compiled",
+                       lambda: _prefill_ms(forward, model.config.vocab_size, 1, 2048, "cuda", 5))
+        if prefill:
+            row["measured_prefill_1x2048_compiled_ms"] = round(prefill, 3)
     timing = step(row, "generate", lambda: generate_ms_per_token(model, args.new_tokens, not args.no_compile))
     if timing:
         row.update(timing)

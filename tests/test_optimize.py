@@ -756,7 +756,7 @@ def test_bad_input_raises_typed_errors():
     with pytest.raises(OpError, match=r"unknown op name.*'conv'.*choose from linear, rms_norm") as exc:
         autoopt.optimize(model, ops=["linear", "conv"])
     assert isinstance(exc.value, AutooptError) and isinstance(exc.value, ValueError)
-    with pytest.raises(TypeError, match="check= and keep_original= take a bool"):
+    with pytest.raises(TypeError, match="check=, keep_original= and decode_graphs= take a bool"):
         autoopt.optimize(model, check="yes")
     with pytest.raises(TypeError, match="ops= takes op names"):
         autoopt.optimize(model, ops=3)

@@ -89,6 +89,7 @@ from autoopt._log import get_logger
 from autoopt.backend.accuracy import rel_error
 from autoopt.errors import OpError, RestoreError, WeightFormatError
 from autoopt.nn import _moe, dispatch
+from autoopt.nn import decode_graphs as decode_graph_runners
 from autoopt.nn.build import build
 from autoopt.nn.compare import quant_bound, sample, tolerance
 from autoopt.nn.match import (
@@ -830,7 +831,7 @@ def _weights(root: nn.Module, weights: str | None, profile: Any, gpu: Any, devic
 
 def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] | None = None, check: bool = True,
              keep_original: bool = False, skip: str | Iterable[str] = (), weights: str | None = None,
-             batch: int = 1, context: int | None = None) -> OptimizeReport:
+             batch: int = 1, context: int | None = None, decode_graphs: bool = True) -> OptimizeReport:
     """Swap ``model``'s linears, norms and MLPs (gated and plain) for autoopt kernels, in place; returns the report.
 
     ``profile``: the hardware the kernel configs are ranked for (a profile, a known profile name or
@@ -845,7 +846,10 @@ def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] 
     packed ones, so :func:`restore` works). ``skip``: module-path patterns (``fnmatch``) to leave alone, e.g.
     ``"lm_head"``. ``weights``: quantize the linears in place (:mod:`autoopt.nn.weights`: ``"fp8"``, ``"fp8-wo"``,
     ``"int8"``, ``"int4"``, ``"int4-asym"`` ...; ``"auto"``: recommend()'s format for this model and GPU at
-    ``batch`` and ``context``; None / ``"bf16"`` / ``"fp16"``: keep the 16-bit weights).
+    ``batch`` and ``context``; None / ``"bf16"`` / ``"fp16"``: keep the 16-bit weights). ``decode_graphs``: on a
+    GPU, ``generate()``'s compiled decode step (static cache) replays from autoopt's own CUDA graph, one per input
+    signature, instead of going through Dynamo's guards and CUDA-graph trees every token
+    (:mod:`autoopt.nn.decode_graphs`); False keeps transformers' own compiled call.
 
     Call it after moving the model to its device and dtype and before ``torch.compile``. The
     replacements run only their forward through the kernels when no input needs grad (inference);
@@ -853,8 +857,8 @@ def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] 
     WeightFormatError for a format that is unknown or cannot run on the GPU (before touching the model).
     """
     root = _unwrap(model, "optimize")
-    if not isinstance(check, bool) or not isinstance(keep_original, bool):
-        raise TypeError("autoopt.optimize(): check= and keep_original= take a bool")
+    if not all(isinstance(flag, bool) for flag in (check, keep_original, decode_graphs)):
+        raise TypeError("autoopt.optimize(): check=, keep_original= and decode_graphs= take a bool")
     if isinstance(root, Replacement):
         raise TypeError("autoopt.optimize(): this module is an autoopt replacement already; pass the model")
     ops_set, patterns = _ops_set(ops), _patterns(skip)
@@ -868,19 +872,29 @@ def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] 
         dispatch.set_profile(loaded)
     before = _tensor_bytes(root)
     walk.visit(root, "")
+    if decode_graphs and device.type == "cuda" and decode_graph_runners.install(root):
+        walk.notes.append("generate(): the compiled decode step replays from autoopt's CUDA graphs "
+                          "(decode_graphs=False keeps transformers' own)")
     live = {id(r): r for _, _, ref in walk.patches if (r := ref()) is not None}
     extra = sum(r.extra_bytes() for r in live.values())
     report = OptimizeReport(rows=walk.rows, ops=walk.ops, check=walk.check, keep_original=walk.keep_original,
                             extra_bytes=extra, backend=_backend(walk.rows),
                             choices=[c.to_dict() for c in dispatch.choices()],
-                            restore=_restorer(walk.patches), model=root, weights=choice.to_dict(),
+                            restore=_restorer(walk.patches, root), model=root, weights=choice.to_dict(),
                             notes=walk.notes, memory_bytes=(before, _tensor_bytes(root)))
     log.info("autoopt.optimize: %s", report.summary())
     return report
 
 
-def _restorer(patches: list[tuple[Any, str, Any]]) -> Callable[[], int]:
-    return lambda: _restore_patches(patches)
+def _restorer(patches: list[tuple[Any, str, Any]], root: nn.Module) -> Callable[[], int]:
+    model = weakref.ref(root)
+
+    def restore_all() -> int:
+        count = _restore_patches(patches)
+        if (m := model()) is not None:
+            decode_graph_runners.uninstall(m)
+        return count
+    return restore_all
 
 
 def restore(model: nn.Module) -> int:
@@ -902,4 +916,5 @@ def restore(model: nn.Module) -> int:
     _refuse_restore(rep for _, _, rep in found if isinstance(rep, nn.Module))
     for parent, name, rep in found:
         parent._modules[name] = rep.restore_original()
+    decode_graph_runners.uninstall(root)
     return len(found)

@@ -1,0 +1,342 @@
+"""transformers' compiled decode step, replayed from autoopt's own CUDA graph: one per input signature.
+
+Why: ``generate()`` with a static cache on a GPU compiles the model's ``__call__``
+(``torch.compile(mode="reduce-overhead")``) and calls it once a token, then waits for the GPU every token (its
+stopping check reads a device flag). So the host time of that call, spent before its CUDA graph starts, adds to
+every token. On the H100 (``benchmarks/results/h100/generate_host.json``; transformers 5.17, torch 2.11) the call
+costs 1.15 ms of host time for transformers' own bf16 Llama-3-8B, 1.82 ms once optimize() has put in int4
+linears and 2.60 ms with fp8: Dynamo's guard check over the parameters and module attributes (0.57-1.15 ms a
+call), the compiled wrapper and the CUDA-graph tree's bookkeeping. The int4 step's kernels take 3.4 ms.
+
+:func:`install` (``optimize()`` calls it for a transformers model on a GPU) hands ``generate()`` a
+:class:`DecodeGraphs` in place of that compiled call. A call's *signature* is each tensor argument's shape,
+stride, dtype and device, the other arguments' values, the grad and inference modes, and the static cache's
+identity and buffer addresses. For a signature seen before, the call copies its tensor arguments into the
+captured graph's static inputs and replays the graph: tens of microseconds of Python. A new signature is
+captured: the forward compiled by Inductor (static shapes, no CUDA graphs of its own), run twice on a side
+stream with the cache's step counters put back afterwards (each forward advances them in place), then captured.
+
+What it cannot capture goes to transformers' own compiled call, as before, with the reason logged once: a cache
+other than transformers' full-attention static layers (a sliding-window layer keeps a Python counter a replay
+would not advance), an argument of another type, positional arguments, a capture that fails, or more than
+:data:`MAX_GRAPHS` signatures. The outputs of a replay are the graph's own tensors, overwritten by the next
+replay, as with ``reduce-overhead``'s graphs (``generate()`` copies the logits it keeps). A graph holds the
+weights as they were captured: :func:`uninstall` (``restore()`` calls it) drops the graphs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from autoopt._log import get_logger
+
+log = get_logger(__name__)
+
+#: Signatures captured per model before the rest go to transformers' compiled call: one per batch size (and per
+#: cache) a server decodes at; each graph keeps its own activation pool.
+MAX_GRAPHS = 8
+
+_ATTR = "_autoopt_decode_graphs"
+_SCALARS = (bool, int, float, str, type(None))
+
+
+class Uncapturable(Exception):
+    """A call :class:`DecodeGraphs` leaves to the compiled fallback (internal: never escapes a call)."""
+
+
+def _static_layers(cache: Any) -> list[Any]:
+    """The cache's layers when every one is transformers' full-attention ``StaticLayer``, initialised."""
+    layers = getattr(cache, "layers", None)
+    if not layers:
+        raise Uncapturable(f"a {type(cache).__name__} without layers")
+    for layer in layers:
+        if type(layer).__name__ != "StaticLayer":
+            raise Uncapturable(f"a cache layer of type {type(layer).__name__} (only full-attention StaticLayer)")
+        if not getattr(layer, "is_initialized", False):
+            raise Uncapturable("a static cache not yet filled by a prefill")
+    return list(layers)
+
+
+def _counters(layers: list[Any]) -> list[Any]:
+    """The per-layer step counters a forward advances in place (``cumulative_length``)."""
+    return [c for layer in layers if (c := getattr(layer, "cumulative_length", None)) is not None]
+
+
+def _cache_key(cache: Any) -> tuple[Any, ...]:
+    layers = _static_layers(cache)
+    ptrs = tuple(t.data_ptr() for layer in layers for t in (layer.keys, layer.values))
+    return (type(cache).__name__, id(cache), ptrs, tuple(c.data_ptr() for c in _counters(layers)))
+
+
+class _Signature:
+    """A call's key, its tensor arguments in order, and the static caches it passes."""
+
+    __slots__ = ("caches", "key", "tensors")
+
+    def __init__(self, kwargs: dict[str, Any], modes: tuple[bool, bool]) -> None:
+        self.key: list[Any] = [modes]
+        self.tensors: list[Any] = []
+        self.caches: list[Any] = []
+        for name in sorted(kwargs):
+            self._add(name, kwargs[name])
+
+    def _add(self, path: str, value: Any) -> None:
+        import torch
+
+        if isinstance(value, torch.Tensor):
+            self.key.append((path, tuple(value.shape), value.stride(), value.dtype, value.device))
+            self.tensors.append(value)
+        elif isinstance(value, _SCALARS):
+            self.key.append((path, value))
+        elif isinstance(value, dict):
+            self.key.append((path, "dict", len(value)))
+            for k in sorted(value):
+                self._add(f"{path}.{k}", value[k])
+        elif isinstance(value, (tuple, list)):
+            self.key.append((path, type(value).__name__, len(value)))
+            for i, v in enumerate(value):
+                self._add(f"{path}[{i}]", v)
+        elif getattr(value, "is_compileable", False) and hasattr(value, "layers"):
+            self.key.append((path, _cache_key(value)))
+            self.caches.append(value)
+        else:
+            raise Uncapturable(f"argument {path!r} of type {type(value).__name__}")
+
+
+def _rebuild(value: Any, tensors: list[Any]) -> Any:
+    """``value`` with its tensors taken, in :class:`_Signature`'s order, from ``tensors`` (consumed)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return tensors.pop(0)
+    if isinstance(value, dict):
+        return {k: _rebuild(value[k], tensors) for k in sorted(value)}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rebuild(v, tensors) for v in value)
+    return value
+
+
+class _Entry:
+    """One captured signature: its static inputs, the replay, the output object it fills, the caches it writes."""
+
+    __slots__ = ("caches", "output", "replay", "statics")
+
+    def __init__(self, statics: list[Any], replay: Callable[[], None], output: Any,
+                 caches: list[weakref.ref[Any]]) -> None:
+        self.statics, self.replay, self.output, self.caches = statics, replay, output, caches
+
+    def alive(self, caches: list[Any]) -> bool:
+        return all(ref() is c for ref, c in zip(self.caches, caches, strict=True))
+
+
+Capture = Callable[[Callable[[], Any]], tuple[Callable[[], None], Any]]
+
+
+def cuda_capture(run: Callable[[], Any]) -> tuple[Callable[[], None], Any]:
+    """``run`` captured in a CUDA graph with its own memory pool: (replay, the output the graph fills)."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = run()
+    return graph.replay, output
+
+
+class DecodeGraphs:
+    """transformers' compiled decode call, replayed from one captured graph per signature (module docstring).
+
+    ``fallback()`` returns transformers' own compiled call, built on first need; ``compile`` turns the model's
+    ``__call__`` into the function captured (Inductor without CUDA graphs); ``capture`` captures a run
+    (:func:`cuda_capture`; a test passes a stand-in that re-runs it)."""
+
+    def __init__(self, model: Any, fallback: Callable[[], Callable[..., Any]], *,
+                 compile: Callable[[Callable[..., Any]], Callable[..., Any]],
+                 capture: Capture = cuda_capture, max_graphs: int = MAX_GRAPHS) -> None:
+        self._model = weakref.ref(model)
+        self._fallback_factory = fallback
+        self._fallback: Callable[..., Any] | None = None
+        self._compile = compile
+        self._step: Callable[..., Any] | None = None
+        self._capture, self._max = capture, max_graphs
+        self.graphs: dict[tuple[Any, ...], _Entry] = {}
+        self.refused: dict[str, int] = {}  # reason -> calls sent to the fallback for it
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            if args:
+                raise Uncapturable("positional arguments")
+            return self._replay(kwargs)
+        except Uncapturable as why:
+            return self._refuse(str(why), args, kwargs)
+
+    def _replay(self, kwargs: dict[str, Any]) -> Any:
+        import torch
+
+        sig = _Signature(kwargs, (torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+        key = tuple(sig.key)
+        entry = self.graphs.get(key)
+        if entry is not None and not entry.alive(sig.caches):
+            del self.graphs[key]
+            entry = None
+        if entry is None:
+            entry = self._capture_new(kwargs, sig, key)
+        for static, given in zip(entry.statics, sig.tensors, strict=True):
+            if static.data_ptr() != given.data_ptr():
+                static.copy_(given)
+        entry.replay()
+        return entry.output
+
+    def _capture_new(self, kwargs: dict[str, Any], sig: _Signature, key: tuple[Any, ...]) -> _Entry:
+        if len(self.graphs) >= self._max:
+            raise Uncapturable(f"more than {self._max} signatures (MAX_GRAPHS)")
+        model = self._model()
+        if model is None:
+            raise Uncapturable("the model is gone")
+        if self._step is None:
+            self._step = self._compile(model.__call__)
+        step = self._step
+        refs = _weak(sig.caches)
+        statics = [t.clone() for t in sig.tensors]
+        static_kwargs = {k: _rebuild(v, list_view) for k, v, list_view in _aligned(kwargs, statics)}
+        try:
+            with _counters_kept(sig.caches):
+                _warm_up(lambda: step(**static_kwargs))
+                replay, output = self._capture(lambda: step(**static_kwargs))
+        except Exception as exc:  # a step that cannot be captured runs as transformers would run it
+            raise Uncapturable(f"capture failed: {type(exc).__name__}: {str(exc)[:200]}") from exc
+        entry = _Entry(statics, replay, output, refs)
+        self.graphs[key] = entry
+        log.info("autoopt decode graphs: captured signature %d of at most %d", len(self.graphs), self._max)
+        return entry
+
+    def _refuse(self, why: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if why not in self.refused:
+            log.warning("autoopt decode graphs: transformers' compiled call runs this step (%s)", why)
+        self.refused[why] = self.refused.get(why, 0) + 1
+        if self._fallback is None:
+            self._fallback = self._fallback_factory()
+        return self._fallback(*args, **kwargs)
+
+
+def _weak(caches: list[Any]) -> list[weakref.ref[Any]]:
+    """Weak references to the caches: a dead cache's ``id`` may come back on a new one, which must not replay
+    a graph that writes the old one's buffers."""
+    try:
+        return [weakref.ref(c) for c in caches]
+    except TypeError as exc:
+        raise Uncapturable(f"a cache that takes no weak reference ({exc})") from exc
+
+
+def _aligned(kwargs: dict[str, Any], statics: list[Any]) -> list[tuple[str, Any, list[Any]]]:
+    """(name, value, the statics its tensors take) per argument, in :class:`_Signature`'s sorted order."""
+    remaining = list(statics)
+    out = []
+    for name in sorted(kwargs):
+        count = _count_tensors(kwargs[name])
+        out.append((name, kwargs[name], remaining[:count]))
+        del remaining[:count]
+    return out
+
+
+def _count_tensors(value: Any) -> int:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return 1
+    if isinstance(value, dict):
+        return sum(_count_tensors(v) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return sum(_count_tensors(v) for v in value)
+    return 0
+
+
+@contextlib.contextmanager
+def _counters_kept(caches: list[Any]) -> Iterator[None]:
+    """Put the caches' step counters back as they were on entry: the warm-up runs (and a capture that runs the
+    step) advance them in place, and the real step, replayed next, must write where the caller's step would. The
+    KV they wrote lies beyond the real step's position, which the mask hides and later steps overwrite."""
+    counters = [c for cache in caches for c in _counters(_static_layers(cache))]
+    saved = [c.clone() for c in counters]
+    try:
+        yield
+    finally:
+        for counter, value in zip(counters, saved, strict=True):
+            counter.copy_(value)
+
+
+def _warm_up(run: Callable[[], Any]) -> None:
+    """Run the step twice, on a side stream on a GPU (as ``torch.cuda.graph`` asks): Inductor's and Triton's
+    first-call work stays out of the capture."""
+    import torch
+
+    side = torch.cuda.Stream() if torch.cuda.is_available() else None
+    if side is None:
+        run()
+        run()
+        return
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def _inductor_without_graphs(config: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """torch.compile as ``config`` asks, minus its CUDA graphs (the capture is autoopt's)."""
+    import torch
+
+    asked = getattr(config, "mode", None)
+    mode = {"reduce-overhead": None, "default": None, "max-autotune": "max-autotune-no-cudagraphs"}.get(
+        asked, asked) if isinstance(asked, str) else None
+    options = getattr(config, "options", None)
+    kwargs: dict[str, Any] = {"dynamic": False, "fullgraph": bool(getattr(config, "fullgraph", False))}
+    if options:
+        kwargs["options"] = options
+    elif mode:
+        kwargs["mode"] = mode
+    return lambda fn: torch.compile(fn, **kwargs)
+
+
+def install(model: Any, *, capture: Capture | None = None,
+            compile: Callable[[Any], Callable[[Callable[..., Any]], Callable[..., Any]]] | None = None) -> bool:
+    """Give ``model.generate()`` :class:`DecodeGraphs` for its compiled decode step; False (nothing changed)
+    where the model has no ``get_compiled_call`` (not a transformers generation model). A compile config with
+    a backend other than Inductor keeps transformers' own call. ``capture`` and ``compile`` are for tests."""
+    original = getattr(type(model), "get_compiled_call", None)
+    if original is None:
+        return False
+    uninstall(model)
+    runners: dict[Any, DecodeGraphs] = {}
+
+    def get_compiled_call(compile_config: Any = None) -> Callable[..., Any]:
+        config = compile_config
+        if config is None and hasattr(model, "_default_compile_config"):
+            config = model._default_compile_config()
+        if getattr(config, "backend", "inductor") != "inductor":
+            return original(model, compile_config)
+        key = repr(getattr(config, "to_dict", lambda: config)())
+        if key not in runners:
+            runners[key] = DecodeGraphs(model, lambda: original(model, compile_config),
+                                        compile=(compile or _inductor_without_graphs)(config),
+                                        capture=capture or cuda_capture)
+        return runners[key]
+
+    model.__dict__["get_compiled_call"] = get_compiled_call
+    model.__dict__[_ATTR] = runners
+    return True
+
+
+def installed(model: Any) -> list[DecodeGraphs]:
+    """The runners :func:`install` made for ``model`` (one per compile config ``generate()`` asked for)."""
+    return list(getattr(model, "__dict__", {}).get(_ATTR, {}).values())
+
+
+def uninstall(model: Any) -> bool:
+    """Give ``model`` back transformers' own compiled call and drop the captured graphs; True if any were set."""
+    found = _ATTR in getattr(model, "__dict__", {})
+    model.__dict__.pop(_ATTR, None)
+    model.__dict__.pop("get_compiled_call", None)
+    return found

@@ -1,0 +1,190 @@
+"""autoopt.nn.decode_graphs: generate()'s compiled decode step replayed from one captured graph per signature.
+
+On the CPU a CUDA graph cannot be captured, so these tests hand :func:`install` a stand-in capture whose replay
+runs the step again on the captured static inputs and writes into the captured outputs, as a graph does; every
+other part (transformers' own ``generate()`` with a real ``StaticCache``, the signatures, the copies into the
+static inputs, the warm-up's counter restore, the fallbacks) is the code that runs on a GPU. The GPU run is
+``benchmarks/probes/generate_host.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from autoopt.nn import decode_graphs  # noqa: E402
+from autoopt.nn.decode_graphs import DecodeGraphs, install, installed, uninstall  # noqa: E402
+
+PROMPT, NEW = 6, 9
+
+
+class Rerun:
+    """A stand-in for :func:`decode_graphs.cuda_capture`: replay re-runs the step and copies its outputs into
+    the ones the capture returned (a CUDA graph writes the same buffers every replay)."""
+
+    def __init__(self) -> None:
+        self.captures = 0
+        self.replays = 0
+
+    def __call__(self, run):
+        self.captures += 1
+        output = run()
+
+        def replay() -> None:
+            self.replays += 1
+            fresh = run()
+            for key, value in output.items():
+                if isinstance(value, torch.Tensor):
+                    value.copy_(fresh[key])
+        return replay, output
+
+
+@pytest.fixture
+def model():
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                      max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _compile_here():
+    config = transformers.CompileConfig()
+    config._compile_all_devices = True  # transformers compiles only on accelerators unless told
+    return config
+
+
+def _generate(model, cache=None, batch=1, compiled=True, new=NEW):
+    ids = torch.arange(batch * PROMPT).reshape(batch, PROMPT) % 100 + 3
+    cache = cache or transformers.StaticCache(config=model.config, max_cache_len=PROMPT + new)
+    with torch.inference_mode():
+        return model.generate(ids, past_key_values=cache, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                              pad_token_id=0, compile_config=_compile_here() if compiled else None,
+                              disable_compile=not compiled)
+
+
+def test_generate_replays_one_captured_step_per_signature(model):
+    rerun = Rerun()
+    assert install(model, capture=rerun, compile=lambda config: lambda fn: fn)
+    _generate(model)
+    (runner,) = installed(model)
+    assert (rerun.captures, rerun.replays, len(runner.graphs)) == (1, NEW - 1, 1)
+
+
+def test_replayed_generation_gives_the_tokens_of_the_eager_one(model):
+    eager = _generate(model, compiled=False)
+    install(model, capture=Rerun(), compile=lambda config: lambda fn: fn)
+    assert torch.equal(_generate(model), eager)
+
+
+def test_warm_up_leaves_the_cache_counters_where_the_caller_left_them(model):
+    install(model, capture=Rerun(), compile=lambda config: lambda fn: fn)
+    cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
+    _generate(model, cache=cache)
+    # prefill wrote PROMPT positions, each of the NEW - 1 decode steps one: no warm-up run counted
+    assert [int(layer.cumulative_length) for layer in cache.layers] == [PROMPT + NEW - 1] * 2
+
+
+def test_a_new_batch_size_is_a_new_signature(model):
+    rerun = Rerun()
+    install(model, capture=rerun, compile=lambda config: lambda fn: fn)
+    _generate(model, batch=1)
+    _generate(model, batch=2)
+    assert len(installed(model)[0].graphs) == 2 and rerun.captures == 2
+
+
+def test_a_new_cache_object_is_captured_again_not_replayed_into_the_old_one(model):
+    rerun = Rerun()
+    install(model, capture=rerun, compile=lambda config: lambda fn: fn)
+    _generate(model)
+    _generate(model)  # a fresh StaticCache: other buffers
+    assert rerun.captures == 2
+
+
+def test_the_same_cache_reset_between_generations_replays_the_same_graph(model):
+    rerun = Rerun()
+    install(model, capture=rerun, compile=lambda config: lambda fn: fn)
+    cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
+    first = _generate(model, cache=cache)
+    with torch.inference_mode():  # the cache's tensors were made in inference mode
+        cache.reset()
+    second = _generate(model, cache=cache)
+    assert rerun.captures == 1 and torch.equal(first, second)
+
+
+def test_a_step_beyond_max_graphs_runs_transformers_compiled_call(model):
+    calls = []
+    runner = DecodeGraphs(model, lambda: lambda **kw: calls.append(kw) or "fallback",
+                          compile=lambda fn: fn, capture=Rerun(), max_graphs=0)
+    assert runner(input_ids=torch.ones(1, 1, dtype=torch.long)) == "fallback"
+    assert list(runner.refused) == ["more than 0 signatures (MAX_GRAPHS)"] and len(calls) == 1
+
+
+def test_an_argument_of_an_unknown_type_runs_transformers_compiled_call(model):
+    runner = DecodeGraphs(model, lambda: lambda **kw: "fallback", compile=lambda fn: fn, capture=Rerun())
+    assert runner(input_ids=torch.ones(1, 1, dtype=torch.long), extra=object()) == "fallback"
+    assert list(runner.refused) == ["argument 'extra' of type object"]
+
+
+def test_positional_arguments_run_transformers_compiled_call(model):
+    runner = DecodeGraphs(model, lambda: lambda *a, **kw: "fallback", compile=lambda fn: fn, capture=Rerun())
+    assert runner(torch.ones(1, 1, dtype=torch.long)) == "fallback"
+    assert list(runner.refused) == ["positional arguments"]
+
+
+def test_a_capture_that_fails_runs_transformers_compiled_call_and_says_why(model):
+    def broken(run):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    install(model, capture=broken, compile=lambda config: lambda fn: fn)
+    eager = _generate(model, compiled=False)
+    assert torch.equal(_generate(model), eager)
+    (runner,) = installed(model)
+    assert runner.graphs == {}
+    assert list(runner.refused) == ["capture failed: RuntimeError: operation not permitted when stream is capturing"]
+
+
+def test_a_sliding_window_cache_is_not_captured(model):
+    runner = DecodeGraphs(model, lambda: lambda **kw: "fallback", compile=lambda fn: fn, capture=Rerun())
+    layer = transformers.cache_utils.StaticSlidingWindowLayer(max_cache_len=8, sliding_window=4)
+    layer.is_initialized = True
+    cache = type("Cache", (), {"is_compileable": True, "layers": [layer]})()
+    assert runner(past_key_values=cache) == "fallback"
+    assert list(runner.refused) == ["a cache layer of type StaticSlidingWindowLayer (only full-attention StaticLayer)"]
+
+
+def test_a_compile_backend_other_than_inductor_keeps_transformers_own_call(model):
+    install(model, capture=Rerun(), compile=lambda config: lambda fn: fn)
+    config = transformers.CompileConfig(backend="eager")
+    assert not isinstance(model.get_compiled_call(config), DecodeGraphs)
+
+
+def test_uninstall_gives_back_transformers_call_and_drops_the_graphs(model):
+    install(model, capture=Rerun(), compile=lambda config: lambda fn: fn)
+    _generate(model)
+    assert uninstall(model) and installed(model) == []
+    assert "get_compiled_call" not in model.__dict__
+
+
+def test_install_refuses_a_module_that_is_not_a_transformers_model():
+    assert install(torch.nn.Linear(2, 2)) is False
+
+
+def test_optimize_installs_nothing_on_the_cpu(model):
+    import autoopt
+
+    report = autoopt.optimize(model, check=False)
+    assert installed(model) == [] and not any("decode step" in n for n in report.notes)
+
+
+def test_optimize_takes_decode_graphs_as_a_bool(model):
+    import autoopt
+
+    with pytest.raises(TypeError, match="decode_graphs= take a bool"):
+        autoopt.optimize(model, decode_graphs="yes")
+
+
+def test_max_graphs_is_one_per_batch_size_a_server_decodes_at():
+    assert decode_graphs.MAX_GRAPHS == 8
