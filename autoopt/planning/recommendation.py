@@ -307,15 +307,21 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
 
 
 #: transformers' ``generate()`` per decoded token beyond the step's GPU time, in us: its Python loop (input
-#: preparation, the compiled forward's guards and CUDA-graph replay, logits processing, stopping criteria, which
-#: read a GPU value every token, so the host's work does not overlap the next step). Fitted at batch 1 with a
-#: static cache (transformers 5.17 compiles the forward and replays it from CUDA graphs) as generate()'s time
-#: per token less the same format's compiled step replayed from one CUDA graph, Llama-3-8B, the lent hosts:
-#: H100 bf16 1.85-2.12, fp8 1.64-1.95, int4 1.36-1.94 ms; H200 fp8 1.92, int4 1.68 ms (10 pairs, median 1.9 ms;
-#: benchmarks/results/{h100,h200}/quant_e2e*.json against quant_trace*.json). The same loop runs an
-#: optimize()d model. A host CPU unlike those machines' moves it. Uncompiled, the step itself is the host's
+#: preparation, the compiled call, logits processing, stopping criteria, which read a GPU value every token, so the
+#: host's work does not overlap the next step). Fitted at batch 1 with a static cache as generate()'s time per token
+#: less the same format's compiled step replayed from one CUDA graph, Llama-3-8B, the lent hosts:
+#:
+#: - ``transformers`` (its compiled call: Dynamo's guards and CUDA-graph trees, 1.1-1.2 ms a token of host time by
+#:   themselves, benchmarks/results/h100/generate_host*.json): H100 bf16 1.85-2.12, fp8 1.64-1.95, int4 1.36-1.94 ms;
+#:   H200 fp8 1.92, int4 1.68 ms (10 pairs, median 1.9 ms; {h100,h200}/quant_e2e*.json against quant_trace*.json,
+#:   measured before optimize() had its own decode graphs); 1.79 ms again on 2026-11-28 (generate_host_fit.json).
+#: - ``autoopt`` (an optimize()d model, whose decode step replays from autoopt.nn.decode_graphs: 0.3-0.6 ms in the
+#:   call): int4 0.93, fp8 1.49, bf16 1.71 ms, one H100 run (h100/generate_host_fit.json; median 1.49). The
+#:   excess grows with the step's GPU time there (3.4, 4.3, 6.2 ms), which this constant does not follow.
+#:
+#: A host CPU unlike those machines' moves it. Uncompiled, the step itself is the host's
 #: (:data:`EAGER_HOST_LAYER_US`) and this loop comes on top.
-GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 1900.0}
+GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 1490.0}
 #: the host's time a decoder layer of an uncompiled decode step, in us, for the runtimes whose layers are Python
 #: modules issuing one launch per op (no CUDA graph): the step is then bound by the host, not the GPU, and
 #: takes max(GPU time, layers x this). Fitted as medians, hosts of the lent machines (torch 2.11, Python 3.12):
