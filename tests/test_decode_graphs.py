@@ -9,6 +9,8 @@ static inputs, the warm-up's counter restore, the fallbacks) is the code that ru
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -132,6 +134,27 @@ def test_positional_arguments_run_transformers_compiled_call(model):
     runner = DecodeGraphs(model, lambda: lambda *a, **kw: "fallback", compile=lambda fn: fn, capture=Rerun())
     assert runner(torch.ones(1, 1, dtype=torch.long)) == "fallback"
     assert list(runner.refused) == ["positional arguments"]
+
+
+def test_hidden_states_kept_per_step_are_not_overwritten_by_a_replay(model):
+    install(model, capture=Rerun(), compile=lambda config: lambda fn: fn)
+    ids = torch.arange(PROMPT)[None] + 3
+    cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
+    out = model.generate(ids, past_key_values=cache, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+                         pad_token_id=0, compile_config=_compile_here(), output_hidden_states=True,
+                         return_dict_in_generate=True)
+    last = [step[-1] for step in out.hidden_states[1:]]  # each decode step's final hidden state
+    assert not any(torch.equal(a, b) for a, b in itertools.pairwise(last))
+    assert list(installed(model)[0].refused) == ["output_hidden_states=True"]
+
+
+def test_generate_outside_inference_mode_replays_too(model):
+    install(model, capture=Rerun(), compile=lambda config: lambda fn: fn)
+    ids = torch.arange(PROMPT)[None] + 3
+    cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
+    out = model.generate(ids, past_key_values=cache, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False,
+                         pad_token_id=0, compile_config=_compile_here())
+    assert torch.equal(out, _generate(model, compiled=False)) and len(installed(model)[0].graphs) == 1
 
 
 def test_a_capture_that_fails_runs_transformers_compiled_call_and_says_why(model):

@@ -17,11 +17,12 @@ captured: the forward compiled by Inductor (static shapes, no CUDA graphs of its
 stream with the cache's step counters put back afterwards (each forward advances them in place), then captured.
 
 What it cannot capture goes to transformers' own compiled call, as before, with the reason logged once: a cache
-other than transformers' full-attention static layers (a sliding-window layer keeps a Python counter a replay
-would not advance), an argument of another type, positional arguments, a capture that fails, or more than
-:data:`MAX_GRAPHS` signatures. The outputs of a replay are the graph's own tensors, overwritten by the next
-replay, as with ``reduce-overhead``'s graphs (``generate()`` copies the logits it keeps). A graph holds the
-weights as they were captured: :func:`uninstall` (``restore()`` calls it) drops the graphs.
+other than transformers' full-attention static layers (a sliding-window layer keeps a Python counter a replay would
+not advance), an argument of another type, positional arguments, per-step attentions or hidden states asked for
+(``generate()`` keeps them without a copy), a capture that fails, or more than :data:`MAX_GRAPHS` signatures. The
+outputs of a replay are the graph's own tensors, overwritten by the next replay, as with ``reduce-overhead``'s
+graphs (``generate()`` copies the logits it keeps). A graph holds the weights as they were captured:
+:func:`uninstall` (``restore()`` calls it) drops the graphs.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ MAX_GRAPHS = 8
 
 _ATTR = "_autoopt_decode_graphs"
 _SCALARS = (bool, int, float, str, type(None))
+#: per-step outputs ``generate()`` keeps without copying them (``output_attentions=True`` ...)
+_KEPT_OUTPUTS = ("output_attentions", "output_hidden_states", "output_router_logits")
 
 
 class Uncapturable(Exception):
@@ -168,6 +171,9 @@ class DecodeGraphs:
         try:
             if args:
                 raise Uncapturable("positional arguments")
+            kept = [k for k in _KEPT_OUTPUTS if kwargs.get(k)]
+            if kept:  # generate() keeps these per step without a copy: a replay would overwrite them
+                raise Uncapturable(f"{' and '.join(kept)}=True")
             return self._replay(kwargs)
         except Uncapturable as why:
             return self._refuse(str(why), args, kwargs)
