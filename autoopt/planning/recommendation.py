@@ -316,12 +316,16 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
 #:   H200 fp8 1.92, int4 1.68 ms (10 pairs, median 1.9 ms; {h100,h200}/quant_e2e*.json against quant_trace*.json,
 #:   measured before optimize() had its own decode graphs); 1.79 ms again on 2026-11-28 (generate_host_fit.json).
 #: - ``autoopt`` (an optimize()d model, whose decode step replays from autoopt.nn.decode_graphs: 0.3-0.6 ms in the
-#:   call): int4 0.93, fp8 1.49, bf16 1.71 ms, one H100 run (h100/generate_host_fit.json; median 1.49). The
-#:   excess grows with the step's GPU time there (3.4, 4.3, 6.2 ms), which this constant does not follow.
+#:   call): 11 pairs from five runs on four lent H100s, 2026-11-28: int4 0.89-1.51, fp8 0.77-1.72, bf16 1.74 ms;
+#:   median 1.33 ms (h100/generate_host_fit.json, generate_host_graphs.json, quant_e2e_decode_graphs*.json). The
+#:   graphed steps are generate_host_fit.json's (int4 3.41, fp8 4.28, bf16 6.22 ms); the other files time the
+#:   step eager-captured, within 0.4 % of each other on all four machines (int4 4.403-4.411, fp8 5.248-5.269
+#:   ms), so the GPU step is taken as the same there. The same machine gave fp8 0.77 and 1.50 ms in two
+#:   processes: the loop, not the GPU, moves.
 #:
 #: A host CPU unlike those machines' moves it. Uncompiled, the step itself is the host's
 #: (:data:`EAGER_HOST_LAYER_US`) and this loop comes on top.
-GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 1490.0}
+GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 1330.0}
 #: the host's time a decoder layer of an uncompiled decode step, in us, for the runtimes whose layers are Python
 #: modules issuing one launch per op (no CUDA graph): the step is then bound by the host, not the GPU, and
 #: takes max(GPU time, layers x this). Fitted as medians, hosts of the lent machines (torch 2.11, Python 3.12):
