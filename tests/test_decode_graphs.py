@@ -211,3 +211,19 @@ def test_optimize_takes_decode_graphs_as_a_bool(model):
 
 def test_max_graphs_is_one_per_batch_size_a_server_decodes_at():
     assert decode_graphs.MAX_GRAPHS == 8
+
+
+def test_an_optimized_moe_model_replays_its_decode_step_with_the_tokens_of_eager():
+    import autoopt
+    from autoopt.nn.match import OPS
+
+    config = transformers.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+                                        max_position_embeddings=64, num_local_experts=4, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    moe = transformers.MixtralForCausalLM(config).eval()
+    autoopt.optimize(moe, ops=OPS, check=False)
+    eager = _generate(moe, compiled=False)
+    install(moe, capture=Rerun(), compile=lambda config: lambda fn: fn)
+    assert torch.equal(_generate(moe), eager)
+    assert len(installed(moe)[0].graphs) == 1 and installed(moe)[0].refused == {}
