@@ -165,6 +165,7 @@ class DecodeGraphs:
         self._step: Callable[..., Any] | None = None
         self._capture, self._max = capture, max_graphs
         self.graphs: dict[tuple[Any, ...], _Entry] = {}
+        self.failed: dict[tuple[Any, ...], str] = {}  # signature -> why its capture failed (not tried again)
         self.refused: dict[str, int] = {}  # reason -> calls sent to the fallback for it
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -188,6 +189,8 @@ class DecodeGraphs:
             del self.graphs[key]
             entry = None
         if entry is None:
+            if key in self.failed:
+                raise Uncapturable(self.failed[key])
             entry = self._capture_new(kwargs, sig, key)
         for static, given in zip(entry.statics, sig.tensors, strict=True):
             if static.data_ptr() != given.data_ptr():
@@ -212,7 +215,9 @@ class DecodeGraphs:
                 _warm_up(lambda: step(**static_kwargs))
                 replay, output = self._capture(lambda: step(**static_kwargs))
         except Exception as exc:  # a step that cannot be captured runs as transformers would run it
-            raise Uncapturable(f"capture failed: {type(exc).__name__}: {str(exc)[:200]}") from exc
+            why = f"capture failed: {type(exc).__name__}: {str(exc)[:200]}"
+            self.failed[key] = why  # every later step of this signature would fail the same way
+            raise Uncapturable(why) from exc
         entry = _Entry(statics, replay, output, refs)
         self.graphs[key] = entry
         log.info("autoopt decode graphs: captured signature %d of at most %d", len(self.graphs), self._max)
