@@ -142,8 +142,9 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
             # quant_gemv.int4_pair_dot's PTX, 4 bytes a call: PRMT 1, SHF 3, LOP3 4 to decode, SHL 2 and LOP3 2
             # to widen the bf16 sums (INT: 12 per 8 weights), 8 paired bf16 FMAs (4 make q - 8, 4 multiply
             # and add), then one FFMA a byte of scaled accumulation (FP: 12 per 8). Read in the sm_90 SASS
-            # of the loop (BLOCK_N 16, BLOCK_K 512/1024): 3.6 instructions a weight with the address and load
-            # work, against 6.5 for the fp32 decode and in-loop group sums it replaced.
+            # of the loop (BLOCK_N 16, 4 warps): 4.1 instructions a weight at BLOCK_K 512 and 3.6 at 1024
+            # with the address and load work, against 6.5 and 6.0 for the fp32 decode and in-loop group sums
+            # it replaced.
             return DequantWork(int_ops=1.5, fp_ops=1.5)
         # int8: extract, shift, xor (1 + (q+128)/256); e4m3: extract (sign-extending), shift, and: 3 INT32
         # ops; one FFMA; per-row/group scaling amortised over >= 128 weights (~0.05)

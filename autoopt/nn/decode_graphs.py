@@ -109,12 +109,12 @@ class _Signature:
             raise Uncapturable(f"argument {path!r} of type {type(value).__name__}")
 
 
-def _rebuild(value: Any, tensors: list[Any]) -> Any:
-    """``value`` with its tensors taken, in :class:`_Signature`'s order, from ``tensors`` (consumed)."""
+def _rebuild(value: Any, tensors: Iterator[Any]) -> Any:
+    """``value`` with its tensors taken from ``tensors`` in :class:`_Signature`'s order (dict keys sorted)."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return tensors.pop(0)
+        return next(tensors)
     if isinstance(value, dict):
         return {k: _rebuild(value[k], tensors) for k in sorted(value)}
     if isinstance(value, (tuple, list)):
@@ -209,7 +209,7 @@ class DecodeGraphs:
         step = self._step
         refs = _weak(sig.caches)
         statics = [t.clone() for t in sig.tensors]
-        static_kwargs = {k: _rebuild(v, list_view) for k, v, list_view in _aligned(kwargs, statics)}
+        static_kwargs = _rebuild(kwargs, iter(statics))
         try:
             with _counters_kept(sig.caches):
                 _warm_up(lambda: step(**static_kwargs))
@@ -239,29 +239,6 @@ def _weak(caches: list[Any]) -> list[weakref.ref[Any]]:
         return [weakref.ref(c) for c in caches]
     except TypeError as exc:
         raise Uncapturable(f"a cache that takes no weak reference ({exc})") from exc
-
-
-def _aligned(kwargs: dict[str, Any], statics: list[Any]) -> list[tuple[str, Any, list[Any]]]:
-    """(name, value, the statics its tensors take) per argument, in :class:`_Signature`'s sorted order."""
-    remaining = list(statics)
-    out = []
-    for name in sorted(kwargs):
-        count = _count_tensors(kwargs[name])
-        out.append((name, kwargs[name], remaining[:count]))
-        del remaining[:count]
-    return out
-
-
-def _count_tensors(value: Any) -> int:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return 1
-    if isinstance(value, dict):
-        return sum(_count_tensors(v) for v in value.values())
-    if isinstance(value, (tuple, list)):
-        return sum(_count_tensors(v) for v in value)
-    return 0
 
 
 @contextlib.contextmanager

@@ -299,9 +299,10 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
             HB: tl.constexpr = G // 2 if FMT == 3 else G  # bytes of one group in a row
             pt = tl.arange(0, GT)[:, None] * GB + tl.arange(0, GB)[None, :]  # [GT, GB] byte offsets in a tile
             # Scaled products accumulate elementwise, one FFMA a byte; the tile is summed once, after the
-            # loop. Summing each tile's groups inside the loop (as this kernel did) cost ~3 SHFL + 4 FADD a
-            # byte of cross-thread reduction: 882 SASS instructions a loop for 64 weights a thread, 13.8 a
-            # weight, at BLOCK_N 16 / BLOCK_K 512 / 4 warps (sm_90, counted offline).
+            # loop. Summing each tile's groups inside the loop with the fp32 decode (as this kernel did) took
+            # 419 SASS instructions a loop for 64 weights a thread (6.5 a weight), now 262 (4.1), at BLOCK_N 16
+            # / BLOCK_K 512 / 4 warps; 762 -> 458 (6.0 -> 3.6) at BLOCK_K 1024 (sm_90, compiled offline by
+            # Triton 3.9 with the JIT's divisibility hints).
             acc3 = tl.zeros((BLOCK_N, GT, GB), dtype=tl.float32)
             accz = tl.zeros((BLOCK_N, GT), dtype=tl.float32)
             for kt in tl.range(0, tiles_per_split, num_stages=STAGES):
