@@ -231,3 +231,37 @@ def test_an_optimized_moe_model_replays_its_decode_step_with_the_tokens_of_eager
     install(moe, capture=Rerun(), compile=lambda config: lambda fn: fn)
     assert torch.equal(_generate(moe), eager)
     assert len(installed(moe)[0].graphs) == 1 and installed(moe)[0].refused == {}
+
+
+def test_a_left_padded_batch_gives_eager_tokens_with_the_mask_built_inside_the_step(model):
+    ids = torch.arange(2 * PROMPT).reshape(2, PROMPT) % 100 + 3
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # the first prompt is two tokens shorter, padded on the left
+    ids[0, :2] = 0
+
+    def generate(compiled):
+        cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
+        with torch.inference_mode():
+            return model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=NEW,
+                                  min_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                                  compile_config=_compile_here() if compiled else None, disable_compile=not compiled)
+
+    eager = generate(compiled=False)  # transformers' 4D masks, built on the host every step
+    install(model, capture=Rerun(), compile=lambda config: lambda fn: fn)
+    assert torch.equal(generate(compiled=True), eager) and len(installed(model)[0].graphs) == 1
+
+
+def test_the_mask_a_decode_step_gets_is_the_padding_mask_at_the_cache_length(model):
+    install(model, capture=Rerun(), compile=lambda config: lambda fn: fn)
+    cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
+    _generate(model, cache=cache)
+    mask = model.create_masks_for_generate(config=model.config, inputs_embeds=torch.empty(1, 1, 0),
+                                           attention_mask=torch.ones(1, PROMPT + 1, dtype=torch.long),
+                                           past_key_values=cache, position_ids=None)
+    assert mask.tolist() == [[1] * (PROMPT + 1) + [0] * (NEW - 1)]
+
+
+def test_uninstall_gives_back_transformers_masks(model):
+    install(model, capture=Rerun(), compile=lambda config: lambda fn: fn)
+    uninstall(model)
+    assert "create_masks_for_generate" not in model.__dict__

@@ -151,7 +151,7 @@ def graphed_step_ms(model: Any) -> float:
     return round(_graphed_decode_ms(model, 1, PROMPT, 64, compiled=True), 4)
 
 
-def variant(fmt: str | None, layers: int | None, n: int, compare: bool) -> dict[str, Any]:
+def variant(fmt: str | None, layers: int | None, n: int, compare: bool, masks: bool = False) -> dict[str, Any]:
     """transformers bf16 (``fmt`` None), or optimize(weights=fmt) (``"bf16"``: 16-bit weights) measured with its
     decode graphs, then (``compare``) with them uninstalled (transformers' own compiled call), and the two
     generations' tokens compared; last, the graphed compiled step."""
@@ -173,6 +173,11 @@ def variant(fmt: str | None, layers: int | None, n: int, compare: bool) -> dict[
         runners = decode_graphs.installed(model)
         row["with_decode_graphs"]["graphs"] = sum(len(r.graphs) for r in runners)
         row["with_decode_graphs"]["refused"] = {k: v for r in runners for k, v in r.refused.items()}
+        if masks:  # the same runner with transformers' host-built 4D masks: another signature, captured anew
+            own = model.__dict__.pop("create_masks_for_generate", None)
+            row["with_transformers_masks"] = measured(gen, model, n, False)
+            if own is not None:
+                model.__dict__["create_masks_for_generate"] = own
         if compare:
             ours = gen(n)[:, PROMPT:].cpu()
             decode_graphs.uninstall(model)
@@ -197,6 +202,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--formats", default="int4", help="optimize() formats after transformers bf16 (comma list; "
                     "bf16: optimize() with 16-bit weights)")
+    ap.add_argument("--masks", action="store_true", help="also time each optimize()d model with transformers' own "
+                    "host-built 4D masks instead of the padding mask built inside the step")
     ap.add_argument("--compare", action="store_true", help="also time each optimize()d model through transformers' "
                     "own compiled call, and compare the two generations' tokens")
     ap.add_argument("--layers", type=int, default=None)
@@ -209,7 +216,7 @@ def main() -> int:
                               "variants": []}
     for fmt in [None, *[f for f in args.formats.split(",") if f]]:
         try:
-            report["variants"].append(variant(fmt, args.layers, args.new_tokens, args.compare))
+            report["variants"].append(variant(fmt, args.layers, args.new_tokens, args.compare, args.masks))
         except Exception as exc:  # a failing variant is data; the next one runs
             report["variants"].append({"format": fmt, "error": f"{type(exc).__name__}: {str(exc)[:400]}"})
         Path(args.out).write_text(json.dumps(report, indent=1))
