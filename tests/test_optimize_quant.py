@@ -349,6 +349,30 @@ def test_a_quant_linear_runs_under_torch_compile(torch_fallback):
     assert torch.equal(eager, compiled)
 
 
+def test_a_compiled_quant_linear_with_offsets_and_bias_keeps_the_custom_op_off_the_vendor_path(torch_fallback):
+    # the traced variant passes its optional tensors through a mask; away from cuBLASLt's fp8 GEMM (here: a CPU,
+    # int4-asym) the graph holds the custom op, and the output is eager's
+    from torch._dynamo.backends.common import aot_autograd
+
+    lin = nn.Linear(256, 64, bias=True).to(torch.bfloat16)
+    seq = nn.Sequential(lin)
+    optimize(seq, weights="int4-asym")
+    x = torch.randn(20, 256, dtype=torch.bfloat16)
+    seen: list[str] = []
+
+    def spy(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = seq(x)
+        compiled = torch.compile(seq, backend=aot_autograd(fw_compiler=spy), fullgraph=True)(x)
+    torch._dynamo.reset()
+    assert torch.equal(eager, compiled)
+    assert "autoopt.quant_linear.default" in seen and "aten._scaled_mm.default" not in seen, seen
+
+
 # -- the CLI: bench --model ... --weights ------------------------------------------------------------------------------
 
 def test_bench_model_weights_quantizes_the_optimize_variant(tmp_path, capsys, torch_fallback):

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
 
 from autoopt.backend import registry  # noqa: E402
 from autoopt.backend.accuracy import rel_error as relative_error  # noqa: E402
-from autoopt.backend.kernels.act_quant import act_quant_prepare  # noqa: E402
+from autoopt.backend.kernels.act_quant import act_quant_prepare, act_quant_traced  # noqa: E402
 from autoopt.backend.quant import (  # noqa: E402
     dequantize,
     quantize,
@@ -127,6 +127,15 @@ def test_activation_quantization_kernel_matches_the_torch_reference(spec):
     act_quant_prepare(x, q, s, group=0 if spec == "fp8" else 128)()
     rq, rs = quantize_activations(x, fmt)
     assert torch.equal(s, rs) and torch.equal(q.float(), rq.float())
+
+
+def test_the_traceable_activation_quantization_matches_the_torch_reference():
+    # the launch torch.compile traces for the vendor fp8 GEMM (ops._quant_linear_traced): same kernel, own buffers
+    x = torch.randn(5, 300, generator=torch.Generator().manual_seed(1)).bfloat16().to(DEVICE)
+    x[2] = 0
+    q, s = act_quant_traced(x)
+    rq, rs = quantize_activations(x, parse_weight("fp8"))
+    assert q.dtype == torch.float8_e4m3fn and torch.equal(s, rs) and torch.equal(q.float(), rq.float())
 
 
 # -- decode GEMV --------------------------------------------------------------------------------

@@ -586,8 +586,49 @@ def quant_linear(x: Tensor, qweight: Tensor, scales: Tensor, offsets: Tensor | N
         return dequant_linear(x, _packed(qweight, scales, offsets, weight, k), bias)
     if _direct(x, qweight, scales, offsets, bias):
         return _quant_linear_impl(x, qweight, scales, offsets, bias, weight, k)
+    if _compiling():
+        mask, given = _present(offsets, bias)
+        return _quant_linear_traced(x, qweight, scales, weight, k, mask, *given)  # a traced function takes no None
     out: Tensor = torch.ops.autoopt.quant_linear(x, qweight, scales, offsets, bias, weight, k)
     return out
+
+
+@_traced
+def _quant_linear_traced(x: Tensor, qweight: Tensor, scales: Tensor, weight: str, k: int, mask: tuple[bool, ...],
+                         *given: Tensor) -> Tensor:
+    """Under torch.compile: where cuBLASLt's FP8 GEMM is chosen (a W8A8 ``fp8`` GEMM, static shapes), the graph
+    holds the activation quantization (a traced Triton launch) and ``torch._scaled_mm`` themselves, and the
+    compiled graph launches both: no custom op's Python a call. Otherwise the custom op."""
+    offsets, bias = _given(mask, given)
+    _check_quant_linear(x, qweight, scales, offsets, bias, weight, k)
+    qw = _packed(qweight, scales, offsets, weight, k)
+    m = math.prod(x.shape[:-1])
+    if _scaled_mm_chosen(m, qw, x):
+        from autoopt.backend.kernels.act_quant import act_quant_traced
+
+        a = x.reshape(m, k)
+        q, s = act_quant_traced(a if a.stride(-1) == 1 else a.contiguous())
+        out = torch._scaled_mm(q, qweight.t(), scale_a=s[:, None], scale_b=scales.float()[None, :],
+                               out_dtype=x.dtype)
+        out = out if bias is None else out + bias
+        return out.view(*x.shape[:-1], qw.n)
+    traced: Tensor = torch.ops.autoopt.quant_linear(x, qweight, scales, offsets, bias, weight, k)
+    return traced
+
+
+def _scaled_mm_chosen(m: Any, qw: Any, x: Tensor) -> bool:
+    """At trace time: whether this static-shape quantized linear runs the vendor W8A8 path (per-token ``fp8`` on
+    an sm_90+ GPU, where the dispatch predicts cuBLASLt faster), as :func:`_quant_linear_impl` would run it."""
+    fmt = qw.fmt
+    if type(m) is not int or m <= 0 or fmt.name != "fp8" or fmt.activation != "per_token":
+        return False
+    if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) < (9, 0):
+        return False
+    choice = choose("quant_linear", matmul_kind(m), (m, qw.n, qw.k), x.dtype, x.device, weight=fmt.spec)
+    if choice.fallback is None or not choice.fallback.startswith(VENDOR):
+        return False
+    note_fallback("quant_linear", choice.fallback)
+    return True
 
 
 # -- norms --------------------------------------------------------------------------------------------------

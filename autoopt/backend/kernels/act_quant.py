@@ -19,9 +19,9 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from autoopt.backend.kernels import interpreter_active
+from autoopt.backend.kernels import interpreter_active, traceable
 
-__all__ = ["act_quant_prepare", "round_to_e4m3"]
+__all__ = ["act_quant_prepare", "act_quant_traced", "round_to_e4m3"]
 
 #: K elements a per-token program loads at once: 4 warps x 32 lanes x 8 elements (16-byte loads of bf16)
 _BLOCK_K = 1024
@@ -104,3 +104,20 @@ def act_quant_prepare(x: Any, q: Any, scales: Any, *, group: int = 0) -> Callabl
         _act_quant_group_kernel[(m,)](x, q, scales, k, ng, x.stride(0), q.stride(0), scales.stride(0),
                                       GROUP=group, GROUPS=_GROUPS, EXACT_FP8=exact, num_warps=4)
     return run_group
+
+
+def act_quant_traced(x: Any) -> tuple[Any, Any]:
+    """Per-token e4m3 ``q`` ``[M, K]`` and fp32 scales ``[M]`` of ``x`` ``[M, K]`` (unit stride along K), as
+    :func:`act_quant_prepare` makes them, allocated here and launched through
+    :func:`~autoopt.backend.kernels.traceable`: traced by ``torch.compile``, the compiled graph launches the
+    kernel itself instead of calling back into a custom op's Python."""
+    import torch
+
+    m, k = x.shape
+    if x.stride(1) != 1:
+        raise ValueError("activation quantization reads rows of unit stride along K")
+    q = torch.empty((m, k), device=x.device, dtype=torch.float8_e4m3fn)
+    s = torch.empty((m,), device=x.device, dtype=torch.float32)
+    traceable(_act_quant_token_kernel)[(m,)](x, q, s, k, x.stride(0), q.stride(0), BLOCK_K=_BLOCK_K,
+                                             EXACT_FP8=interpreter_active(), num_warps=4)
+    return q, s

@@ -1,0 +1,80 @@
+"""Is fp8's compiled prefill bound by the host, and does tracing the vendor GEMM fix it (issue 27: a 1 x 2048 fp8
+prefill through torch.compile took 47.8 ms on one H100 machine and 80.2 ms on another, against bf16's steady
+55.6-56.5 ms; ``h100/quant_e2e_decode_graphs_run2.json``, ``_run3.json``)?
+
+One process, Llama-3-8B architecture with random weights (``--layers``), ``optimize(weights="fp8")``, the forward
+compiled with static shapes, over 1 x 2048 tokens; per variant the median wall time (synchronised), the host time
+to issue one forward without waiting (``enqueue_ms``: over the wall time, the forward is bound by the host), and
+the last-position logits against the first variant's:
+
+- ``traced``: where cuBLASLt's fp8 GEMM is chosen the graph holds the activation quantization and
+  ``torch._scaled_mm`` (``autoopt.nn.ops._quant_linear_traced``);
+- ``custom_op``: the same model with that path off, every quantized linear the ``autoopt::quant_linear`` op;
+- ``transformers bf16``: the model before optimize(), compiled the same way (the issue's comparison).
+
+    PYTHONPATH=. python benchmarks/probes/fp8_prefill_host.py --out $OUT/fp8_prefill_host.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def timed(model: Any, ids: Any) -> tuple[dict[str, float], Any]:
+    import torch
+
+    from autoopt.nn.e2e import _median_ms
+    from benchmarks.e2e_prefill_profile import _enqueue_ms
+
+    torch._dynamo.reset()
+    forward = torch.compile(model.forward, dynamic=False)
+
+    def step() -> Any:
+        with torch.inference_mode():
+            return forward(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+
+    wall = _median_ms(step, "cuda", 5)
+    return {"measured_prefill_ms": round(wall, 3), "enqueue_ms": round(_enqueue_ms(step), 3)}, step()[:, -1].float()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import torch
+
+    from autoopt.nn import ops
+    from autoopt.nn.e2e import build_model
+    from autoopt.nn.optimize import optimize
+    from benchmarks.quant_e2e import environment
+
+    report: dict[str, Any] = {"env": environment(), "layers": args.layers, "tokens": 2048, "variants": {}}
+    model = build_model("llama-3-8b", dtype="bf16", device="cuda", layers=args.layers)
+    ids = torch.randint(0, model.config.vocab_size, (1, 2048), device="cuda",
+                        generator=torch.Generator(device="cuda").manual_seed(0))
+    report["variants"]["transformers bf16"], _ = timed(model, ids)
+    optimize(model, weights="fp8")
+    row, ref = timed(model, ids)
+    report["variants"]["traced"] = row
+    chosen = ops._scaled_mm_chosen
+    ops._scaled_mm_chosen = lambda *a: False  # type: ignore[assignment]
+    try:
+        row, got = timed(model, ids)
+    finally:
+        ops._scaled_mm_chosen = chosen  # type: ignore[assignment]
+    row["logits_rel_err_vs_traced"] = round(float((got - ref).norm() / ref.norm()), 6)
+    report["variants"]["custom_op"] = row
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
