@@ -186,6 +186,17 @@ def test_swiglu_reads_the_halves_in_place(dtype, lead):
     assert ("swiglu", "silu_mul") in kernels_ran()
 
 
+@pytest.mark.parametrize("lead", [(1,), (4,), (2, 3)], ids=lambda s: "x".join(map(str, s)))
+def test_the_swiglu_triton_op_runs_the_kernel_as_the_custom_op_does(lead):
+    # torch.ops.autoopt.swiglu_kernel is what torch.compile traces on a GPU; eagerly it launches the same kernel
+    gu = rnd(*lead, 2 * 48, scale=2)
+    assert torch.equal(torch.ops.autoopt.swiglu_kernel(gu), torch.ops.autoopt.swiglu(gu))
+
+
+def test_only_a_gpu_tensor_takes_the_swiglu_triton_op():
+    assert not ops._swiglu_triton_op_runs(rnd(4, 2 * 48)[:, :48])
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_add_matches_torch(dtype):
     x, y = rnd(3, 5, 33, dtype=dtype), rnd(3, 5, 33, dtype=dtype)
@@ -707,3 +718,30 @@ def test_inductor_reduce_overhead_runs_the_custom_ops_under_cuda_graphs():
         for _ in range(3):  # warm-up runs, then recorded and replayed graphs
             out = compiled(x)
         close(out, ref, 1e-3)
+
+
+def test_a_traceable_kernel_launches_itself_on_plain_tensors_and_through_wrap_triton_while_traced(monkeypatch):
+    # wrap_triton's eager call runs its higher-order op: 444 us of host time a launch on an H100 machine
+    from autoopt.backend import kernels as bk
+
+    launched = []
+    kernel = type("K", (), {"__getitem__": lambda self, grid: lambda *a, **kw: launched.append(("kernel", grid))})()
+    wrapped = type("W", (), {"__getitem__": lambda self, grid: lambda *a, **kw: launched.append(("wrapped", grid))})()
+    t = object.__new__(bk._Traceable)
+    t.kernel, t.wrapped = kernel, wrapped
+    t[(3,)](rnd(4), 7)
+    monkeypatch.setattr(bk, "_tracing", lambda args: True)
+    t[(5,)](rnd(4), 7)
+    assert launched == [("kernel", (3,)), ("wrapped", (5,))]
+
+
+def test_fake_tensors_count_as_traced():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from autoopt.backend.kernels import _tracing
+
+    assert not _tracing((rnd(4), 1))
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(rnd(4))
+        assert _tracing((fake,))
+    assert _tracing((mode.from_tensor(rnd(4)),))

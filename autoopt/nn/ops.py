@@ -895,7 +895,42 @@ def _swiglu_traced(gate_up: Tensor) -> Tensor:
     gate, up = _halves(gate_up)
     if _torch_chosen("swiglu", "silu_mul", _rows(gate), gate.dtype, gate.device):
         return F.silu(gate) * up
+    if _swiglu_triton_op_runs(gate):
+        traced: Tensor = torch.ops.autoopt.swiglu_kernel(gate_up)
+        return traced
     out: Tensor = torch.ops.autoopt.swiglu(gate_up)
+    return out
+
+
+def _swiglu_triton_op_runs(gate: Tensor) -> bool:
+    """At trace time (static shapes): whether the SwiGLU ``triton_op`` takes this gate half: a GPU tensor
+    whose rows the gated kernel reads (unit stride along the last dim, one stride between rows) and whose
+    choice is a kernel (the fused-MoE op's reason: ``autoopt.nn._moe._fused_moe_traced``)."""
+    from autoopt.backend.kernels.gated import rows_view
+
+    rows, n = _rows(gate)
+    if gate.device.type != "cuda" or gate.numel() == 0 or not all(type(d) is int for d in (rows, n)):
+        return False
+    if rows_view(gate) is None:
+        return False
+    choice = choose("swiglu", "silu_mul", (rows, n), gate.dtype, gate.device)
+    return choice.fallback is None and choice.config is not None
+
+
+@torch.library.triton_op(f"{_LIB}::swiglu_kernel", mutates_args=())
+def _swiglu_kernel_op(gate_up: Tensor) -> Tensor:
+    """SwiGLU where the compiled graph launches the gated kernel itself (a ``triton_op``: its launch goes
+    through :func:`~autoopt.backend.kernels.traceable`), as the custom op's body does in Python every call:
+    under torch.compile on an H100 machine that body took 364 us of host time a call at 2048 x 14336
+    (``benchmarks/results/h100/fp8_prefill_host_l8_profile.json``)."""
+    from autoopt.backend.kernels.gated import gated_prepare
+
+    _check_swiglu(gate_up)
+    gate, up = _halves(gate_up)
+    choice = choose("swiglu", "silu_mul", _rows(gate), gate.dtype, gate.device)
+    assert choice.config is not None
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    gated_prepare(gate, up, out, dict(choice.config.params), gelu=False)()
     return out
 
 

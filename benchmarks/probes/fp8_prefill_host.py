@@ -7,9 +7,10 @@ compiled with static shapes, over 1 x 2048 tokens; per variant the median wall t
 to issue one forward without waiting (``enqueue_ms``: over the wall time, the forward is bound by the host), and
 the last-position logits against the first variant's:
 
-- ``traced``: where cuBLASLt's fp8 GEMM is chosen the graph holds the activation quantization and
-  ``torch._scaled_mm`` (``autoopt.nn.ops._quant_linear_traced``);
-- ``custom_op``: the same model with that path off, every quantized linear the ``autoopt::quant_linear`` op;
+- ``F traced``: ``optimize(weights=F)`` for each of ``--formats``; where cuBLASLt's fp8 GEMM is chosen the graph
+  holds the activation quantization and ``torch._scaled_mm`` (``autoopt.nn.ops._quant_linear_traced``), and the
+  SwiGLU kernel is a ``triton_op`` launch (:data:`TRACED_PATHS`);
+- ``F custom_op``: the same model with those paths off, each op an ``autoopt::`` custom op;
 - ``transformers bf16``: the model before optimize(), compiled the same way (the issue's comparison).
 
     PYTHONPATH=. python benchmarks/probes/fp8_prefill_host.py --out $OUT/fp8_prefill_host.json
@@ -40,14 +41,51 @@ def timed(model: Any, ids: Any) -> tuple[dict[str, float], Any]:
             return forward(input_ids=ids, use_cache=False, logits_to_keep=1).logits
 
     wall = _median_ms(step, "cuda", 5)
-    return {"measured_prefill_ms": round(wall, 3), "enqueue_ms": round(_enqueue_ms(step), 3)}, step()[:, -1].float()
+    row: dict[str, Any] = {"measured_prefill_ms": round(wall, 3), "enqueue_ms": round(_enqueue_ms(step), 3)}
+    if PROFILE:
+        row["host"] = host_profile(step)
+    return row, step()[:, -1].float()
+
+
+PROFILE = False
+#: the trace-time choices that put a kernel into the compiled graph instead of a custom op's Python
+TRACED_PATHS = ("_scaled_mm_chosen", "_swiglu_triton_op_runs")
+
+
+def host_profile(step: Any) -> dict[str, Any]:
+    """Where one forward's time goes: torch.profiler's kernels of most GPU time and ops of most self CPU time,
+    and cProfile's Python functions of most own and cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    from benchmarks.e2e_prefill_profile import _top_cpu, _top_kernels
+
+    out: dict[str, Any] = {"top_self_cpu": _top_cpu(step, 25), "top_kernels": _top_kernels(step, 25)}
+    prof = cProfile.Profile()
+    torch.cuda.synchronize()
+    prof.enable()
+    step()
+    prof.disable()
+    torch.cuda.synchronize()
+    for order, count in (("tottime", 30), ("cumulative", 50)):
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats(order).print_stats(count)
+        out[f"cprofile_{order}"] = s.getvalue()
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--formats", default="fp8", help="optimize() formats, comma list")
+    ap.add_argument("--profile", action="store_true", help="also profile one forward's host time per variant")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    global PROFILE
+    PROFILE = args.profile
     import torch
 
     from autoopt.nn import ops
@@ -60,17 +98,23 @@ def main() -> int:
     ids = torch.randint(0, model.config.vocab_size, (1, 2048), device="cuda",
                         generator=torch.Generator(device="cuda").manual_seed(0))
     report["variants"]["transformers bf16"], _ = timed(model, ids)
-    optimize(model, weights="fp8")
-    row, ref = timed(model, ids)
-    report["variants"]["traced"] = row
-    chosen = ops._scaled_mm_chosen
-    ops._scaled_mm_chosen = lambda *a: False  # type: ignore[assignment]
-    try:
-        row, got = timed(model, ids)
-    finally:
-        ops._scaled_mm_chosen = chosen  # type: ignore[assignment]
-    row["logits_rel_err_vs_traced"] = round(float((got - ref).norm() / ref.norm()), 6)
-    report["variants"]["custom_op"] = row
+    for i, fmt in enumerate(args.formats.split(",")):
+        if i:
+            del model
+            model = build_model("llama-3-8b", dtype="bf16", device="cuda", layers=args.layers)
+        optimize(model, weights=fmt)
+        row, ref = timed(model, ids)
+        report["variants"][f"{fmt} traced"] = row
+        saved = {name: getattr(ops, name) for name in TRACED_PATHS}
+        for name in TRACED_PATHS:
+            setattr(ops, name, lambda *a: False)
+        try:
+            row, got = timed(model, ids)
+        finally:
+            for name, fn in saved.items():
+                setattr(ops, name, fn)
+        row["logits_rel_err_vs_traced"] = round(float((got - ref).norm() / ref.norm()), 6)
+        report["variants"][f"{fmt} custom_op"] = row
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     return 0
