@@ -321,7 +321,10 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
 #:   graphed steps are generate_host_fit.json's (int4 3.41, fp8 4.28, bf16 6.22 ms); the other files time the
 #:   step eager-captured, within 0.4 % of each other on all four machines (int4 4.403-4.411, fp8 5.248-5.269
 #:   ms), so the GPU step is taken as the same there. The same machine gave fp8 0.77 and 1.50 ms in two
-#:   processes: the loop, not the GPU, moves.
+#:   processes: the loop, not the GPU, moves. Since the decode graph also builds the 4D attention mask itself
+#:   (2026-11-28, later), one same-run pair: int4 0.81 ms (generate() 4.18 over the graphed step's 3.37 ms,
+#:   h100/generate_host_masks.json); quant_e2e_triton_ops.json's int4 3.88 ms a token puts it near 0.5 ms
+#:   against the other runs' graphed step. Not refitted on one pair: the constant is from before that change.
 #:
 #: A host CPU unlike those machines' moves it. Uncompiled, the step itself is the host's
 #: (:data:`EAGER_HOST_LAYER_US`) and this loop comes on top.
@@ -336,7 +339,11 @@ GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 1330.0}
 #:   sample, the same harness's one-GPU rows in the 2- and 4-GPU runs measured medians 10.37 and 13.15 ms
 #:   (predicted over measured 1.17 and 0.93), and 32-layer eager generate() less its loop 42.6-44.0 ms on an
 #:   H100 host and 32.6-46.1 ms on H200 hosts against 48.6 predicted: a host-bound step varies +-30 % from run
-#:   to run and host to host.
+#:   to run and host to host. Measured while kernels launched through ``wrap_triton`` (the SwiGLU a layer; a
+#:   fused-MoE layer's align, two GEMMs and activation) paid its higher-order op's eager dispatch, 444 us of host
+#:   time a SwiGLU call at 2048 rows on an H100 host, 68 us since they launch themselves outside tracing
+#:   (2026-11-28, h100/op_host.json, op_host_direct.json): an uncompiled optimize()d layer now takes up to
+#:   ~0.4 ms less than this, not yet re-measured.
 #: - ``transformers`` (its own modules, uncompiled): eager generate() less :data:`GENERATE_HOST_US`, per layer,
 #:   Llama-3-8B H100 1.30 and 1.24, H200 0.67, 0.69, 0.74 and 0.71, Qwen2.5-7B H200 1.39 and 0.91 ms
 #:   (e2e_*.json, batch 1 and 16): median 825 us.
