@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,29 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def host_us(fn: Callable[[], Any], reps: int = 30) -> float:
-    import torch
+    """Median host time to issue one call with the GPU idle before it, in us."""
+    from benchmarks.e2e_prefill_profile import _enqueue_ms
 
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return round(statistics.median(times), 1)
+    return round(_enqueue_ms(fn, reps) * 1e3, 1)
 
 
 def gpu_us(fn: Callable[[], Any], reps: int = 30) -> float:
-    import torch
+    """Median wall time of one call, synchronised, in us."""
+    from autoopt.nn.e2e import _median_ms
 
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e6)
-    return round(statistics.median(times), 1)
+    return round(_median_ms(fn, "cuda", reps) * 1e3, 1)
 
 
 def doors(impl: Callable[[], Any], op: Callable[[], Any], compiled: Callable[[], Any]) -> dict[str, Any]:
