@@ -52,8 +52,8 @@ def traceable(kernel: Any) -> Any:
     with its own launcher instead of calling back into Python (a custom op's body costs a MoE layer ~0.8 ms of
     host time a call: ``benchmarks/results/h100/moe_prefill_host_*.json``). Outside tracing it launches the
     kernel itself: ``wrap_triton``'s eager call goes through its higher-order op, which took 444 us of host
-    time a SwiGLU call at 2048 x 14336 on an H100 machine, for a kernel of ~60 us
-    (``benchmarks/results/h100/op_host.json``)."""
+    time a SwiGLU call at 2048 x 14336 on an H100 machine, for a kernel of 54 us (``op_host.json``,
+    ``fp8_prefill_host_l8_kernels.json`` in ``benchmarks/results/h100/``)."""
     return _Traceable(kernel)
 
 
