@@ -23,9 +23,10 @@ transformers = pytest.importorskip("transformers")
 
 from torch import nn  # noqa: E402
 
+from autoopt.backend.quant import quantize  # noqa: E402
 from autoopt.errors import AutooptError, RestoreError, WeightFormatError  # noqa: E402
 from autoopt.kernels.quant import parse_weight  # noqa: E402
-from autoopt.nn import compare, dispatch  # noqa: E402
+from autoopt.nn import compare, dispatch, ops  # noqa: E402
 from autoopt.nn.modules import Replacement  # noqa: E402
 from autoopt.nn.optimize import optimize, restore  # noqa: E402
 from autoopt.nn.quant_modules import AutooptQuantGatedMLP, AutooptQuantLinear, AutooptQuantQKV, QuantLinear  # noqa: E402
@@ -373,6 +374,46 @@ def test_a_compiled_quant_linear_with_offsets_and_bias_keeps_the_custom_op_off_t
     assert "autoopt.quant_linear.default" in seen and "aten._scaled_mm.default" not in seen, seen
 
 
+def test_the_traced_dequant_path_gives_the_custom_ops_output(monkeypatch):
+    # what torch.compile traces where the dequantize + cuBLAS path is chosen (a GPU at prefill sizes; the choice is
+    # forced here): the dequantization kernel and a GEMM, run eagerly on the CPU's interpreter
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(3)).bfloat16()
+    qw = quantize(w, "int4-asym")
+    x = torch.randn(2, 10, 256, generator=torch.Generator().manual_seed(4)).bfloat16()
+    bias = torch.randn(64).bfloat16()
+    monkeypatch.setattr(ops, "_dequant_mm_params", lambda m, q, a: dict(BLOCK_N=16, BLOCK_K=128, num_warps=2))
+    got = ops._quant_linear_traced(x, qw.qweight, qw.scales, "int4-asym", 256, (True, True), qw.offsets, bias)
+    want = ops.dequant_linear(x, qw, bias)
+    assert got.shape == (2, 10, 64) and rel(got.float(), want.float()) < 1e-2
+
+
+def test_the_dequant_path_is_traced_only_on_a_gpu():
+    qw = quantize(torch.randn(64, 256).bfloat16(), "int4")
+    assert ops._dequant_mm_params(2048, qw, torch.empty(2048, 256, dtype=torch.bfloat16)) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor traces wrap_triton launches on a GPU only")
+def test_a_compiled_quant_linear_on_the_dequant_path_holds_the_kernel_and_the_gemm():
+    from torch._dynamo.backends.common import aot_autograd
+
+    seq = nn.Sequential(nn.Linear(4096, 4096, bias=False)).to("cuda", torch.bfloat16)
+    optimize(seq, weights="int4")
+    x = torch.randn(2048, 4096, dtype=torch.bfloat16, device="cuda")
+    seen: list[str] = []
+
+    def spy(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = seq(x)
+        compiled = torch.compile(seq, backend=aot_autograd(fw_compiler=spy), fullgraph=True)(x)
+    torch._dynamo.reset()
+    assert "autoopt.quant_linear.default" not in seen and "aten.mm.default" in seen, seen
+    assert rel(compiled.float(), eager.float()) <= 1e-3
+
+
 # -- the CLI: bench --model ... --weights ------------------------------------------------------------------------------
 
 def test_bench_model_weights_quantizes_the_optimize_variant(tmp_path, capsys, torch_fallback):
@@ -419,9 +460,7 @@ def test_a_prefill_rank_gives_to_dequantize_and_cublas_runs_that_path(spec):
         pytest.skip("Triton's interpreter is off (a GPU reaches this path at its own prefill shapes)")
     from dataclasses import replace
 
-    from autoopt.backend.quant import quantize
     from autoopt.kernels.config import KernelConfig
-    from autoopt.nn import ops
 
     torch.manual_seed(0)
     qw = quantize(torch.randn(256, 192) / 192 ** 0.5, spec)

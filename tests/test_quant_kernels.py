@@ -272,6 +272,19 @@ def test_dequant_writes_dequantize_exactly_in_fp32(spec):
     assert torch.allclose(out, dequantize(q).to(DEVICE), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("spec", ["int4-asym", "fp8_block-wo"])
+def test_the_traceable_dequant_writes_what_the_launcher_writes(spec):
+    # the launch torch.compile traces for the dequantize + cuBLAS path (ops._quant_linear_traced): its own buffer
+    from autoopt.backend.kernels.quant_dequant import dequant_prepare, dequant_traced
+
+    q = quantize(torch.randn(130, 300, generator=torch.Generator().manual_seed(7)).bfloat16().to(DEVICE), spec)
+    params = dict(BLOCK_N=16, BLOCK_K=128, num_warps=2)
+    out = torch.empty((130, 300), dtype=torch.bfloat16, device=DEVICE)
+    dequant_prepare(q, out, params)()
+    got = dequant_traced(q, torch.bfloat16, params)
+    assert got.shape == (130, 300) and got.dtype == torch.bfloat16 and torch.equal(got, out)
+
+
 def test_dequant_cublas_adds_the_bias_and_rejects_w8a8():
     op = OpSpec(kind="gemm", shape=(33, 100, 256), dtype="fp16", weight="int4")
     inputs = registry.make_inputs(op, DEVICE, seed=3)

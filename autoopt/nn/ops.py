@@ -598,7 +598,8 @@ def _quant_linear_traced(x: Tensor, qweight: Tensor, scales: Tensor, weight: str
                          *given: Tensor) -> Tensor:
     """Under torch.compile: where cuBLASLt's FP8 GEMM is chosen (a W8A8 ``fp8`` GEMM, static shapes), the graph
     holds the activation quantization (a traced Triton launch) and ``torch._scaled_mm`` themselves, and the
-    compiled graph launches both: no custom op's Python a call. Otherwise the custom op."""
+    compiled graph launches both: no custom op's Python a call. Where the dequantize + cuBLAS path is chosen, the
+    same for its dequantization kernel and GEMM. Otherwise the custom op."""
     offsets, bias = _given(mask, given)
     _check_quant_linear(x, qweight, scales, offsets, bias, weight, k)
     qw = _packed(qweight, scales, offsets, weight, k)
@@ -612,8 +613,31 @@ def _quant_linear_traced(x: Tensor, qweight: Tensor, scales: Tensor, weight: str
                                out_dtype=x.dtype)
         out = out if bias is None else out + bias
         return out.view(*x.shape[:-1], qw.n)
+    params = _dequant_mm_params(m, qw, x)
+    if params is not None:
+        from autoopt.backend.kernels.quant_dequant import dequant_traced
+
+        a = x.reshape(m, k)
+        out = F.linear(a, dequant_traced(qw, x.dtype, params), None if bias is None else bias.to(x.dtype))
+        return out.view(*x.shape[:-1], qw.n)
     traced: Tensor = torch.ops.autoopt.quant_linear(x, qweight, scales, offsets, bias, weight, k)
     return traced
+
+
+def _dequant_mm_params(m: Any, qw: Any, x: Tensor) -> dict[str, int] | None:
+    """At trace time: the dequantization kernel's config where this static-shape quantized linear runs the
+    dequantize + cuBLAS path on a GPU (weight-only formats at prefill sizes, as :func:`_quant_linear_impl`
+    would run it), else None. The graph then holds the dequantization kernel and the GEMM: the custom op's body
+    took 112-130 us of host time a call at 2048 x 4096 x 4096 in int4 on two H100 hosts
+    (``benchmarks/results/h100/op_host.json``, ``op_host_direct.json``)."""
+    if type(m) is not int or m <= 0 or x.device.type != "cuda" or qw.fmt.quantizes_activations:
+        return None
+    if max(m * qw.k, m * qw.n, qw.qweight.numel()) >= _INDEX_LIMIT:
+        return None
+    choice = choose("quant_linear", matmul_kind(m), (m, qw.n, qw.k), x.dtype, x.device, weight=qw.fmt.spec)
+    if choice.fallback is not None or choice.config is None or choice.config.kernel != "quant_dequant_cublas":
+        return None
+    return dict(choice.config.params)
 
 
 def _scaled_mm_chosen(m: Any, qw: Any, x: Tensor) -> bool:

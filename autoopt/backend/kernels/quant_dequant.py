@@ -20,7 +20,8 @@ The dequantization kernel (one program per ``[BLOCK_N, BLOCK_K]`` tile) writes e
 - e4m3: ``e4m3_bits_scaled`` (two INT32 ops) times ``2^120 * scale`` (per row, or per 128-block).
 
 The GEMM is ``torch.addmm``/``torch.mm`` into ``out`` (the scratch is allocated once per prepare,
-outside any timed region).
+outside any timed region). Under ``torch.compile`` the quantized linear traces as :func:`dequant_traced` and a
+GEMM instead, both launched by the compiled graph.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from autoopt.backend.kernels import traceable
 from autoopt.backend.kernels.quant_gemv import FMT_CODES, e4m3_bits_scaled
 
-__all__ = ["dequant_prepare", "quant_dequant_cublas_prepare"]
+__all__ = ["dequant_prepare", "dequant_traced", "quant_dequant_cublas_prepare"]
 
 
 @triton.jit
@@ -91,10 +93,8 @@ def _dequant_kernel(w_ptr, s_ptr, z_ptr, o_ptr, N, K, NG, stride_wn, stride_sn, 
         tl.store(o_ptr + offs_n[:, None] * stride_on + offs_k[None, :], w.to(o_ptr.dtype.element_ty), mask=ok)
 
 
-def dequant_prepare(qw: Any, out: Any, params: dict[str, int]) -> Callable[[], None]:
-    """A launcher writing ``dequantize(qw)`` rounded to ``out``'s dtype into ``out`` ``[N, K]`` (unit
-    stride along K). ``params``: ``BLOCK_N``, ``BLOCK_K`` (int4: a multiple or a divisor of the
-    group), ``num_warps``."""
+def _launch(qw: Any, out: Any, params: dict[str, int]) -> tuple[tuple[int, int], tuple[Any, ...], dict[str, Any]]:
+    """(grid, arguments, meta-parameters) of the dequantization kernel writing ``qw`` into ``out``."""
     import torch
 
     f, n, k = qw.fmt, qw.n, qw.k
@@ -108,15 +108,33 @@ def dequant_prepare(qw: Any, out: Any, params: dict[str, int]) -> Callable[[], N
     s = qw.scales
     z = qw.offsets if qw.offsets is not None else s
     ng = s.shape[1] if s.dim() == 2 else 1
-    kp = f.padded_k(k)
-    grid = (triton.cdiv(n, bn), triton.cdiv(kp, bk))
+    grid = (triton.cdiv(n, bn), triton.cdiv(f.padded_k(k), bk))
     meta = dict(FMT=FMT_CODES[f.name], G=g, HAS_Z=qw.offsets is not None, BLOCK_N=bn, BLOCK_K=bk,
                 num_warps=params.get("num_warps", 4))
-    stride_sn = s.stride(0)
+    return grid, (w, s, z, out, n, k, ng, w.stride(0), s.stride(0), out.stride(0)), meta
+
+
+def dequant_prepare(qw: Any, out: Any, params: dict[str, int]) -> Callable[[], None]:
+    """A launcher writing ``dequantize(qw)`` rounded to ``out``'s dtype into ``out`` ``[N, K]`` (unit
+    stride along K). ``params``: ``BLOCK_N``, ``BLOCK_K`` (int4: a multiple or a divisor of the
+    group), ``num_warps``."""
+    grid, args, meta = _launch(qw, out, params)
 
     def run() -> None:
-        _dequant_kernel[grid](w, s, z, out, n, k, ng, w.stride(0), stride_sn, out.stride(0), **meta)
+        _dequant_kernel[grid](*args, **meta)
     return run
+
+
+def dequant_traced(qw: Any, dtype: Any, params: dict[str, int]) -> Any:
+    """``dequantize(qw)`` rounded to ``dtype``, a new ``[N, K]`` tensor, launched through
+    :func:`~autoopt.backend.kernels.traceable`: under torch.compile the graph holds the kernel and launches it
+    itself (the prefill's dequantize + cuBLAS path without a custom op's Python: ``autoopt.nn.ops``)."""
+    import torch
+
+    out = torch.empty((qw.n, qw.k), device=qw.qweight.device, dtype=dtype)
+    grid, args, meta = _launch(qw, out, params)
+    traceable(_dequant_kernel)[grid](*args, **meta)
+    return out
 
 
 def quant_dequant_cublas_prepare(a: Any, qw: Any, out: Any, params: dict[str, int], *,
