@@ -19,8 +19,8 @@ stream with the cache's step counters put back afterwards (each forward advances
 :func:`install` also hands ``generate()`` the 2D padding mask, zero-padded to the static cache's length, where
 transformers would build the 4D attention mask on the host every token (``create_masks_for_generate``, a model's
 own version kept): the forward then builds it inside the captured step. On an H100 (int4 Llama-3-8B, batch 1, same
-run: ``benchmarks/results/h100/generate_host_masks.json``) the loop's host time between steps went from 4.06 to
-3.74 ms and the median step from 4.48 to 4.22 ms.
+run: ``benchmarks/results/h100/generate_host_masks.json``) the time between compiled calls (the rest of the loop,
+its wait for the GPU included) went from 4.06 to 3.74 ms and the median step from 4.48 to 4.22 ms.
 
 What it cannot capture goes to transformers' own compiled call, as before, with the reason logged once: a cache
 other than transformers' full-attention static layers (a sliding-window layer keeps a Python counter a replay would
