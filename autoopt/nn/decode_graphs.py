@@ -332,23 +332,29 @@ def _padding_mask_only(*args: Any, **kwargs: Any) -> Any:
     that 4D mask on the host every token (a dozen small ops: part of the loop's per-token host time). Anything
     else (positional arguments, no 2D mask, mask functions, another cache) goes to transformers' function, with
     the arguments as given (transformers 5.17 names the cache ``past_key_values``, later versions ``cache``)."""
-    from transformers import masking_utils
+    mask: Any = kwargs.get("attention_mask")
+    length = None if args else _padded_length(mask, kwargs)
+    if length is None:
+        from transformers import masking_utils
 
-    mask = kwargs.get("attention_mask")
-    cache = kwargs.get("past_key_values", kwargs.get("cache"))
-    extra = ("or_mask_function", "and_mask_function", "block_sequence_ids")
-    if args or mask is None or mask.ndim != 2 or any(kwargs.get(k) is not None for k in extra):
-        return masking_utils.create_masks_for_generate(*args, **kwargs)
-    try:
-        layers = _static_layers(cache)
-    except Uncapturable:
-        return masking_utils.create_masks_for_generate(*args, **kwargs)
-    length = getattr(layers[0], "max_cache_len", None)
-    if not isinstance(length, int) or length < mask.shape[1]:
         return masking_utils.create_masks_for_generate(*args, **kwargs)
     import torch.nn.functional as F
 
     return F.pad(mask, (0, length - mask.shape[1]))
+
+
+def _padded_length(mask: Any, kwargs: dict[str, Any]) -> int | None:
+    """The static cache's length when ``mask`` is a 2D padding mask that fits it and no mask function is asked
+    for; None otherwise."""
+    extra = ("or_mask_function", "and_mask_function", "block_sequence_ids")
+    if mask is None or mask.ndim != 2 or any(kwargs.get(k) is not None for k in extra):
+        return None
+    try:
+        layers = _static_layers(kwargs.get("past_key_values", kwargs.get("cache")))
+    except Uncapturable:
+        return None
+    length = getattr(layers[0], "max_cache_len", None)
+    return length if isinstance(length, int) and length >= mask.shape[1] else None
 
 
 def installed(model: Any) -> list[DecodeGraphs]:
