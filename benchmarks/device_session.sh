@@ -47,6 +47,10 @@ for s in "$@"; do
     regret2)  stage regret2 python3 -m autoopt check regret --model qwen2.5-7b --layers 8 --batches 1,8,16,32 --gpus "${GPUS:-1}" --out "$R/regret_qwen_${GPUS:-1}gpu_layers8.json" ;;
     # issue 29: where the batch-32 graphed step's time goes (predicted 0.62-0.70 of measured), eager and compiled
     b32trace) stage b32trace python3 benchmarks/quant_trace.py --batch 32 --layers 8 --formats autoopt-bf16,fp8 --out "$R/quant_trace_b32_layers8.json" ;;
+    # issue 27: generate() and the compiled 1 x 2048 prefill of int4 and fp8 against bf16 + compile (~340 s: alone)
+    qe2e)     TAIL=12 stage qe2e python3 benchmarks/quant_e2e.py --no-torchao --compiled-prefill --budget-s 400 --out "$R/quant_e2e.json" ;;
+    # issue 29: generate()'s per-token host time over the graphed compiled step, for GENERATE_HOST_US
+    hostfit)  stage hostfit python3 benchmarks/probes/generate_host.py --formats int4,fp8,bf16 --out "$R/generate_host_fit.json" ;;
     *) echo "unknown stage $s" ;;
   esac
 done

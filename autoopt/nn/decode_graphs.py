@@ -19,8 +19,8 @@ stream with the cache's step counters put back afterwards (each forward advances
 :func:`install` also hands ``generate()`` the 2D padding mask, zero-padded to the static cache's length, where
 transformers would build the 4D attention mask on the host every token (``create_masks_for_generate``, a model's
 own version kept): the forward then builds it inside the captured step. On an H100 (int4 Llama-3-8B, batch 1, same
-run: ``benchmarks/results/h100/generate_host_masks.json``) the loop's host time between steps went from 4.06 to
-3.74 ms and the median step from 4.48 to 4.22 ms.
+run: ``benchmarks/results/h100/generate_host_masks.json``) the time between compiled calls (the rest of the loop,
+its wait for the GPU included) went from 4.06 to 3.74 ms and the median step from 4.48 to 4.22 ms.
 
 What it cannot capture goes to transformers' own compiled call, as before, with the reason logged once: a cache
 other than transformers' full-attention static layers (a sliding-window layer keeps a Python counter a replay would
@@ -332,23 +332,29 @@ def _padding_mask_only(*args: Any, **kwargs: Any) -> Any:
     that 4D mask on the host every token (a dozen small ops: part of the loop's per-token host time). Anything
     else (positional arguments, no 2D mask, mask functions, another cache) goes to transformers' function, with
     the arguments as given (transformers 5.17 names the cache ``past_key_values``, later versions ``cache``)."""
-    from transformers import masking_utils
+    mask: Any = kwargs.get("attention_mask")
+    length = None if args else _padded_length(mask, kwargs)
+    if length is None:
+        from transformers import masking_utils
 
-    mask = kwargs.get("attention_mask")
-    cache = kwargs.get("past_key_values", kwargs.get("cache"))
-    extra = ("or_mask_function", "and_mask_function", "block_sequence_ids")
-    if args or mask is None or mask.ndim != 2 or any(kwargs.get(k) is not None for k in extra):
-        return masking_utils.create_masks_for_generate(*args, **kwargs)
-    try:
-        layers = _static_layers(cache)
-    except Uncapturable:
-        return masking_utils.create_masks_for_generate(*args, **kwargs)
-    length = getattr(layers[0], "max_cache_len", None)
-    if not isinstance(length, int) or length < mask.shape[1]:
         return masking_utils.create_masks_for_generate(*args, **kwargs)
     import torch.nn.functional as F
 
     return F.pad(mask, (0, length - mask.shape[1]))
+
+
+def _padded_length(mask: Any, kwargs: dict[str, Any]) -> int | None:
+    """The static cache's length when ``mask`` is a 2D padding mask that fits it and no mask function is asked
+    for; None otherwise."""
+    extra = ("or_mask_function", "and_mask_function", "block_sequence_ids")
+    if mask is None or mask.ndim != 2 or any(kwargs.get(k) is not None for k in extra):
+        return None
+    try:
+        layers = _static_layers(kwargs.get("past_key_values", kwargs.get("cache")))
+    except Uncapturable:
+        return None
+    length = getattr(layers[0], "max_cache_len", None)
+    return length if isinstance(length, int) and length >= mask.shape[1] else None
 
 
 def installed(model: Any) -> list[DecodeGraphs]:

@@ -223,13 +223,18 @@ def _direct(*tensors: Tensor | None) -> bool:
     return all(t is None or type(t) in _PLAIN for t in tensors)
 
 
-def _torch_chosen(op: str, kind: str, shape: tuple[Any, ...], dtype: Any, device: Any) -> bool:
-    """At trace time: whether the dispatch runs the torch op for this key. Only static, non-empty shapes are
-    decided (a symbolic dim has no key); the fallback is noted once, as the graph will run it every call."""
+def _static_choice(op: str, kind: str, shape: tuple[Any, ...], dtype: Any, device: Any) -> Any:
+    """At trace time: the dispatch's choice for a static, non-empty shape; None where a dim is symbolic (no key)."""
     if not all(type(d) is int and d > 0 for d in shape):
-        return False
-    choice = choose(op, kind, shape, dtype, device)
-    if choice.fallback is None:
+        return None
+    return choose(op, kind, shape, dtype, device)
+
+
+def _torch_chosen(op: str, kind: str, shape: tuple[Any, ...], dtype: Any, device: Any) -> bool:
+    """At trace time: whether the dispatch runs the torch op for this key (:func:`_static_choice`); the fallback
+    is noted once, as the graph will run it every call."""
+    choice = _static_choice(op, kind, shape, dtype, device)
+    if choice is None or choice.fallback is None:
         return False
     note_fallback(op, choice.fallback)
     return True
@@ -932,13 +937,11 @@ def _swiglu_triton_op_runs(gate: Tensor) -> bool:
     choice is a kernel (the fused-MoE op's reason: ``autoopt.nn._moe._fused_moe_traced``)."""
     from autoopt.backend.kernels.gated import rows_view
 
-    rows, n = _rows(gate)
-    if gate.device.type != "cuda" or gate.numel() == 0 or not all(type(d) is int for d in (rows, n)):
+    if gate.device.type != "cuda":
         return False
-    if rows_view(gate) is None:
-        return False
-    choice = choose("swiglu", "silu_mul", (rows, n), gate.dtype, gate.device)
-    return choice.fallback is None and choice.config is not None
+    choice = _static_choice("swiglu", "silu_mul", _rows(gate), gate.dtype, gate.device)
+    ok = choice is not None and choice.fallback is None and choice.config is not None
+    return ok and rows_view(gate) is not None
 
 
 @torch.library.triton_op(f"{_LIB}::swiglu_kernel", mutates_args=())

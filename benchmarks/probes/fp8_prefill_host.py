@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-def timed(model: Any, ids: Any) -> tuple[dict[str, float], Any]:
+def timed(model: Any, ids: Any, profile: bool) -> tuple[dict[str, float], Any]:
     import torch
 
     from autoopt.nn.e2e import _median_ms
@@ -43,12 +43,11 @@ def timed(model: Any, ids: Any) -> tuple[dict[str, float], Any]:
 
     wall = _median_ms(step, "cuda", 5)
     row: dict[str, Any] = {"measured_prefill_ms": round(wall, 3), "enqueue_ms": round(_enqueue_ms(step), 3)}
-    if PROFILE:
+    if profile:
         row["host"] = host_profile(step)
     return row, step()[:, -1].float()
 
 
-PROFILE = False
 #: the trace-time choices that put a kernel into the compiled graph instead of a custom op's Python
 TRACED_PATHS = ("_scaled_mm_chosen", "_dequant_mm_params", "_swiglu_triton_op_runs")
 
@@ -85,8 +84,6 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true", help="also profile one forward's host time per variant")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    global PROFILE
-    PROFILE = args.profile
     import torch
 
     from autoopt.nn import ops
@@ -98,19 +95,19 @@ def main() -> int:
     model = build_model("llama-3-8b", dtype="bf16", device="cuda", layers=args.layers)
     ids = torch.randint(0, model.config.vocab_size, (1, 2048), device="cuda",
                         generator=torch.Generator(device="cuda").manual_seed(0))
-    report["variants"]["transformers bf16"], _ = timed(model, ids)
+    report["variants"]["transformers bf16"], _ = timed(model, ids, args.profile)
     for i, fmt in enumerate(args.formats.split(",")):
         if i:
             del model
             model = build_model("llama-3-8b", dtype="bf16", device="cuda", layers=args.layers)
         optimize(model, weights=fmt)
-        row, ref = timed(model, ids)
+        row, ref = timed(model, ids, args.profile)
         report["variants"][f"{fmt} traced"] = row
         saved = {name: getattr(ops, name) for name in TRACED_PATHS}
         for name in TRACED_PATHS:
             setattr(ops, name, lambda *a: None)
         try:
-            row, got = timed(model, ids)
+            row, got = timed(model, ids, args.profile)
         finally:
             for name, fn in saved.items():
                 setattr(ops, name, fn)
