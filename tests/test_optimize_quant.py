@@ -376,11 +376,12 @@ def test_a_compiled_quant_linear_with_offsets_and_bias_keeps_the_custom_op_off_t
 
 def test_the_traced_dequant_path_gives_the_custom_ops_output(monkeypatch):
     # what torch.compile traces where the dequantize + cuBLAS path is chosen (a GPU at prefill sizes; the choice is
-    # forced here): the dequantization kernel and a GEMM, run eagerly on the CPU's interpreter
-    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(3)).bfloat16()
+    # forced here): the dequantization kernel and a GEMM, run eagerly (the CPU's interpreter, or the GPU where one is)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(3)).bfloat16().to(dev)
     qw = quantize(w, "int4-asym")
-    x = torch.randn(2, 10, 256, generator=torch.Generator().manual_seed(4)).bfloat16()
-    bias = torch.randn(64).bfloat16()
+    x = torch.randn(2, 10, 256, generator=torch.Generator().manual_seed(4)).bfloat16().to(dev)
+    bias = torch.randn(64).bfloat16().to(dev)
     monkeypatch.setattr(ops, "_dequant_mm_params", lambda m, q, a: dict(BLOCK_N=16, BLOCK_K=128, num_warps=2))
     got = ops._quant_linear_traced(x, qw.qweight, qw.scales, "int4-asym", 256, (True, True), qw.offsets, bias)
     want = ops.dequant_linear(x, qw, bias)
