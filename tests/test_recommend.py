@@ -337,12 +337,17 @@ def test_runtimes_without_python_modules_have_no_host_bound_step(runtime):
 def test_a_graphed_step_is_not_bound_by_the_host():
     rec = recommend("h100-sxm", "llama-3-8b", batch=1, prompt_len=128, gen_len=128, phase="decode",
                     weight_dtype="bf16", runtime="autoopt", cuda_graphs=True)
-    assert "decode_host_us" not in rec.predicted and rec.predicted["decode_step_us"] < 32 * 1520.0
+    from autoopt.planning.recommendation import EAGER_HOST_LAYER_US
+
+    assert "decode_host_us" not in rec.predicted
+    assert rec.predicted["decode_step_us"] < 32 * EAGER_HOST_LAYER_US["autoopt"]
 
 
-def test_eager_generate_predictions_are_within_the_host_noise_of_the_committed_eager_runs():
-    # out of sample (EAGER_HOST_LAYER_US["autoopt"] was fitted on the regret harness's own 8-layer steps): eager
-    # generate() of the whole model on an H100 and two H200 hosts; a host-bound step varies +-30 % run to run
+def test_eager_generate_predictions_are_within_the_host_noise_below_the_older_eager_runs():
+    # out of sample: eager generate() of the whole model on an H100 and two H200 hosts, measured while the SwiGLU a
+    # layer still paid wrap_triton's eager dispatch (~0.38 ms a layer of host more than today's code, which
+    # EAGER_HOST_LAYER_US["autoopt"] prices): today's price sits at or below them, within the +-30 % a host-bound
+    # step moves run to run
     import json
     from pathlib import Path
 
@@ -356,7 +361,7 @@ def test_eager_generate_predictions_are_within_the_host_noise_of_the_committed_e
                             weight_dtype="bf16", runtime="autoopt")
             ratios.append(rec.predicted["generate_token_us"] / 1e3 / ms)
     assert len(ratios) == 6 and all(0.7 <= r <= 1.5 for r in ratios)
-    assert 0.9 <= sorted(ratios)[3] <= 1.35  # the upper median
+    assert 0.75 <= sorted(ratios)[3] <= 1.0  # the upper median
 
 
 #: committed generate() runs whose optimize()d rows ran transformers' own compiled call (before autoopt's decode

@@ -203,16 +203,35 @@ def _graphed_decode_ms(model: Any, batch: int, prompt: int, steps: int, compiled
     return start.elapsed_time(end) / (steps - 1)
 
 
-def decode_step_ms(model: Any, batch: int, prompt: int, steps: int, *, graphed: bool) -> float:
+#: eager decode steps are timed in this many blocks, this many seconds apart, and the median block reported: a
+#: lent host's Python runs 1.3-1.9x slower in phases of a second or more (12-40 % of 20-step blocks on an H100
+#: host, h100/eager_host_noise_p{1,2}.json), and one block can land inside one
+EAGER_BLOCKS, EAGER_BLOCK_PAUSE_S = 5, 0.5
+
+
+def decode_step_ms(model: Any, batch: int, prompt: int, steps: int, *, graphed: bool,
+                   blocks: int | None = None) -> float:
     """Time of one decode step (forward over a static cache + greedy argmax) at ``batch``: replayed from one
-    CUDA graph (``graphed``, CUDA only), else the median of ``steps`` eager steps, each synchronised."""
+    CUDA graph (``graphed``, CUDA only), else the median over ``blocks`` (default :data:`EAGER_BLOCKS` on a GPU,
+    one on a CPU, whose run checks the path, not the timing) of :func:`_eager_block`."""
     if graphed:
         return _graphed_decode_ms(model, batch, prompt, steps)
+    device = str(next(model.parameters()).device)
+    on_gpu = device.startswith("cuda")
+    times = []
+    for i in range(blocks or (EAGER_BLOCKS if on_gpu else 1)):
+        if i and on_gpu:
+            time.sleep(EAGER_BLOCK_PAUSE_S)
+        times.append(_eager_block(model, batch, prompt, steps, device))
+    return statistics.median(times)
+
+
+def _eager_block(model: Any, batch: int, prompt: int, steps: int, device: str) -> float:
+    """Median of ``steps`` synchronised eager decode steps after a prefill of ``prompt`` tokens, into a static
+    cache of its own (``prompt + steps + CACHE_SLACK`` long: the keys transformers' attention walks)."""
     import torch
     from transformers import StaticCache
 
-    device = str(next(model.parameters()).device)
-    dev = "cuda" if device.startswith("cuda") else device
     cache = StaticCache(config=model.config, max_cache_len=prompt + steps + CACHE_SLACK)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=device)
     with torch.inference_mode():
@@ -223,7 +242,7 @@ def decode_step_ms(model: Any, batch: int, prompt: int, steps: int, *, graphed: 
             logits = model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
             tok.copy_(logits[:, -1:].argmax(-1))
             pos.add_(1)
-        return _median_ms(step, dev, steps)
+        return _median_ms(step, "cuda" if device.startswith("cuda") else device, steps)
 
 
 def _last_logits(model: Any, prompts: Any) -> Any:

@@ -315,39 +315,42 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
 #:   themselves, benchmarks/results/h100/generate_host*.json): H100 bf16 1.85-2.12, fp8 1.64-1.95, int4 1.36-1.94 ms;
 #:   H200 fp8 1.92, int4 1.68 ms (10 pairs, median 1.9 ms; {h100,h200}/quant_e2e*.json against quant_trace*.json,
 #:   measured before optimize() had its own decode graphs); 1.79 ms again on 2026-11-28 (generate_host_fit.json).
-#: - ``autoopt`` (an optimize()d model, whose decode step replays from autoopt.nn.decode_graphs: 0.3-0.6 ms in the
-#:   call): 11 pairs from five runs on four lent H100s, 2026-11-28: int4 0.89-1.51, fp8 0.77-1.72, bf16 1.74 ms;
-#:   median 1.33 ms (h100/generate_host_fit.json, generate_host_graphs.json, quant_e2e_decode_graphs*.json). The
-#:   graphed steps are generate_host_fit.json's (int4 3.41, fp8 4.28, bf16 6.22 ms); the other files time the
-#:   step eager-captured, within 0.4 % of each other on all four machines (int4 4.403-4.411, fp8 5.248-5.269
-#:   ms), so the GPU step is taken as the same there. The same machine gave fp8 0.77 and 1.50 ms in two
-#:   processes: the loop, not the GPU, moves. Since the decode graph also builds the 4D attention mask itself
-#:   (2026-11-28, later), one same-run pair: int4 0.81 ms (generate() 4.18 over the graphed step's 3.37 ms,
-#:   h100/generate_host_masks.json); quant_e2e_triton_ops.json's int4 3.88 ms a token puts it near 0.5 ms
-#:   against the other runs' graphed step. Not refitted on one pair: the constant is from before that change.
+#: - ``autoopt`` (an optimize()d model, whose decode step replays from autoopt.nn.decode_graphs, which also builds the
+#:   4D attention mask inside the captured step): four same-run pairs on two lent H100s, 2026-11-28: int4 0.81
+#:   (h100/generate_host_masks.json), int4 0.57, fp8 0.89, bf16 0.62 ms (h100/generate_host_fit_run2.json: generate()
+#:   medians 3.99, 5.16, 6.87 ms over graphed steps of 3.41, 4.27, 6.25 ms); median 0.71 ms. Before the mask moved
+#:   into the graph, 11 pairs from five runs gave 0.77-1.74 ms (median 1.33; the same file's older version,
+#:   generate_host_graphs.json, quant_e2e_decode_graphs*.json). One process's three generate() calls spread
+#:   0.54-1.70 ms (fp8): the loop, not the GPU, moves.
 #:
 #: A host CPU unlike those machines' moves it. Uncompiled, the step itself is the host's
 #: (:data:`EAGER_HOST_LAYER_US`) and this loop comes on top.
-GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 1330.0}
+GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 710.0}
 #: the host's time a decoder layer of an uncompiled decode step, in us, for the runtimes whose layers are Python
 #: modules issuing one launch per op (no CUDA graph): the step is then bound by the host, not the GPU, and
 #: takes max(GPU time, layers x this). Fitted as medians, hosts of the lent machines (torch 2.11, Python 3.12):
 #:
-#: - ``autoopt`` (an optimize()d model: autoopt's ops through their Python dispatch, transformers' attention):
-#:   the regret harness's 12 uncompiled one-GPU steps of Llama-3-8B cut to 8 layers (4 formats x batch 1, 8,
-#:   32; 10.0-17.6 ms, median 12.17; benchmarks/results/h100/regret_1gpu_layers8.json): 1520 us. Out of
-#:   sample, the same harness's one-GPU rows in the 2- and 4-GPU runs measured medians 10.37 and 13.15 ms
-#:   (predicted over measured 1.17 and 0.93), and 32-layer eager generate() less its loop 42.6-44.0 ms on an
-#:   H100 host and 32.6-46.1 ms on H200 hosts against 48.6 predicted: a host-bound step varies +-30 % from run
-#:   to run and host to host. Measured while kernels launched through ``wrap_triton`` (the SwiGLU a layer; a
-#:   fused-MoE layer's align, two GEMMs and activation) paid its higher-order op's eager dispatch, 444 us of host
-#:   time a SwiGLU call at 2048 rows on an H100 host, 68 us since they launch themselves outside tracing
-#:   (2026-11-28, h100/op_host.json, op_host_direct.json): an uncompiled optimize()d layer now takes up to
-#:   ~0.4 ms less than this, not yet re-measured.
+#: - ``autoopt`` (an optimize()d bf16 model: autoopt's ops through their Python dispatch, transformers'
+#:   attention; quantized formats add :data:`AUTOOPT_QUANT_HOST_LAYER_US`): 1070 us, the median of 80 blocks of
+#:   20 uncompiled batch-1 steps of Llama-3-8B cut to 8 layers, two processes x two builds on one H100 host
+#:   (2026-11-28, h100/eager_host_noise_p{1,2}.json: 8.58 ms a step; int4 9.95, fp8 10.72). The host's speed
+#:   moves in phases of a second or more: 12-40 % of the blocks ran 1.3-1.9x slower (13-19 ms), whether the
+#:   collector was off or the process pinned to one core, with the enqueue still ~all of the step: a block that
+#:   lands in one is that much off this constant, which prices the usual phase. The regret harness's one-GPU
+#:   eager rows (h100/regret_1gpu_layers8_run4.json, _run5.json, the same day) spread 8.9-20.0 ms. Earlier fits
+#:   (1520 us, 2026-11-27) were made while the SwiGLU a layer paid wrap_triton's eager dispatch (444 us of host
+#:   a call at 2048 rows, 68 us since kernels launch themselves outside tracing: h100/op_host.json,
+#:   op_host_direct.json).
 #: - ``transformers`` (its own modules, uncompiled): eager generate() less :data:`GENERATE_HOST_US`, per layer,
 #:   Llama-3-8B H100 1.30 and 1.24, H200 0.67, 0.69, 0.74 and 0.71, Qwen2.5-7B H200 1.39 and 0.91 ms
 #:   (e2e_*.json, batch 1 and 16): median 825 us.
-EAGER_HOST_LAYER_US = {"autoopt": 1520.0, "transformers": 825.0}
+EAGER_HOST_LAYER_US = {"autoopt": 1070.0, "transformers": 825.0}
+#: what an uncompiled optimize()d layer's quantized linears add to :data:`EAGER_HOST_LAYER_US` ``["autoopt"]``, in
+#: us, by weight format: the same probe's medians over bf16's (int4 1244, fp8 1340 us a layer: the packed-weight
+#: checks and the launcher's binding; fp8's W8A8 path its activation quantization). int8 runs int4's dispatch
+#: and GEMV launcher (weight-only) and is priced with its term; the regret harness's int8 eager rows in their
+#: usual phase measured 10.09-10.39 ms at 8 layers against 9.95 priced.
+AUTOOPT_QUANT_HOST_LAYER_US = {"int4": 172.0, "int8": 172.0, "fp8": 268.0}
 #: the same for transformers' modules sharded by its ``tp_plan`` (DTensor dispatch on every rank), as the regret
 #: harness runs tensor parallelism uncompiled: 8-layer steps of 12.5, 13.7 and 11.4 ms on 2 H100s and 21.5, 17.4
 #: and 18.5 ms on 4 (batch 1, 8, 32; regret_{2,4}gpu_layers8.json), median 1940 us a layer; in sample (no other
@@ -355,13 +358,13 @@ EAGER_HOST_LAYER_US = {"autoopt": 1520.0, "transformers": 825.0}
 EAGER_TP_HOST_LAYER_US = 1940.0
 #: the host time of an uncompiled decode step while ``n`` data-parallel replicas step at once on one host, as a
 #: multiple of one process's (:data:`EAGER_HOST_LAYER_US`); between the points linear in ``n`` (1 at one process),
-#: past the last the last slope. Fitted on the regret harness's uncompiled replica steps of Llama-3-8B at 8 layers,
-#: 4 formats x batch 1, 8, 32: medians 13.22 ms on 2 H100s and 18.63 ms on 4 (regret_{2,4}gpu_layers8.json),
-#: over the 12.16 ms one process is priced at. Every replica a Python loop issuing ~1000 launches a step; the
-#: same tables' single-process steps measured 10.36 and 13.15 ms, so replicas ran 1.28x and 1.42x those. Out of
-#: sample, Qwen2.5-7B's replicas measured 16.17 and 19.35 ms (regret_qwen_{2,4}gpu_layers8.json): priced 0.82x
-#: and 0.96x with these, 0.75x and 0.63x without. Run to run a host-bound step moves +-30 %.
-EAGER_REPLICA_HOST_FACTOR = {2: 1.087, 4: 1.532}
+#: past the last the last slope. Fitted on the regret harness's uncompiled steps of Llama-3-8B at 8 layers, 4
+#: formats x batch 1, 8, 32, as the replicas' median over the same table's single-process median (the same host
+#: in the same minutes, so the host's phase cancels): 13.22 / 10.36 ms on 2 H100s, 18.63 / 13.15 ms on 4
+#: (regret_{2,4}gpu_layers8.json). Every replica a Python loop issuing ~1000 launches a step. Out of sample,
+#: Qwen2.5-7B's tables measured 16.17 / 10.81 (1.50) and 19.35 / 16.83 (1.15) (regret_qwen_{2,4}gpu_layers8.json):
+#: a host-bound step moves +-30 % run to run, and the ratio with it.
+EAGER_REPLICA_HOST_FACTOR = {2: 1.275, 4: 1.417}
 
 
 def eager_replica_host_factor(replicas: int) -> float:
@@ -392,12 +395,15 @@ def _eager_host(runtime: str | None, spec: ModelSpec, wl: Workload, predicted: M
                 weight_format: str = "") -> dict[str, float]:
     """An uncompiled decode step of a runtime in :data:`EAGER_HOST_LAYER_US` as the larger of its GPU time
     (``decode_gpu_us``) and its host's (``decode_host_us``; transformers sharded by its ``tp_plan``:
-    :data:`EAGER_TP_HOST_LAYER_US`; a quantized checkpoint's modules: :data:`TRANSFORMERS_QUANT_HOST_LAYER_US`);
+    :data:`EAGER_TP_HOST_LAYER_US`; a quantized checkpoint's modules: :data:`TRANSFORMERS_QUANT_HOST_LAYER_US`;
+    autoopt's quantized linears: :data:`AUTOOPT_QUANT_HOST_LAYER_US`);
     nothing for graphed steps and other runtimes."""
     per_layer = EAGER_HOST_LAYER_US.get(runtime or "")
     if per_layer is not None and runtime == "transformers":
         per_layer = (EAGER_TP_HOST_LAYER_US if tp > 1 else per_layer) \
             + TRANSFORMERS_QUANT_HOST_LAYER_US.get(weight_format, 0.0)
+    elif per_layer is not None and runtime == "autoopt":
+        per_layer += AUTOOPT_QUANT_HOST_LAYER_US.get(weight_format, 0.0)
     if per_layer is None or wl.cuda_graphs or "decode_step_us" not in predicted:
         return {}
     gpu, host = predicted["decode_step_us"], spec.num_layers * per_layer
