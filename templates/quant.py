@@ -47,6 +47,16 @@ from autoopt.templates.gemv import STAGES, WARPS, GemvTemplate, block_rules
 
 __all__ = ["QuantDequantCublasTemplate", "QuantGemmTemplate", "QuantGemvTemplate"]
 
+#: K-iterations of weight loads a weight-only quant_gemm keeps in flight, whatever its ``num_stages``: the packed W
+#: tile is converted on CUDA cores before the dot takes it, and more stages than this bought nothing on an H100
+#: (h100/quant_kernels_int4_m32.json, int4 at M = 32, the five Llama-3-8B linears, six configs each: stages 4
+#: and 5 within 1-4 % of each other, 3 within 2-5 % of 4, 2 up to 1.43x slower). With it that table's
+#: median |ln(predicted / measured)| went 0.32 -> 0.15, bias -0.18 -> -0.01, and rank() stops picking two
+#: stages (gate_up 70.7 -> 63.1 us, lm_head 258.8 -> 180.6 us measured). int8 (12 rows at M = 32,
+#: h100/quant_kernels_batched.json): 0.20 -> 0.15 at 3. The M = 2048 rows of the same files are compute-bound
+#: and do not move.
+WEIGHT_LOAD_DEPTH = {"int4": 2.0, "int8": 3.0}
+
 GEMV_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 #: a dot's K is BLOCK_K / 2 for int4 (two dots, one per nibble half): mma's 16-bit K step is 16
@@ -433,7 +443,8 @@ class QuantGemmTemplate(_QuantTemplate):
         alu = self._alu_us(gpu, op, p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], config.path)
         alu *= _idle(gpu, smem, regs, config.num_warps)
         pred = predict_matmul(gpu, op, config, mma=mma_kind(config.path), smem_bytes=smem, regs_per_thread=regs,
-                              alu_iter_us=alu)
+                              alu_iter_us=alu, max_depth=WEIGHT_LOAD_DEPTH.get(_fmt(op).name)
+                              if not _fmt(op).quantizes_activations else None)
         act = act_quant_us(gpu, op)
         reason = f"{pred.reason}; CUDA-core {alu:.3g} us per K-iteration"
         if not act:

@@ -194,7 +194,8 @@ def l2_reuse(tm: int, tn: int, group_m: int, conc: int, a_blk: float, w_blk: flo
 def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: str = "mma_sync",
                    smem_bytes: int, regs_per_thread: float, persistent: bool = False,
                    multicast: tuple[int, int] = (1, 1), alu_iter_us: float = 0.0,
-                   staged_loads: bool | None = None, consts: CostConstants | None = None) -> Prediction:
+                   staged_loads: bool | None = None, consts: CostConstants | None = None,
+                   max_depth: float | None = None) -> Prediction:
     """Predicted time of a tiled matmul config (see module docstring).
 
     ``mma``: one of :data:`MMA_KINDS`; ``multicast``: (CTAs sharing each W tile,
@@ -264,7 +265,7 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     t_issue = it_bytes / (threads * 16) * c.load_issue_us if mma != "fma" else 0.0
     t_it = max(t_comp, t_l2, t_issue, alu_iter_us) + c.iter_overhead_us
     # a stage lands latency + its transfer time after issue; depth stages cover that many iterations
-    depth = max(stages - 1, 0.5)
+    depth = max(stages - 1, 0.5) if max_depth is None else min(max(stages - 1, 0.5), max_depth)
     t_it_eff = max(t_it, (c.dram_latency_us + t_l2) / (depth * conc))
     if split == 0:
         t_it_eff /= c.stream_k_efficiency
