@@ -202,3 +202,37 @@ def test_rank_of_any_quantized_op_is_valid_sorted_configs_or_a_typed_error(kind,
     times = [c.predicted_us for c in r.candidates]
     assert times == sorted(times) and times[0] >= floor_us(g, op)
     assert all(validate_config(g, op, c.config) == [] for c in r.candidates)
+
+
+# -- weight-only GEMM at small M: loads in flight ----------------------------------------------------------------
+
+def _int4_m32_rows():
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100" / "quant_kernels_int4_m32.json"
+    return [r for r in json.loads(path.read_text())["rows"] if r.get("impl") == "autoopt quant_gemm"]
+
+
+def _predicted(row) -> float:
+    op = OpSpec(kind="gemm", shape=(row["m"], row["n"], row["k"]), dtype="bf16", weight=row["format"])
+    config = KernelConfig(kernel="quant_gemm", template="quant-gemm", path=row["path"], params=row["config"])
+    return QuantGemmTemplate().predict(H100, op, config).us
+
+
+def test_int4_at_m32_is_priced_within_the_h100s_measured_times():
+    # 30 timed configs (five Llama-3-8B linears x six ranked configs): median |ln| 0.32 before the load-depth cap
+    import math
+    import statistics
+
+    rows = _int4_m32_rows()
+    logs = [math.log(_predicted(r) / r["measured_us"]) for r in rows]
+    assert len(rows) == 30 and statistics.median(abs(x) for x in logs) <= 0.16
+
+
+def test_a_weight_only_gemm_gains_nothing_from_stages_beyond_its_load_depth():
+    down = next(r for r in _int4_m32_rows() if r["linear"] == "down" and r["config"]["num_stages"] == 5)
+    four = {**down, "config": {**down["config"], "num_stages": 4}}
+    three = {**down, "config": {**down["config"], "num_stages": 3}}
+    assert _predicted(down) == _predicted(four) == _predicted(three)
+    assert _predicted(down) == pytest.approx(down["measured_us"], rel=0.05)  # 69.9 us measured, one CTA an SM
