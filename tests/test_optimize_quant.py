@@ -337,6 +337,24 @@ def test_a_checkpoints_fp8_linears_run_fp8_block_on_their_own_tensors():
     assert all(isinstance(model.get_submodule(n), fp8_linear) for n in tensors)
 
 
+def _compiled_with_ops(seq, x):
+    """(eager output, compiled output, the ops of the compiled forward graph) of ``seq`` on ``x``."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen: list[str] = []
+
+    def spy(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = seq(x)
+        compiled = torch.compile(seq, backend=aot_autograd(fw_compiler=spy), fullgraph=True)(x)
+    torch._dynamo.reset()
+    return eager, compiled, seen
+
+
 def test_a_quant_linear_runs_under_torch_compile(torch_fallback):
     """The quantized op is a custom op: it traces (fake implementation) and runs compiled."""
     lin = nn.Linear(128, 64, bias=True).to(torch.bfloat16)
@@ -353,23 +371,11 @@ def test_a_quant_linear_runs_under_torch_compile(torch_fallback):
 def test_a_compiled_quant_linear_with_offsets_and_bias_keeps_the_custom_op_off_the_vendor_path(torch_fallback):
     # the traced variant passes its optional tensors through a mask; away from cuBLASLt's fp8 GEMM (here: a CPU,
     # int4-asym) the graph holds the custom op, and the output is eager's
-    from torch._dynamo.backends.common import aot_autograd
-
     lin = nn.Linear(256, 64, bias=True).to(torch.bfloat16)
     seq = nn.Sequential(lin)
     optimize(seq, weights="int4-asym")
     x = torch.randn(20, 256, dtype=torch.bfloat16)
-    seen: list[str] = []
-
-    def spy(gm, example_inputs):
-        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        eager = seq(x)
-        compiled = torch.compile(seq, backend=aot_autograd(fw_compiler=spy), fullgraph=True)(x)
-    torch._dynamo.reset()
+    eager, compiled, seen = _compiled_with_ops(seq, x)
     assert torch.equal(eager, compiled)
     assert "autoopt.quant_linear.default" in seen and "aten._scaled_mm.default" not in seen, seen
 
@@ -395,22 +401,10 @@ def test_the_dequant_path_is_traced_only_on_a_gpu():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inductor traces wrap_triton launches on a GPU only")
 def test_a_compiled_quant_linear_on_the_dequant_path_holds_the_kernel_and_the_gemm():
-    from torch._dynamo.backends.common import aot_autograd
-
     seq = nn.Sequential(nn.Linear(4096, 4096, bias=False)).to("cuda", torch.bfloat16)
     optimize(seq, weights="int4")
     x = torch.randn(2048, 4096, dtype=torch.bfloat16, device="cuda")
-    seen: list[str] = []
-
-    def spy(gm, example_inputs):
-        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return gm
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        eager = seq(x)
-        compiled = torch.compile(seq, backend=aot_autograd(fw_compiler=spy), fullgraph=True)(x)
-    torch._dynamo.reset()
+    eager, compiled, seen = _compiled_with_ops(seq, x)
     assert "autoopt.quant_linear.default" not in seen and "aten.mm.default" in seen, seen
     assert rel(compiled.float(), eager.float()) <= 1e-3
 
