@@ -205,6 +205,8 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     of one K-iteration of a tile beyond the MMA (dequantizing the W tile), which overlaps it:
     an iteration takes the longer of the two. ``staged_loads``: whether the tiles come through
     cp.async/TMA stages (default: every path but ``fma``, whose loads go straight to registers).
+    ``max_depth``: at most this many K-iterations of loads in flight whatever ``num_stages`` (a kernel whose
+    loads feed CUDA-core work before the MMA, :data:`autoopt.templates.quant.WEIGHT_LOAD_DEPTH`).
     """
     c = consts or constants()
     lim: Limits = limits(gpu)
