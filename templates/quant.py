@@ -52,9 +52,11 @@ __all__ = ["QuantDequantCublasTemplate", "QuantGemmTemplate", "QuantGemvTemplate
 #: (h100/quant_kernels_int4_m32.json, int4 at M = 32, the five Llama-3-8B linears, six configs each: stages 4
 #: and 5 within 1-4 % of each other, 3 within 2-5 % of 4, 2 up to 1.43x slower). With it that table's
 #: median |ln(predicted / measured)| went 0.32 -> 0.15 and its bias -0.18 -> -0.01; o and down (one CTA an SM,
-#: latency-bound) are now priced within 3 %. int8 (12 rows at M = 32, h100/quant_kernels_batched.json): 0.20 ->
-#: 0.15 at 3. The M = 2048 rows of the same files are compute-bound and do not move. Not captured: two stages
-#: on the DRAM-bound gate_up and lm_head (1.12x and 1.43x slower than three, measured) price as fast as three.
+#: latency-bound) are now priced within 5 % at 2-4 warps. int8 (12 rows at M = 32,
+#: h100/quant_kernels_batched.json): 0.20 -> 0.15 at 3. The M = 2048 rows of the same files are compute-bound
+#: and do not move. Not captured: two stages on the DRAM-bound gate_up and lm_head (1.12x and 1.43x slower than
+#: three, measured) price as fast as three; 8 warps on o and down run 1.4-1.5x slower than priced; lm_head's
+#: 180.6 us is priced 296.
 WEIGHT_LOAD_DEPTH = {"int4": 2.0, "int8": 3.0}
 
 GEMV_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
