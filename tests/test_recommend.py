@@ -284,6 +284,16 @@ def test_an_awq_checkpoint_in_transformers_adds_its_modules_host_time_to_every_l
                                                     + TRANSFORMERS_QUANT_HOST_LAYER_US["awq"])
 
 
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+def test_an_uncompiled_quantized_optimize_layer_adds_its_formats_host_time(fmt):
+    # the eager_host_noise probe: bf16 8.58, int4 9.95, fp8 10.72 ms an 8-layer step on one H100 host
+    from autoopt.planning.recommendation import AUTOOPT_QUANT_HOST_LAYER_US, EAGER_HOST_LAYER_US
+
+    rec = recommend("h100-sxm", "llama-3-8b", batch=1, prompt_len=128, gen_len=128, phase="decode",
+                    weight_dtype=fmt, runtime="autoopt")
+    assert rec.predicted["decode_host_us"] == 32 * (EAGER_HOST_LAYER_US["autoopt"] + AUTOOPT_QUANT_HOST_LAYER_US[fmt])
+
+
 def test_awq_in_transformers_is_predicted_slower_than_bf16_as_qwen_measured_it():
     # Qwen's speed benchmark, A100, transformers 4.46: Qwen2.5-7B bf16 40.38 tok/s, AWQ 32.03 (held out of the fit)
     tokens_s = {}

@@ -394,3 +394,12 @@ def test_an_eager_step_is_timed_over_blocks_each_with_a_cache_of_its_own(monkeyp
     monkeypatch.setattr(e2e, "_eager_block", lambda *a: seen.append(1) or block(*a))
     ms = e2e.decode_step_ms(net, 1, 8, 20, graphed=False, blocks=5)
     assert len(seen) == 5 and ms > 0
+
+
+@pytest.mark.parametrize("blocks", [0, -1, 2.5])
+def test_a_block_count_below_one_or_not_whole_is_refused_naming_the_range(blocks):
+    from autoopt.errors import AutooptError
+    from autoopt.nn import e2e
+
+    with pytest.raises(AutooptError, match="1 or more"):
+        e2e.decode_step_ms(object(), 1, 8, 20, graphed=False, blocks=blocks)

@@ -23,7 +23,7 @@ from autoopt._log import get_logger
 log = get_logger(__name__)
 
 __all__ = ["CACHE_SLACK", "PARTS", "VARIANTS", "CapturedStep", "build_model", "capture_decode_step", "decode_step_ms",
-           "run"]
+           "eager_decode_step", "run"]
 
 VARIANTS = ("eager", "compile", "optimize", "optimize+compile")
 #: what run() measures per variant: prefill latency, decode through ``model.generate``, the kernel
@@ -214,6 +214,10 @@ def decode_step_ms(model: Any, batch: int, prompt: int, steps: int, *, graphed: 
     """Time of one decode step (forward over a static cache + greedy argmax) at ``batch``: replayed from one
     CUDA graph (``graphed``, CUDA only), else the median over ``blocks`` (default :data:`EAGER_BLOCKS` on a GPU,
     one on a CPU, whose run checks the path, not the timing) of :func:`_eager_block`."""
+    if blocks is not None and (type(blocks) is not int or blocks < 1):
+        from autoopt.errors import AutooptError
+
+        raise AutooptError(f"decode_step_ms: blocks={blocks!r}; give a whole number of blocks, 1 or more")
     if graphed:
         return _graphed_decode_ms(model, batch, prompt, steps)
     device = str(next(model.parameters()).device)
@@ -227,22 +231,32 @@ def decode_step_ms(model: Any, batch: int, prompt: int, steps: int, *, graphed: 
 
 
 def _eager_block(model: Any, batch: int, prompt: int, steps: int, device: str) -> float:
-    """Median of ``steps`` synchronised eager decode steps after a prefill of ``prompt`` tokens, into a static
-    cache of its own (``prompt + steps + CACHE_SLACK`` long: the keys transformers' attention walks)."""
+    """Median of ``steps`` synchronised eager decode steps (:func:`eager_decode_step`), into a static cache of its
+    own (``prompt + steps + CACHE_SLACK`` long: the keys transformers' attention walks)."""
+    return _median_ms(eager_decode_step(model, batch, prompt, steps + CACHE_SLACK), device, steps)
+
+
+def eager_decode_step(model: Any, batch: int, prompt: int, room: int) -> Callable[[], None]:
+    """One uncompiled decode step of ``model`` at ``batch`` (forward of the last token over a static cache +
+    greedy argmax, advancing the position), after a prefill of ``prompt`` random tokens into a new static cache
+    with ``room`` positions after them (transformers keeps its own write position: one cache serves at most
+    ``room`` steps)."""
     import torch
     from transformers import StaticCache
 
-    cache = StaticCache(config=model.config, max_cache_len=prompt + steps + CACHE_SLACK)
+    device = next(model.parameters()).device
+    cache = StaticCache(config=model.config, max_cache_len=prompt + room)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device=device)
     with torch.inference_mode():
         tok = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits.argmax(-1)
         pos = torch.tensor([prompt], device=device)
 
-        def step() -> None:
-            logits = model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
-            tok.copy_(logits[:, -1:].argmax(-1))
-            pos.add_(1)
-        return _median_ms(step, "cuda" if device.startswith("cuda") else device, steps)
+    @torch.inference_mode()
+    def step() -> None:
+        logits = model(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
+        tok.copy_(logits[:, -1:].argmax(-1))
+        pos.add_(1)
+    return step
 
 
 def _last_logits(model: Any, prompts: Any) -> Any:

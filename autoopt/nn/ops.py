@@ -223,11 +223,12 @@ def _direct(*tensors: Tensor | None) -> bool:
     return all(t is None or type(t) in _PLAIN for t in tensors)
 
 
-def _static_choice(op: str, kind: str, shape: tuple[Any, ...], dtype: Any, device: Any) -> Any:
-    """At trace time: the dispatch's choice for a static, non-empty shape; None where a dim is symbolic (no key)."""
+def _static_choice(op: str, kind: str, shape: tuple[Any, ...], dtype: Any, device: Any, **key: Any) -> Any:
+    """At trace time: the dispatch's choice for a static, non-empty shape; None where a dim is symbolic (no key).
+    ``key``: the rest of the dispatch key (a quantized linear's ``weight``)."""
     if not all(type(d) is int and d > 0 for d in shape):
         return None
-    return choose(op, kind, shape, dtype, device)
+    return choose(op, kind, shape, dtype, device, **key)
 
 
 def _torch_chosen(op: str, kind: str, shape: tuple[Any, ...], dtype: Any, device: Any) -> bool:
@@ -635,12 +636,13 @@ def _dequant_mm_params(m: Any, qw: Any, x: Tensor) -> dict[str, int] | None:
     would run it), else None. The graph then holds the dequantization kernel and the GEMM: the custom op's body
     took 112-130 us of host time a call at 2048 x 4096 x 4096 in int4 on two H100 hosts
     (``benchmarks/results/h100/op_host.json``, ``op_host_direct.json``)."""
-    if type(m) is not int or m <= 0 or x.device.type != "cuda" or qw.fmt.quantizes_activations:
+    if x.device.type != "cuda" or qw.fmt.quantizes_activations or type(m) is not int:  # a symbolic M: no key
         return None
     if max(m * qw.k, m * qw.n, qw.qweight.numel()) >= _INDEX_LIMIT:
         return None
-    choice = choose("quant_linear", matmul_kind(m), (m, qw.n, qw.k), x.dtype, x.device, weight=qw.fmt.spec)
-    if choice.fallback is not None or choice.config is None or choice.config.kernel != "quant_dequant_cublas":
+    choice = _static_choice("quant_linear", matmul_kind(m), (m, qw.n, qw.k), x.dtype, x.device, weight=qw.fmt.spec)
+    if choice is None or choice.fallback is not None or choice.config is None \
+            or choice.config.kernel != "quant_dequant_cublas":
         return None
     return dict(choice.config.params)
 
@@ -649,12 +651,12 @@ def _scaled_mm_chosen(m: Any, qw: Any, x: Tensor) -> bool:
     """At trace time: whether this static-shape quantized linear runs the vendor W8A8 path (per-token ``fp8`` on
     an sm_90+ GPU, where the dispatch predicts cuBLASLt faster), as :func:`_quant_linear_impl` would run it."""
     fmt = qw.fmt
-    if type(m) is not int or m <= 0 or fmt.name != "fp8" or fmt.activation != "per_token":
+    if fmt.name != "fp8" or fmt.activation != "per_token" or type(m) is not int:  # a symbolic M has no key
         return False
     if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device) < (9, 0):
         return False
-    choice = choose("quant_linear", matmul_kind(m), (m, qw.n, qw.k), x.dtype, x.device, weight=fmt.spec)
-    if choice.fallback is None or not choice.fallback.startswith(VENDOR):
+    choice = _static_choice("quant_linear", matmul_kind(m), (m, qw.n, qw.k), x.dtype, x.device, weight=fmt.spec)
+    if choice is None or choice.fallback is None or not choice.fallback.startswith(VENDOR):
         return False
     note_fallback("quant_linear", choice.fallback)
     return True

@@ -389,6 +389,8 @@ def eager_replica_host_factor(replicas: int) -> float:
 #: benchmarks/results/deployments.json. GPTQ-Int4 (exllama kernels) measured 37-113 us a layer *faster* than
 #: bf16 in the same table, which a host-bound step does not explain; it gets no term (predicted as bf16).
 TRANSFORMERS_QUANT_HOST_LAYER_US = {"awq": 227.0}
+#: a runtime's per-format host time on top of :data:`EAGER_HOST_LAYER_US`, by runtime
+_QUANT_HOST_LAYER_US = {"transformers": TRANSFORMERS_QUANT_HOST_LAYER_US, "autoopt": AUTOOPT_QUANT_HOST_LAYER_US}
 
 
 def _eager_host(runtime: str | None, spec: ModelSpec, wl: Workload, predicted: Mapping[str, float], tp: int = 1,
@@ -399,13 +401,11 @@ def _eager_host(runtime: str | None, spec: ModelSpec, wl: Workload, predicted: M
     autoopt's quantized linears: :data:`AUTOOPT_QUANT_HOST_LAYER_US`);
     nothing for graphed steps and other runtimes."""
     per_layer = EAGER_HOST_LAYER_US.get(runtime or "")
-    if per_layer is not None and runtime == "transformers":
-        per_layer = (EAGER_TP_HOST_LAYER_US if tp > 1 else per_layer) \
-            + TRANSFORMERS_QUANT_HOST_LAYER_US.get(weight_format, 0.0)
-    elif per_layer is not None and runtime == "autoopt":
-        per_layer += AUTOOPT_QUANT_HOST_LAYER_US.get(weight_format, 0.0)
     if per_layer is None or wl.cuda_graphs or "decode_step_us" not in predicted:
         return {}
+    if runtime == "transformers" and tp > 1:
+        per_layer = EAGER_TP_HOST_LAYER_US
+    per_layer += _QUANT_HOST_LAYER_US.get(runtime or "", {}).get(weight_format, 0.0)
     gpu, host = predicted["decode_step_us"], spec.num_layers * per_layer
     return {"decode_step_us": max(gpu, host), "decode_gpu_us": gpu, "decode_host_us": host}
 

@@ -71,40 +71,19 @@ def _block(step: Any, sync: Any, steps: int) -> dict[str, Any]:
             "cpu_mhz": _cpu_mhz(), "loadavg_1m": os.getloadavg()[0]}
 
 
-def _decode_step(net: Any, batch: int, prompt: int, steps: int, rounds: int) -> tuple[Any, Any]:
-    """The harness's eager decode step (static cache, greedy argmax) and a sync for ``net``'s device."""
-    import torch
-    from transformers import StaticCache
-
-    device = next(net.parameters()).device
-    cache = StaticCache(config=net.config, max_cache_len=prompt + steps * rounds * len(CONDITIONS) + 64)
-    ids = torch.randint(0, net.config.vocab_size, (batch, prompt), device=device)
-    with torch.inference_mode():
-        tok = net(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits.argmax(-1)
-    pos = torch.tensor([prompt], device=device)
-
-    @torch.inference_mode()
-    def step() -> None:
-        logits = net(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
-        tok.copy_(logits[:, -1:].argmax(-1))
-        pos.add_(1)
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    return step, sync
-
-
 def run(fmt: str, *, tiny: bool, layers: int, batch: int, steps: int, rounds: int) -> dict[str, Any]:
     import torch
 
-    from autoopt.nn.e2e import build_model
+    from autoopt.nn.e2e import _sync, build_model, eager_decode_step
     from autoopt.nn.optimize import optimize
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     net = build_model("llama-3-8b", dtype="bf16", device=device, tiny=tiny, layers=layers)
     optimize(net, weights=None if fmt == "bf16" else fmt)
-    step, sync = _decode_step(net, batch, 16, steps, rounds)
+    step = eager_decode_step(net, batch, 16, steps * len(CONDITIONS) * rounds + 1)  # the blocks and a warm-up
+
+    def sync() -> None:
+        _sync(device)
     step()
     sync()  # warm-up, as the harness
     blocks: dict[str, list[dict[str, Any]]] = {c: [] for c in CONDITIONS}
