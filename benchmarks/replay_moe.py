@@ -1,12 +1,12 @@
 """Replay the committed fused-MoE grids against the cost model: how good is its order of the measured configs?
 
-Each (case, M) point of ``benchmarks/results/h100/moe_runtime_configs*.json`` timed a 144-config grid in vLLM's
+Each (case, M) point of ``benchmarks/results/h*/moe_runtime_configs*.json`` timed a 144-config grid in vLLM's
 own kernel. For each point this ranks the grid's valid configs by the fused-MoE template's prediction
-(``autoopt.templates.moe.moe_cost`` on the H100 profile) and reports the measured time of the config ranked
-first over the grid's best (1: the model's first choice among them was the fastest), per point and as a
-geomean, with that config's predicted over measured time (the model's absolute scale). It scores the
-model's order of configs that were measured, which a zero-shot pick from the whole space (most of it
-unmeasured) cannot. A config's time is the least of its timings in that run (:func:`timings`).
+(``autoopt.templates.moe.moe_cost`` on the profile of the GPU the file was measured on) and reports the
+measured time of the config ranked first over the grid's best (1: the model's first choice among them was the
+fastest), per point and as a geomean, with that config's predicted over measured time (the model's absolute
+scale). It scores the model's order of configs that were measured, which a zero-shot pick from the whole space
+(most of it unmeasured) cannot. A config's time is the least of its timings in that run (:func:`timings`).
 Nothing runs on a GPU.
 
 It also scores today's zero-shot pick (rank()'s first from the whole space) where the run happened to time
@@ -83,12 +83,17 @@ def measured(row: dict[str, Any]) -> dict[str, float]:
 
 
 def _named_times(row: dict[str, Any]) -> list[tuple[str, float]]:
-    """(config key, measured us) of each named config set the row timed whose check passed."""
+    """(config key, measured us) of each named config set the row timed whose check passed: the least of its
+    two timings (``measured_us_first``, then ``measured_us`` in the round that times the sets together; on the
+    H200 run of 2026-11-28 the second round of Mixtral TP8 M=1 took 120-129 us where the first took 70-74)."""
     out = []
     for entry in row.values():
         if isinstance(entry, dict) and isinstance(entry.get("config"), dict) and \
                 isinstance(entry.get("measured_us"), (int, float)) and entry.get("check", "passed") == "passed":
-            out.append(("/".join(str(entry["config"].get(k)) for k in KEYS), float(entry["measured_us"])))
+            key = "/".join(str(entry["config"].get(k)) for k in KEYS)
+            first = entry.get("measured_us_first")
+            out.append((key, min(float(entry["measured_us"]), float(first) if isinstance(first, (int, float))
+                                 else math.inf)))
     return out
 
 
@@ -129,6 +134,23 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def file_gpu(path: Path) -> Any:
+    """The known profile of the GPU a result was measured on (its ``device_name``, vLLM's spelling: spaces
+    as underscores); ``h100-sxm`` for a file that names none (the first runs). ValueError if it names a GPU
+    the profile library does not know."""
+    from autoopt.hardware.library import match_gpu
+    from benchmarks.rescore_regret import checked_json
+
+    data = checked_json(path, MAX_GRID_BYTES, "a moe_runtime_configs.py result")
+    name = data.get("device_name") if isinstance(data, dict) else None
+    if not isinstance(name, str) or not name:
+        return load_profile("h100-sxm").gpu
+    known = match_gpu(name=name.replace("_", " "))
+    if known is None:
+        raise ValueError(f"{path}: measured on {name!r}, which no profile in profiles/ describes")
+    return load_profile(known.name).gpu
+
+
 def _format_key(row: dict[str, Any]) -> tuple[Any, tuple[int, ...] | None]:
     return row["dtype"], tuple(row.get("block_shape") or ()) or None
 
@@ -141,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", type=Path, default=list(FILES))
     args = ap.parse_args(argv)
-    gpu = load_profile("h100-sxm").gpu
     for path in args.files:
         try:
             rows = load_rows(path)
+            gpu = file_gpu(path)
         except ValueError as exc:
             print(f"replay_moe: {exc}", file=sys.stderr)
             return 2

@@ -275,3 +275,17 @@ def test_the_store_columns_keep_which_gemm_a_fused_moe_op_is(gemm):
     op = OpSpec(kind="fused_moe", shape=(16, *QWEN3), weight="fp8", moe_gemm=gemm)
     cols = op_columns(op)
     assert op_from_columns(*cols) == op and op_key(op) == " ".join(cols)
+
+
+def test_a_two_stage_wgmma_config_is_priced_above_the_same_config_at_three():
+    op = OpSpec(kind="fused_moe", shape=(1024, *MIXTRAL), dtype="bf16")
+    two, three = cfg(bm=128, bn=128, bk=64, warps=8, stages=2), cfg(bm=128, bn=128, bk=64, warps=8, stages=3)
+    assert two.path == "wgmma" and moe_cost(H100, op, two).us > moe_cost(H100, op, three).us
+
+
+def test_zero_shot_on_an_h200_leaves_the_two_stage_k128_tile_that_measured_slower():
+    # H200, vLLM's kernel, Mixtral TP1 M=4096: 128/256/128/16/8/2 6857 us, 128/256/64/16/8/3 4933 us
+    h200 = load_profile("h200").gpu
+    op = OpSpec(kind="fused_moe", shape=(4096, *MIXTRAL), dtype="bf16")
+    params = rank(h200, op, top=1).candidates[0].config.params
+    assert (params["BLOCK_SIZE_K"], params["num_stages"]) == (64, 3)

@@ -221,13 +221,15 @@ def _predicted(row) -> float:
 
 
 def test_int4_at_m32_is_priced_within_the_h100s_measured_times():
-    # 30 timed configs (five Llama-3-8B linears x six ranked configs): median |ln| 0.32 before the load-depth cap
+    # 30 timed configs (five Llama-3-8B linears x six ranked configs): median |ln| 0.32 before the load-depth cap,
+    # 0.15 with it, 0.17 with the two-stage factor (which orders each pair right but lifts gate_up's and lm_head's
+    # two-stage rows, already priced over their times, further over)
     import math
     import statistics
 
     rows = _int4_m32_rows()
     logs = [math.log(_predicted(r) / r["measured_us"]) for r in rows]
-    assert len(rows) == 30 and statistics.median(abs(x) for x in logs) <= 0.16
+    assert len(rows) == 30 and statistics.median(abs(x) for x in logs) <= 0.18
 
 
 def test_a_weight_only_gemm_gains_nothing_from_stages_beyond_its_load_depth():
@@ -236,3 +238,17 @@ def test_a_weight_only_gemm_gains_nothing_from_stages_beyond_its_load_depth():
     three = {**down, "config": {**down["config"], "num_stages": 3}}
     assert _predicted(down) == _predicted(four) == _predicted(three)
     assert _predicted(down) == pytest.approx(down["measured_us"], rel=0.05)  # 69.9 us measured, one CTA an SM
+
+
+def test_a_weight_only_gemm_at_two_stages_is_priced_a_quarter_slower_than_at_three():
+    # measured two over three stages, same config: 1.12-1.47 on an H100 and an H200 (int4, M = 32)
+    lm_head = next(r for r in _int4_m32_rows() if r["linear"] == "lm_head" and r["config"]["num_stages"] == 3)
+    two = {**lm_head, "config": {**lm_head["config"], "num_stages": 2}}
+    assert _predicted(two) == pytest.approx(1.25 * _predicted(lm_head))
+
+
+def test_int4_at_m32_ranks_three_stages_first_where_two_measured_slower():
+    # gate_up 2 warps: 73.7 us at two stages, 65.6 at three; lm_head 8 warps: 260.8 / 176.9 (H200)
+    for n, k in ((28672, 4096), (128256, 4096)):
+        first = rank(H100, OpSpec(kind="gemm", shape=(32, n, k), dtype="bf16", weight="int4"), top=1).candidates[0]
+        assert first.config.kernel == "quant_gemm" and first.config.num_stages == 3
