@@ -106,12 +106,13 @@ MOE_SPLIT_N_EFFICIENCY = 0.90
 MOE_SINGLE_CTA_SLOWDOWN = 1.02
 #: a GEMM's SM time on the wgmma path with ``num_stages = 2`` (one load in flight while its async MMAs hold the
 #: other buffer), against the model's price of deeper pipelines. Relative residual of such configs (their
-#: ln(measured / predicted) less the median of the point's other wgmma configs), vLLM's kernel, bf16: H100
-#: 0.95-1.12 (11 configs, 128/256/128/x/8/2 at 1.01-1.05), H200 1.01-1.37 (7; 128/256/128/x/8/2 at
-#: 1.14-1.37 from M = 256); pooled median 1.06 (18). On the H200 run of 2026-11-28 zero-shot picked
-#: 128/256/128/x/8/2 at five points, priced 0.5-1.6 % under 128/256/64/x/8/3, which measured 1.25-1.42x
-#: faster; with 1.06 the zero-shot replay (benchmarks/replay_moe.py) of that run goes 0.888 -> 0.944 (min
-#: 0.683 -> 0.865), the H100 runs' 0.946-0.971 -> 0.947-0.976 (none lower by more than 0.004).
+#: ln(measured / predicted) less the median of the point's other wgmma configs), vLLM's kernel: H100 0.95-1.12
+#: and one 2.2 (11 configs, 128/256/128/x/8/2 at 1.01-1.05 from M = 256), H200 1.01-1.37 (7, bf16;
+#: 128/256/128/x/8/2 at 1.14-1.37 from M = 256); pooled median 1.06 (18). On the H200 run of 2026-11-28
+#: zero-shot picked 128/256/128/x/8/2 at five points, priced 0.5-1.6 % under 128/256/64/x/8/3 (or /8/4), which
+#: measured 1.24-1.46x faster; with 1.06 the zero-shot replay (benchmarks/replay_moe.py) of that run goes
+#: 0.888 -> 0.944 (min 0.683 -> 0.865), the H100 runs' 0.946-0.971 -> 0.947-0.976 (none lower by more than
+#: 0.004).
 MOE_WGMMA_TWO_STAGE_SLOWDOWN = 1.06
 #: the binomial sums run over mean +- this many standard deviations (the tails beyond hold < 1e-30)
 _SD_WINDOW = 12.0

@@ -57,14 +57,14 @@ __all__ = ["QuantDequantCublasTemplate", "QuantGemmTemplate", "QuantGemvTemplate
 #: and do not move. Not captured: 8 warps on o and down run 1.4-1.5x slower than priced; lm_head's 180.6 us is
 #: priced 296 (two stages: WEIGHT_ONLY_TWO_STAGE_SLOWDOWN).
 WEIGHT_LOAD_DEPTH = {"int4": 2.0, "int8": 3.0}
-#: a weight-only quant_gemm's time at ``num_stages = 2`` over the model's (which prices it as three: the
-#: load-depth cap above makes both one to two iterations deep). Measured same-config pairs, two stages over
-#: three: int4 at M = 32 on an H100 (h100/quant_kernels_int4_m32.json) 1.12, 1.24, 1.43 and on an H200
-#: (h200/quant_kernels_int4_m32.json) 1.12, 1.28, 1.47 (gate_up at 2 and 4 warps, lm_head at 8); int4's dot
-#: path at M = 2048 (h100/quant_kernels_int4dot_prefill.json) 1.23-1.29 (8 pairs). The median, 1.25: where the
-#: model ranked a two-stage config first (gate_up and lm_head at M = 32) it now ranks three. Older kernels'
-#: rows disagree in both directions (h100/quant_kernels.json 1.08-1.13; quant_kernels_qperf.json int4-asym
-#: [256, 128, 64] 0.64-0.77) and are not used.
+#: a weight-only quant_gemm's time at ``num_stages = 2`` over the model's, which prices two stages within 1 % of
+#: three (these configs are compute- or DRAM-bound in the model, where the load depth does not bind). Measured
+#: same-config pairs, two stages over three: int4 at M = 32 on an H100 (h100/quant_kernels_int4_m32.json) 1.12,
+#: 1.24, 1.43 and on an H200 (h200/quant_kernels_int4_m32.json) 1.12, 1.28, 1.47 (gate_up at 2 and 4 warps,
+#: lm_head at 8); int4's dot path at M = 2048 (h100/quant_kernels_int4dot_prefill.json) 1.23-1.29 (8 pairs).
+#: The median, 1.25: where the model ranked a two-stage config first (gate_up and lm_head at M = 32) it now ranks
+#: three. Older kernels' rows disagree in both directions (h100/quant_kernels.json 1.08-1.13;
+#: quant_kernels_qperf.json int4-asym [256, 128, 64] 0.64-0.77) and are not used.
 WEIGHT_ONLY_TWO_STAGE_SLOWDOWN = 1.25
 
 GEMV_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
