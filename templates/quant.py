@@ -67,6 +67,22 @@ WEIGHT_LOAD_DEPTH = {"int4": 2.0, "int8": 3.0}
 #: quant_kernels_qperf.json int4-asym [256, 128, 64] 0.64-0.77) and are not used.
 WEIGHT_ONLY_TWO_STAGE_SLOWDOWN = 1.25
 
+#: the same cap for a W8A8 FP8 quant_gemm off the wgmma path: mma.sync takes no FP8 operands, so both tiles are
+#: converted on CUDA cores before the dot, as a weight-only format's W tile is. h100/quant_kernels_batched.json
+#: (fp8 at M = 32, the four layer linears, three configs each, all mma.sync): median |ln(predicted / measured)|
+#: 0.147 -> 0.074 at 2 (0.247 at 1, 0.134 at 3), bias -0.147 -> -0.064; down (one CTA an SM, 56 K-iterations)
+#: -0.28..-0.43 -> -0.03..-0.16. Its M = 2048 rows (wgmma, compute-bound) do not move.
+FP8_MMA_SYNC_LOAD_DEPTH = 2.0
+
+
+def _load_depth(op: OpSpec, config: KernelConfig) -> float | None:
+    """K-iterations of loads a quant_gemm keeps in flight at most (None: its ``num_stages - 1``)."""
+    fmt = _fmt(op)
+    if not fmt.quantizes_activations:
+        return WEIGHT_LOAD_DEPTH.get(fmt.name)
+    return FP8_MMA_SYNC_LOAD_DEPTH if config.path != "wgmma" else None
+
+
 GEMV_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 #: a dot's K is BLOCK_K / 2 for int4 (two dots, one per nibble half): mma's 16-bit K step is 16
@@ -453,8 +469,7 @@ class QuantGemmTemplate(_QuantTemplate):
         alu = self._alu_us(gpu, op, p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], config.path)
         alu *= _idle(gpu, smem, regs, config.num_warps)
         pred = predict_matmul(gpu, op, config, mma=mma_kind(config.path), smem_bytes=smem, regs_per_thread=regs,
-                              alu_iter_us=alu, max_depth=WEIGHT_LOAD_DEPTH.get(_fmt(op).name)
-                              if not _fmt(op).quantizes_activations else None)
+                              alu_iter_us=alu, max_depth=_load_depth(op, config))
         if config.num_stages == 2 and not _fmt(op).quantizes_activations:
             slow = WEIGHT_ONLY_TWO_STAGE_SLOWDOWN
             pred = replace(pred, us=pred.us * slow, roofline_pct=pred.roofline_pct / slow,

@@ -252,3 +252,28 @@ def test_int4_at_m32_ranks_three_stages_first_where_two_measured_slower():
     for n, k in ((28672, 4096), (128256, 4096)):
         first = rank(H100, OpSpec(kind="gemm", shape=(32, n, k), dtype="bf16", weight="int4"), top=1).candidates[0]
         assert first.config.kernel == "quant_gemm" and first.config.num_stages == 3
+
+
+def _fp8_m32_rows():
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100" / "quant_kernels_batched.json"
+    return [r for r in json.loads(path.read_text())["rows"]
+            if r.get("impl") == "autoopt quant_gemm" and r["format"] == "fp8" and r["m"] == 32]
+
+
+def test_fp8_at_m32_off_wgmma_is_priced_within_the_h100s_measured_times():
+    # 12 timed configs (qkv, o, gate_up, down x three, all mma.sync): median |ln| 0.147 before the load-depth cap
+    import math
+    import statistics
+
+    rows = _fp8_m32_rows()
+    logs = [math.log(_predicted(r) / r["measured_us"]) for r in rows]
+    assert len(rows) == 12 and statistics.median(abs(x) for x in logs) <= 0.08
+
+
+def test_an_fp8_gemm_on_mma_sync_gains_nothing_from_stages_beyond_two_loads_in_flight():
+    down = next(r for r in _fp8_m32_rows() if r["linear"] == "down" and r["config"]["num_stages"] == 5)
+    three = {**down, "config": {**down["config"], "num_stages": 3}}
+    assert down["path"] == "standard" and _predicted(down) == _predicted(three)
