@@ -49,6 +49,9 @@ for s in "$@"; do
     b32trace) stage b32trace python3 benchmarks/quant_trace.py --batch 32 --layers 8 --formats autoopt-bf16,fp8 --out "$R/quant_trace_b32_layers8.json" ;;
     # issue 27: generate() and the compiled 1 x 2048 prefill of int4 and fp8 against bf16 + compile (~340 s: alone)
     qe2e)     TAIL=12 stage qe2e python3 benchmarks/quant_e2e.py --no-torchao --compiled-prefill --budget-s 400 --out "$R/quant_e2e.json" ;;
+    # issues 27/29: the batched-decode GEMMs (M = 32) of int4 and fp8, top 3 configs a linear: the two-stage price
+    # and the FP8 mma.sync load depth (templates/quant.py) against what the picks measure (~30 s)
+    qk32)     stage qk32 python3 benchmarks/quant_kernels.py --parts decode --decode-m 32 --formats int4,fp8 --top 3 --no-torchao --out "$R/quant_kernels_m32.json" ;;
     # issue 29: generate()'s per-token host time over the graphed compiled step, for GENERATE_HOST_US
     hostfit)  stage hostfit python3 benchmarks/probes/generate_host.py --formats int4,fp8,bf16 --out "$R/generate_host_fit.json" ;;
     *) echo "unknown stage $s" ;;
