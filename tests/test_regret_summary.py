@@ -1,0 +1,58 @@
+"""benchmarks/regret_summary.py: committed regret tables pooled three ways, and what it refuses to read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import regret_summary
+
+H200 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200"
+
+
+def _table(rows: list[tuple[str, float, float]], recommended: str, regret: float = 0.0) -> dict:
+    return {"workloads": [{"batch": 1, "recommended": recommended, "regret": regret,
+                           "options": [{"label": label, "predicted_ms": p, "measured_ms": m} for label, p, m in rows]}]}
+
+
+def test_each_row_lands_in_the_sets_it_belongs_to():
+    s = regret_summary.summarize(_table([("int4 graphs b1", 1.0, 1.1), ("int4 eager b1", 8.0, 16.0)],
+                                        recommended="int4 graphs b1", regret=0.02))
+    assert s.regrets == [0.02]
+    assert s.recommended.ratios == s.graphed.ratios == [pytest.approx(1 / 1.1)]
+    assert s.all.ratios == [pytest.approx(1 / 1.1), 0.5]
+
+
+def test_within_15_percent_is_the_ratio_not_the_log():
+    # 0.86 is within 15 % of 1 though |ln 0.86| = 0.151 > ln 1.15
+    rows = regret_summary.Rows([0.86, 1.0, 1.16])
+    assert rows.line().startswith("2/3 within 15 %")
+
+
+def test_an_unmeasured_row_is_left_out():
+    s = regret_summary.summarize(_table([("fp8 graphs b32 tensor-parallel x2", None, None)], recommended="x"))
+    assert s.all.ratios == []
+
+
+def test_the_committed_h200_tables_pool_to_regret_zero_and_every_graphed_row_within_15_percent(capsys):
+    tables = sorted(str(p) for p in H200.glob("regret_*_rescored.json"))
+    assert len(tables) == 3 and regret_summary.main(tables) == 0
+    pooled = capsys.readouterr().out.split("pooled over 3 tables: ")[1].splitlines()
+    assert pooled[0] == "regret max 0.0%, median 0.0% over 9 workloads"
+    assert pooled[1].startswith("  recommended: 9/9 within 15 %")
+    assert pooled[2].startswith("  graphed:     51/51 within 15 %")
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("not json", "not JSON"),
+    (json.dumps({"workloads": [{"batch": 1}]}), "not a regret table"),
+    (json.dumps([1, 2]), "not a regret table"),
+])
+def test_a_file_that_is_not_a_table_is_one_line_and_exit_2(tmp_path, capsys, text, says):
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    assert regret_summary.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("regret_summary: ") and says in err and err.count("\n") == 1
