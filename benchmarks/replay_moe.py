@@ -117,9 +117,10 @@ def zero_shot_score(row: dict[str, Any], gpu: Any) -> tuple[float, str] | None:
 MAX_GRID_BYTES = 16 << 20
 
 
-def load_rows(path: Path) -> list[dict[str, Any]]:
-    """The (case, M) rows of a ``moe_runtime_configs.py`` result, the file checked first (a regular JSON file of
-    sane size, rows holding the case's shape and a grid). ValueError (one line, naming the file) otherwise."""
+def load_run(path: Path) -> tuple[list[dict[str, Any]], Any]:
+    """The (case, M) rows of a ``moe_runtime_configs.py`` result and the known profile of the GPU it was measured
+    on, the file read once and checked first (a regular JSON file of sane size, rows holding the case's shape and
+    a grid). ValueError (one line, naming the file) otherwise."""
     from benchmarks.rescore_regret import checked_json
 
     data = checked_json(path, MAX_GRID_BYTES, "a moe_runtime_configs.py result")
@@ -131,18 +132,14 @@ def load_rows(path: Path) -> list[dict[str, Any]]:
         if _format_key(r) not in FORMATS:
             raise ValueError(f"{path}: {r['case']} M={r['M']} has dtype {r['dtype']!r} (block shape "
                              f"{r.get('block_shape')}); expected one of {sorted({d for d, _ in FORMATS})}")
-    return rows
+    return rows, _gpu_named(data.get("device_name"), path)
 
 
-def file_gpu(path: Path) -> Any:
-    """The known profile of the GPU a result was measured on (its ``device_name``, vLLM's spelling: spaces
-    as underscores); ``h100-sxm`` for a file that names none (the first runs). ValueError if it names a GPU
-    the profile library does not know."""
+def _gpu_named(name: Any, path: Path) -> Any:
+    """The known profile of the GPU a result names (``device_name``, vLLM's spelling: spaces as underscores);
+    ``h100-sxm`` for a file that names none (the first runs). ValueError if no profile describes it."""
     from autoopt.hardware.library import match_gpu
-    from benchmarks.rescore_regret import checked_json
 
-    data = checked_json(path, MAX_GRID_BYTES, "a moe_runtime_configs.py result")
-    name = data.get("device_name") if isinstance(data, dict) else None
     if not isinstance(name, str) or not name:
         return load_profile("h100-sxm").gpu
     known = match_gpu(name=name.replace("_", " "))
@@ -165,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for path in args.files:
         try:
-            rows = load_rows(path)
-            gpu = file_gpu(path)
+            rows, gpu = load_run(path)
         except ValueError as exc:
             print(f"replay_moe: {exc}", file=sys.stderr)
             return 2

@@ -311,10 +311,9 @@ def _sm_us(x: _Ctx, g: _Gemm, blocks: int, rows_per_block: float, bm: int, bn: i
     t_it_eff = max(t_it, (c.dram_latency_us + t_l2) / (max(stages - 1, 0.5) * conc))
     fills = -(-tiles_per_sm // conc) * c.dram_latency_us
     epilogue = tiles_per_sm * c.epilogue_iters * t_it
-    single = MOE_SINGLE_CTA_SLOWDOWN if occ == 1 else 1.0
-    if stages == 2 and mma == "wgmma":
-        single *= MOE_WGMMA_TWO_STAGE_SLOWDOWN
-    return (work * t_it_eff + fills + epilogue) * single, t_comp, tiles_per_sm
+    slowdown = (MOE_SINGLE_CTA_SLOWDOWN if occ == 1 else 1.0) * \
+        (MOE_WGMMA_TWO_STAGE_SLOWDOWN if stages == 2 and mma == "wgmma" else 1.0)
+    return (work * t_it_eff + fills + epilogue) * slowdown, t_comp, tiles_per_sm
 
 
 def _dram_bytes(x: _Ctx, g: _Gemm, blocks: float, bm: int, bn: int, group_m: int, conc_grid: int, *,

@@ -70,8 +70,8 @@ def test_a_named_set_counts_the_least_of_its_two_rounds():
 
 def test_a_file_is_scored_on_the_profile_of_the_gpu_it_was_measured_on():
     h200 = replay_moe.RESULTS.parent / "h200" / "moe_runtime_configs_cases0123.json"
-    assert replay_moe.file_gpu(h200).name == "NVIDIA H200"
-    assert replay_moe.file_gpu(replay_moe.FILES[0]).name == "NVIDIA H100 80GB HBM3"
+    assert replay_moe.load_run(h200)[1].name == "NVIDIA H200"
+    assert replay_moe.load_run(replay_moe.FILES[0])[1].name == "NVIDIA H100 80GB HBM3"
 
 
 def test_a_file_from_a_gpu_no_profile_describes_is_one_line_and_exit_2(tmp_path, capsys):
