@@ -11,7 +11,10 @@ throughput), so codes become floats by bit tricks, two or three integer ops and 
 
 - int4 (bf16 activations): four packed bytes decode at once into bf16 pairs ``q - 8`` (PRMT, shifts, one
   LOP3 per pair onto a magic exponent, a paired subtraction) and multiply their activations in paired bf16
-  FMAs (:func:`int4_pair_dot`); fp16 activations and the interpreter take ``q - 8 = 16 (1 + q/16) - 24``,
+  FMAs (:func:`int4_pair_dot`, four fp32 out); symmetric int4 on unmasked tiles reads the weight as 32-bit
+  words and chains a word's eight products into one bf16 pair, widened and scaled once (:func:`int4_word_dot`:
+  3.05 SASS instructions a weight against 3.56, 0.85-0.91x the time over the H200's graph-timed grid); fp16
+  activations and the interpreter take ``q - 8 = 16 (1 + q/16) - 24``,
   the code's 4 bits at the top of an fp32 mantissa with exponent 0 (:func:`int4_as_float`), exactly.
 - int8: ``f = 1 + (q + 128)/256`` the same way; ``sum w*x = s (256 P - 384 S)`` per row, ``S = sum x``.
 - e4m3: sign and the 7 exponent+mantissa bits placed at fp32's bits 31 and 26..20 make exactly
@@ -48,7 +51,7 @@ from autoopt.backend.kernels import interpreter_active
 from autoopt.backend.kernels.gemm import splitk_reduce_prepare
 
 __all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "int4_as_float", "int4_pair_dot",
-           "int4_tile_dot", "int4_unpack16", "quant_gemv_prepare", "row_tiles", "weight_views"]
+           "int4_tile_dot", "int4_unpack16", "int4_word_dot", "quant_gemv_prepare", "row_tiles", "weight_views"]
 
 #: the kernels' FMT constexpr per format name
 FMT_CODES = {"fp8": 0, "fp8_block": 1, "int8": 2, "int4": 3}
@@ -153,19 +156,14 @@ def int4_unpack16(wb, F16: tl.constexpr, ASM: tl.constexpr):  # type: ignore[no-
     return lo, hi
 
 
-#: ``(q_lo - 8) x_lo + (q_hi - 8) x_hi`` of four packed bytes and their bf16 activations (two registers of
-#: bf16 pairs each), as four fp32: the codes decode as in ``_UNPACK_ASM`` and multiply in paired bf16
-#: FMAs, 20 instructions for 8 weights (2.5 a weight, 1.5 of them INT), against ~5 for the fp32 trick
-#: (``int4_as_float``: extract, shift, LOP3, FFMA a nibble). Each byte's two products round to bf16 (8
-#: bits) in two FMAs, ~2^-9 relative each: on the H100 the kernel's error against the dequantized reference
-#: went from 1.7e-3 (the bf16 output's rounding alone) to 2.5-2.7e-3, inside the 8e-3 bound.
-_PAIR_DOT_BF16 = tl.constexpr(_one_line("""
-{
-.reg .b32 t, u, o, n, z, w0, w1, w2, w3, s0, s1;
+#: the eight codes of the 32-bit register WORD as four bf16 pairs ``q - 8`` in w0..w3 (w0: bytes 0 and 1's low
+#: nibbles, w1: bytes 2 and 3's, w2 and w3 their high nibbles), as ``_UNPACK_ASM`` decodes them; o, n and z hold
+#: the pairs 1.0, -136 and -0.0 for the products that follow
+_DECODE_BF16_PAIRS = """
 mov.b32 o, 0x3F803F80;
 mov.b32 n, 0xC308C308;
 mov.b32 z, 0x80008000;
-prmt.b32 t, $4, $4, 0x3120;
+prmt.b32 t, WORD, WORD, 0x3120;
 lop3.b32 u, t, 0x000F000F, 0x43004300, 0xea;
 fma.rn.bf16x2 w0, u, o, n;
 shr.u32 u, t, 8;
@@ -177,6 +175,17 @@ fma.rn.bf16x2 w2, u, o, n;
 shr.u32 u, t, 12;
 lop3.b32 u, u, 0x000F000F, 0x43004300, 0xea;
 fma.rn.bf16x2 w3, u, o, n;
+"""
+
+
+#: ``(q_lo - 8) x_lo + (q_hi - 8) x_hi`` of four packed bytes and their bf16 activations (two registers of
+#: bf16 pairs each), as four fp32: the codes decode as in ``_UNPACK_ASM`` and multiply in paired bf16
+#: FMAs, 20 instructions for 8 weights (2.5 a weight, 1.5 of them INT), against ~5 for the fp32 trick
+#: (``int4_as_float``: extract, shift, LOP3, FFMA a nibble). Each byte's two products round to bf16 (8
+#: bits) in two FMAs, ~2^-9 relative each: on the H100 the kernel's error against the dequantized reference
+#: went from 1.7e-3 (the bf16 output's rounding alone) to 2.5-2.7e-3, inside the 8e-3 bound.
+_PAIR_DOT_BF16 = tl.constexpr(_one_line(
+    "{ .reg .b32 t, u, o, n, z, w0, w1, w2, w3, s0, s1;" + _DECODE_BF16_PAIRS.replace("WORD", "$4") + """
 fma.rn.bf16x2 s0, w0, $5, z;
 fma.rn.bf16x2 s0, w2, $7, s0;
 fma.rn.bf16x2 s1, w1, $6, z;
@@ -203,6 +212,38 @@ def int4_pair_dot(b, x_lo, x_hi, one, PAIRED: tl.constexpr):  # type: ignore[no-
         w_hi = int4_as_float(v, 4, one) * 16.0 - 24.0
         out = w_lo * x_lo.to(tl.float32) + w_hi * x_hi.to(tl.float32)
     return out
+
+
+#: ``sum (q_lo - 8) x_lo + (q_hi - 8) x_hi`` over the four packed bytes of one 32-bit word, as one fp32: the
+#: decode and the paired products of ``_PAIR_DOT_BF16`` with all four bytes' products chained into one bf16
+#: pair (each lane sums two bytes' four products), whose lanes widen and add once. Against the per-byte form
+#: (four fp32 out, each then scaled and added: 24 instructions a word), 20 a word: one scale FFMA and one
+#: widening for four bytes. ``$2 $3`` / ``$4 $5`` are the word's activations, bf16 pairs (low and high nibbles').
+_WORD_SUM = """
+fma.rn.bf16x2 a, w0, $2, z;
+fma.rn.bf16x2 a, w2, $4, a;
+fma.rn.bf16x2 a, w1, $3, a;
+fma.rn.bf16x2 a, w3, $5, a;
+shl.b32 u, a, 16;
+and.b32 t, a, 0xFFFF0000;
+add.f32 $0, u, t;
+}
+"""
+_WORD_DOT_BF16 = tl.constexpr(_one_line("{ .reg .b32 t, u, o, n, z, w0, w1, w2, w3, a;"
+                                        + _DECODE_BF16_PAIRS.replace("WORD", "$1") + _WORD_SUM))
+
+
+@triton.jit
+def int4_word_dot(w, x_lo, x_hi):  # type: ignore[no-untyped-def]
+    """fp32 ``sum (q - 8) x`` over the 8 codes of each packed int32 word of ``w`` against its 4 + 4 activations
+    (``x_lo``/``x_hi``: int64 words of four bf16, handed over as their 32-bit halves, bf16 pairs), by the PTX
+    above (GPU, bf16 activations only)."""
+    lo0 = x_lo.to(tl.int32)
+    lo1 = (x_lo >> 32).to(tl.int32)
+    hi0 = x_hi.to(tl.int32)
+    hi1 = (x_hi >> 32).to(tl.int32)
+    return tl.inline_asm_elementwise(_WORD_DOT_BF16, "=r,r,r,r,r,r", [w, lo0, lo1, hi0, hi1], dtype=tl.float32,
+                                     is_pure=True, pack=1)
 
 
 @triton.jit
@@ -254,7 +295,7 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                        FMT: tl.constexpr, G: tl.constexpr, HAS_Z: tl.constexpr, HAS_BIAS: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        DOT_M: tl.constexpr, EVEN_W: tl.constexpr, EVEN_X: tl.constexpr, DOT_F16: tl.constexpr,
-                       ASM: tl.constexpr, PAIRED: tl.constexpr, STAGES: tl.constexpr):
+                       ASM: tl.constexpr, PAIRED: tl.constexpr, WORDS: tl.constexpr, STAGES: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -293,6 +334,27 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                 acc = scale * (256.0 * row - 384.0 * tl.sum(sx, axis=0))
             else:
                 acc = scale * 1.329227995784916e36 * row  # 2^120
+        elif WORDS:  # symmetric int4 on the paired PTX: [BLOCK_N, GT, GW] tiles of int32 words, four bytes each
+            GBW: tl.constexpr = (BLOCK_K if BLOCK_K < G else G) // 2  # bytes of a slice (one group's)
+            GTW: tl.constexpr = TILE_B // GBW
+            GW: tl.constexpr = GBW // 4
+            HBW: tl.constexpr = G // 2
+            pw = tl.arange(0, GTW)[:, None] * GW + tl.arange(0, GW)[None, :]  # [GT, GW] word offsets in a tile
+            w_words = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_wn * (stride_wn // 4)
+            x_words = x_ptr.to(tl.pointer_type(tl.int64), bitcast=True)  # four bf16 activations a word
+            accw = tl.zeros((BLOCK_N, GTW, GW), dtype=tl.float32)
+            for kt in tl.range(0, tiles_per_split, num_stages=STAGES):
+                byte0 = (tile0 + kt) * TILE_B
+                b = tl.load(w_words[:, None, None] + (byte0 // 4 + pw)[None, :, :], eviction_policy="evict_first")
+                s0 = byte0 + tl.arange(0, GTW) * GBW
+                grp = s0 // HBW
+                q_lo = tl.multiple_of(((grp * G + s0 % HBW) // 4), GW)[:, None] + tl.arange(0, GW)[None, :]
+                x_lo = tl.load(x_words + q_lo)
+                x_hi = tl.load(x_words + q_lo + HBW // 4)
+                s = tl.load(s_ptr + offs_wn[:, None] * stride_sn + grp[None, :], mask=(grp < NG)[None, :],
+                            other=0.0).to(tl.float32)
+                accw += s[:, :, None] * int4_word_dot(b, x_lo[None, :, :], x_hi[None, :, :])
+            acc = tl.sum(tl.sum(accw, axis=2), axis=1)
         else:  # int4 / fp8_block: [BLOCK_N, GT, GB] tiles, GT groups of GB bytes
             GB: tl.constexpr = (BLOCK_K if BLOCK_K < G else G) // (2 if FMT == 3 else 1)
             GT: tl.constexpr = TILE_B // GB
@@ -427,6 +489,15 @@ def _bf16x2(device_type: str, index: int | None) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 8
 
 
+def _words_fit(x: Any, w: Any, qw: Any, bk: int, even: bool) -> bool:
+    """Whether int4's word path (:func:`int4_word_dot`) can read this GEMV: symmetric int4 (the offsets need
+    the activations' sums as values), unmasked tiles (``even``: a masked word would split a group), a slice
+    a whole number of words and groups of whole activation words, W rows 4-byte and X 8-byte aligned."""
+    g = qw.fmt.group_size or 0
+    return (qw.fmt.name == "int4" and qw.offsets is None and even and g % 8 == 0 and (min(bk, g) // 2) % 4 == 0
+            and w.stride(0) % 4 == 0 and w.data_ptr() % 4 == 0 and x.data_ptr() % 8 == 0)
+
+
 def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bias: Any = None) -> Callable[[], None]:
     """Bind a config to tensors; returns a no-argument launcher (split-K workspace allocated here).
 
@@ -453,10 +524,11 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
     w, s, z = weight_views(qw, fma=bm == 1)
     ng = s.shape[1] if s.dim() == 2 else 1
     dot_f16 = x.dtype == torch.float16 or interpreter_active()
+    paired = not dot_f16 and not interpreter_active() and _bf16x2(x.device.type, x.device.index)
     meta = dict(FMT=FMT_CODES[f.name], G=g, HAS_Z=qw.offsets is not None, HAS_BIAS=bias is not None,
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_M=max(16, bm), EVEN_W=even_w, EVEN_X=even_x,
                 DOT_F16=dot_f16, ASM=not interpreter_active(),
-                PAIRED=not dot_f16 and not interpreter_active() and _bf16x2(x.device.type, x.device.index),
+                PAIRED=paired, WORDS=paired and bm == 1 and _words_fit(x, w, qw, bk, even_w and even_x),
                 STAGES=params.get("num_stages", 2),
                 num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 2))
     grid = (triton.cdiv(n, bn), split_k)
