@@ -52,6 +52,14 @@ for s in "$@"; do
     # issues 27/29: the batched-decode GEMMs (M = 32) of int4 and fp8, top 3 configs a linear: the two-stage price
     # and the FP8 mma.sync load depth (templates/quant.py) against what the picks measure (~30 s)
     qk32)     stage qk32 python3 benchmarks/quant_kernels.py --parts decode --decode-m 32 --formats int4,fp8 --top 3 --no-torchao --out "$R/quant_kernels_m32.json" ;;
+    # issue 27: int4's decode GEMV (M = 1) over its FMA-path grid and rank()'s top 3 a path, on Llama-3-8B's four
+    # linears: where rank()'s pick stands against the grid's best on this GPU (~50 s on an H100)
+    # (--graph: each timed replayed from a CUDA graph, as the decode step runs: events timed this H200's host)
+    qfma)     stage qfma python3 benchmarks/quant_kernels.py --formats int4 --parts decode --shapes qkv,o,gate_up,down --top 3 --per-path --fma-grid --rep-ms 30 --no-torchao --graph --out "$R/quant_kernels_fmagrid_graph.json" ;;
+    qfmab)    stage qfmab python3 benchmarks/quant_kernels.py --formats int4 --parts decode --shapes qkv,o,gate_up,down --top 3 --per-path --fma-grid --rep-ms 30 --no-torchao --graph --no-int4-words --out "$R/quant_kernels_fmagrid_graph_bytes.json" ;;
+    # issue 27: where int4's decode step goes, per kernel class, eager and compiled, full model (~80 s)
+    qtrace)   stage qtrace python3 benchmarks/quant_trace.py --formats int4 --out "$R/quant_trace_int4.json" ;;
+    qtraceb)  stage qtraceb python3 benchmarks/quant_trace.py --formats int4 --no-int4-words --out "$R/quant_trace_int4_bytes.json" ;;
     # issue 29: generate()'s per-token host time over the graphed compiled step, for GENERATE_HOST_US
     hostfit)  stage hostfit python3 benchmarks/probes/generate_host.py --formats int4,fp8,bf16 --out "$R/generate_host_fit.json" ;;
     *) echo "unknown stage $s" ;;

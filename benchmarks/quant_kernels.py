@@ -56,6 +56,12 @@ DEVICE = "cuda"
 TARGETS = {"fp8": 0.80, "fp8_block": 0.80, "int4": 0.70, "int4-asym": 0.70}
 
 
+GRAPH_HELP = ("time each kernel replayed from a CUDA graph of many calls (the GPU's time, no host enqueue; the "
+              "decode step's setting) instead of one call between events")
+NO_WORDS_HELP = ("run symmetric int4's decode GEMV on its per-byte PTX (int4_pair_dot) instead of the word path "
+                 "(int4_word_dot): the A/B of the two in one run")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,14 +83,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fma-grid", action="store_true",
                     help="also time the int4 decode GEMV's FMA-path grid (BLOCK_M 1, BLOCK_N 16-128, BLOCK_K 256-1024, "
                          "2/4/8 warps, 3 stages, SPLIT_K 1/2/4), the calibration set of its cost factor")
+    ap.add_argument("--graph", action="store_true", help=GRAPH_HELP)
+    ap.add_argument("--no-int4-words", action="store_true", help=NO_WORDS_HELP)
     ap.add_argument("--no-torchao", action="store_true", help="skip torchao even when it imports")
     return ap.parse_args(argv)
 
 
 # -- measuring ---------------------------------------------------------------------------------
 
-def bench_us(fns: list[Callable[[], Any]], rep_ms: int) -> float:
-    """Median microseconds of calling the ``fns`` in turn (one per rotated copy of the inputs)."""
+def bench_us(fns: list[Callable[[], Any]], rep_ms: int, *, graph: bool = False) -> float:
+    """Median microseconds of calling the ``fns`` in turn (one per rotated copy of the inputs): each call
+    between CUDA events with do_bench's L2 flush before it, or (``graph``) replayed from one CUDA graph of
+    many calls cycling through the copies, divided by the calls (``do_bench_cudagraph``): the GPU's time with
+    no host enqueue in it, as a decode step replayed from a graph runs. On a host that enqueues a Triton
+    launch slower than a small GEMV runs, the events time the host: H200, this file's first grid run, ``o``
+    (8.4 MB of int4) 11.8-62.5 us over configs the H100 ran at 11-17."""
     import triton.testing
 
     state = [0]
@@ -92,6 +105,8 @@ def bench_us(fns: list[Callable[[], Any]], rep_ms: int) -> float:
     def run() -> None:
         fns[state[0] % len(fns)]()
         state[0] += 1
+    if graph:
+        return float(triton.testing.do_bench_cudagraph(run, rep=rep_ms, return_mode="median")) * 1e3
     return float(triton.testing.do_bench(run, warmup=25, rep=rep_ms, return_mode="median")) * 1e3
 
 
@@ -198,7 +213,7 @@ def autoopt_rows(lin: Linear, spec: str, gpu: Any, copy_gbs: float, args: argpar
                 fresh = {"a": lin.x.clone(), **{k: v.clone() for k, v in q.tensors().items()}}
                 fns.append(registry.prepare(fresh, cand.config, registry.alloc_out(op, DEVICE), op))
             row["rotated_copies"] = len(fns)
-            rates(row, bench_us(fns, args.rep_ms), op.min_bytes, q.nbytes, copy_gbs)
+            rates(row, bench_us(fns, args.rep_ms, graph=args.graph), op.min_bytes, q.nbytes, copy_gbs)
         attempt(rows, row, run)
 
 
@@ -248,7 +263,7 @@ def torch_rows(lin: Linear, gpu: Any, copy_gbs: float, args: argparse.Namespace,
         ws = [lin.w] + [lin.w.clone() for _ in range(n - 1)]
         out = F.linear(lin.x, lin.w)
         row["measured_rel_err_vs_bf16_layer"] = float(f"{lin.err_vs_bf16(out):.4g}")
-        us = bench_us([lambda w=w: F.linear(lin.x, w) for w in ws], args.rep_ms)
+        us = bench_us([lambda w=w: F.linear(lin.x, w) for w in ws], args.rep_ms, graph=args.graph)
         moved = (lin.m * lin.k + lin.n * lin.k + lin.m * lin.n) * 2
         rates(row, us, moved, bf16_bytes, copy_gbs)
     attempt(rows, {**base, "impl": "torch F.linear bf16", "format": "bf16"}, linear)
@@ -273,7 +288,7 @@ def torch_rows(lin: Linear, gpu: Any, copy_gbs: float, args: argparse.Namespace,
                 quant()
             return torch._scaled_mm(aq_buf if with_act else aq, w.t(), scale_a=(as_buf if with_act else a_s)[:, None],
                                     scale_b=ws, out_dtype=torch.bfloat16)
-        us = bench_us([lambda w=w: call(w) for w in qs], args.rep_ms)
+        us = bench_us([lambda w=w: call(w) for w in qs], args.rep_ms, graph=args.graph)
         moved = lin.m * lin.k * (2 if with_act else 1) + q.nbytes + lin.m * lin.n * 2
         rates(row, us, moved, q.nbytes, copy_gbs)
     attempt(rows, {**base, "impl": "torch._scaled_mm rowwise", "format": "fp8", "activations": "pre-quantized"},
@@ -313,7 +328,7 @@ def torchao_rows(lin: Linear, gpu: Any, copy_gbs: float, args: argparse.Namespac
                 weight_bytes = sum(t.numel() * t.element_size() for t in _tensors_of(first.weight))
                 row["measured_weight_bytes"] = weight_bytes
                 mods = [first] + [layer() for _ in range(copies_for(weight_bytes, l2) - 1)]
-                us = bench_us([lambda mod=mod: mod(lin.x) for mod in mods], args.rep_ms)
+                us = bench_us([lambda mod=mod: mod(lin.x) for mod in mods], args.rep_ms, graph=args.graph)
             rates(row, us, lin.m * lin.k * 2 + weight_bytes + lin.m * lin.n * 2, weight_bytes, copy_gbs)
         attempt(rows, {"linear": lin.name, "m": lin.m, "n": lin.n, "k": lin.k, "impl": f"torchao {name}",
                        "format": name}, run)
@@ -405,12 +420,19 @@ def main(argv: list[str] | None = None) -> int:
     if gpu is None:
         print("quant_kernels: detection found no GPU", file=sys.stderr)
         return 2
+    if args.no_int4_words:
+        from autoopt.backend.kernels import quant_gemv
+
+        quant_gemv._words_fit = lambda *a: False  # type: ignore[assignment]
     formats = [f for f in args.formats.split(",") if f]
     names = [s for s in args.shapes.split(",") if s]
     parts = [p for p in args.parts.split(",") if p]
     t0 = time.time()
     report: dict[str, Any] = {"env": environment(), "gpu": gpu.name, "profile_match": gpu.profile,
-                              "argv": sys.argv[1:], "formats": formats, "rows": []}
+                              "argv": sys.argv[1:], "formats": formats, "rows": [],
+                              "int4_words": not args.no_int4_words,
+                              "timing": "CUDA graph replay (do_bench_cudagraph), per call" if args.graph else
+                              "one call between CUDA events, L2 flushed (do_bench)"}
     report["measured_copy_gbs"] = round(copy_gbs(), 1)
     out_path = Path(args.out)
     torchao_ok = report["env"]["torchao"] is not None and not args.no_torchao

@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's 32)")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     ap.add_argument("--batch", type=int, default=1, help="sequences decoded together (default %(default)s)")
+    ap.add_argument("--no-int4-words", action="store_true",
+                    help="symmetric int4's decode GEMV on its per-byte PTX, not the word path (an A/B in one run)")
     args = ap.parse_args(argv)
     if not 1 <= args.batch <= 256:
         ap.error(f"--batch {args.batch}: expected 1 to 256")
@@ -132,6 +134,10 @@ def run_variant(fmt: str, args: argparse.Namespace, copy_gbs: float) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.no_int4_words:
+        from autoopt.backend.kernels import quant_gemv
+
+        quant_gemv._words_fit = lambda *a: False  # type: ignore[assignment]
     import torch
 
     if not torch.cuda.is_available():
@@ -143,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     out = Path(args.out)
     report: dict[str, Any] = {"env": environment(), "model": MODEL, "layers": args.layers, "prompt": PROMPT,
-                              "batch": args.batch,
+                              "batch": args.batch, "int4_words": not args.no_int4_words,
                               "measured_copy_gbs": round(copy_gbs(), 1), "variants": {}}
     for fmt in [f for f in args.formats.split(",") if f]:
         t1 = time.time()
