@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autoopt._serde import from_plain, to_plain
 from autoopt.errors import AutooptError
 
-__all__ = ["DEFAULT_CONSTANTS", "FRACTIONS", "CostConstants", "constants", "explicit", "set_constants", "using"]
+__all__ = ["DEFAULT_CONSTANTS", "FRACTIONS", "GRAPH_LAUNCH_US", "CostConstants", "constants", "explicit", "in_graph",
+           "set_constants", "using"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,6 +156,22 @@ _active: list[CostConstants] = [DEFAULT_CONSTANTS]
 FRACTIONS = frozenset({"tc_efficiency", "mma_sync_fraction", "dram_efficiency", "l2_usable_fraction",
                        "persistent_fill_fraction", "pointer_wgmma_efficiency", "single_warpgroup_efficiency",
                        "stream_dram_efficiency", "narrow_wgmma_efficiency", "n128_wgmma_efficiency"})
+
+
+#: what one kernel costs inside a CUDA-graph replay beyond its own work, in us. The cost model's times
+#: include a standalone launch (``CostConstants.launch_us``, ~5.2 us, what torch-timed code sees); a
+#: replayed graph issues its kernels back to back. H100, Llama-3-8B decode step in one graph
+#: (``benchmarks/results/h100/e2e_llama-3-8b_agreement_profile.json``): norms ran 1.69 us and the fused
+#: activations 1.19 us each, which the model prices at ~1.0 us of work, and the step's 6.52 ms exceeded
+#: its ~420 kernels' summed time by 0.17 ms (0.4 us each): 0.6-1.1 us a kernel, taken as 1.0. H200, int4
+#: decode GEMVs timed replayed from a graph (``benchmarks/results/h200/quant_kernels_fmagrid_graph.json``):
+#: ``o``'s rank-1 config priced 6.6 us with it, measured 6.8.
+GRAPH_LAUNCH_US = 1.0
+
+
+def in_graph(consts: CostConstants) -> CostConstants:
+    """``consts`` with each launch priced as a replayed CUDA graph's (:data:`GRAPH_LAUNCH_US`)."""
+    return replace(consts, launch_us=GRAPH_LAUNCH_US)
 
 
 def constants() -> CostConstants:

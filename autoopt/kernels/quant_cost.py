@@ -96,7 +96,10 @@ GEMV_DOT_MEASURED_FACTOR = {"int4": 1.0, "fp8": 2.0}
 #: over Llama-3-8B's four decode linears) x1.15 takes median |ln(pred/measured)| to 0.135 (x1: 0.175, median
 #: ratio 0.84) and x1.4 the asymmetric to 0.151 (x1: 0.336, ratio 0.71: its per-tile activation sums for the
 #: offsets, a cross-thread reduction, are not in the hand count). The kernel before (fp32 decode, group sums
-#: inside the loop) ran 1.5x its count (``quant_kernels_qperf.json``).
+#: inside the loop) ran 1.5x its count (``quant_kernels_qperf.json``). Symmetric int4 again after the word
+#: path (``int4_word_dot``, 2.5 instructions a weight) with launches priced in-graph, on the H200 timed
+#: replayed from a graph (``benchmarks/results/h200/quant_kernels_fmagrid_graph.json``, 133 configs): x1.15
+#: keeps median |ln| 0.088, median ratio 1.02 (x1.1: 0.088, x1.0: 0.124, x1.3: 0.145).
 GEMV_MEASURED_FACTOR = {"int4": 1.15, "int4-asym": 1.4}
 #: Block-FP8 W8A8: each K-tile's dot completes before its scaling (a serial chain per tile). The hand
 #: count (the tile's MMA at tc_efficiency + the scaling FMAs) under-priced it 2.65x on the same run
@@ -138,6 +141,14 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
         return DequantWork()
     # Every path first takes the byte out of its loaded 32-bit word (a PRMT/SHF: 1 op a byte).
     if fma:
+        if fmt.name == "int4" and fmt.symmetric:
+            # quant_gemv.int4_word_dot's PTX, a 32-bit word (8 weights) a call: PRMT 1, SHF 3, LOP3 4 to
+            # decode, SHL 1 and LOP3 1 to widen the bf16 pair's lanes (INT: 10), 8 paired bf16 FMAs (4 make
+            # q - 8, 4 multiply and chain all four bytes' products into one pair), one FADD of the lanes and
+            # one FFMA of scaled accumulation (FP: 10). Read in the sm_90 SASS of the loop (BLOCK_N 32,
+            # BLOCK_K 256, 2 warps, Triton 3.9): 390 instructions for 128 weights a thread (3.05 a weight)
+            # against 456 (3.56) for the per-byte int4_pair_dot below, which asymmetric int4 keeps.
+            return DequantWork(int_ops=1.25, fp_ops=1.25)
         if fmt.name == "int4":
             # quant_gemv.int4_pair_dot's PTX, 4 bytes a call: PRMT 1, SHF 3, LOP3 4 to decode, SHL 2 and LOP3 2
             # to widen the bf16 sums (INT: 12 per 8 weights), 8 paired bf16 FMAs (4 make q - 8, 4 multiply

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from autoopt._log import get_logger
 from autoopt.errors import AutooptError, ModelError, RuntimeRuleError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
+from autoopt.kernels.constants import GRAPH_LAUNCH_US
 from autoopt.kernels.ops import OpSpec
 from autoopt.planning.catalog import parse_model
 from autoopt.planning.chain import ChainProblem, ChainSolution, solve_dp, solve_wfc
@@ -1186,13 +1187,6 @@ def _totals(fit: _Fit, costs: _LayerCosts, plan: ChainSolution, head: tuple[_OpT
 
 
 # -- pricing one op ----------------------------------------------------------------------
-#: what one kernel costs inside a CUDA-graph replay beyond its own work, in us. The cost model's times
-#: include a standalone launch (``CostConstants.launch_us``, ~5.2 us, what torch-timed code sees); a
-#: replayed graph issues its kernels back to back. H100, Llama-3-8B decode step in one graph
-#: (``benchmarks/results/h100/e2e_llama-3-8b_agreement_profile.json``): norms ran 1.69 us and the fused
-#: activations 1.19 us each, which the model prices at ~1.0 us of work, and the step's 6.52 ms exceeded
-#: its ~420 kernels' summed time by 0.17 ms (0.4 us each): 0.6-1.1 us a kernel, taken as 1.0.
-GRAPH_LAUNCH_US = 1.0
 
 
 def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int, *, graphed: bool = False,
@@ -1213,8 +1207,7 @@ def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int, *, gra
             us, bound = best.predicted_us, best.bound
             if spec.is_matmul and mode.weight_ratio != 1.0:
                 us, bound = _weight_only_us(dev.gpu, spec, mode, us, bound, top)
-            if graphed:
-                us = max(GRAPH_LAUNCH_US, us - _standalone_launch_us() + GRAPH_LAUNCH_US)
+            us = _launches_as_run(best, us, graphed)
             return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=bound, best=best)
     us, bound = _roofline(dev, op, mode.gemm_dtype if op.kernel_class == "gemm" else "bf16")
     if op.kind == "attention" and op.shape[2] == 1 and us < ATTENTION_DECODE_MIN_US:
@@ -1313,6 +1306,21 @@ def _attention_glue(dev: Device, layer: Sequence[LayerOp], nkv: int, runtime: st
                  bytes=float(moved), kernel_class="rotary")
     return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us,
                    bound="latency" if kernels * per_kernel >= us else "memory", best=None)
+
+
+def _launches_as_run(best: Candidate, us: float, graphed: bool) -> float:
+    """``us`` (a ranked op's time) with its launches priced as the step runs them: a template that prices in-graph
+    (``launch_in_graph`` in its breakdown: the quantized decode GEMV, which only optimize()'s decode runs) gains
+    a standalone launch's extra per launch when the step is not graphed; any other drops one standalone launch
+    for an in-graph one when it is (one an op: a split-K reduce's second launch stays standalone-priced)."""
+    if best.breakdown.get("launch_in_graph"):
+        if graphed:
+            return us
+        launches = best.breakdown.get("launch_us", GRAPH_LAUNCH_US) / GRAPH_LAUNCH_US
+        return us + launches * (_standalone_launch_us() - GRAPH_LAUNCH_US)
+    if graphed:
+        return max(GRAPH_LAUNCH_US, us - _standalone_launch_us() + GRAPH_LAUNCH_US)
+    return us
 
 
 def _standalone_launch_us() -> float:
