@@ -50,8 +50,8 @@ for s in "$@"; do
     # issue 27: generate() and the compiled 1 x 2048 prefill of int4 and fp8 against bf16 + compile (~340 s: alone)
     qe2e)     TAIL=12 stage qe2e python3 benchmarks/quant_e2e.py --no-torchao --compiled-prefill --budget-s 400 --out "$R/quant_e2e.json" ;;
     # issues 27/29: the batched-decode GEMMs (M = 32) of int4 and fp8, top 3 configs a linear: the two-stage price
-    # and the FP8 mma.sync load depth (templates/quant.py) against what the picks measure (~30 s)
-    qk32)     stage qk32 python3 benchmarks/quant_kernels.py --parts decode --decode-m 32 --formats int4,fp8 --top 3 --no-torchao --out "$R/quant_kernels_m32.json" ;;
+    # and the FP8 mma.sync load depth (templates/quant.py) against what the picks measure, graph-replayed (~30 s)
+    qk32)     stage qk32 python3 benchmarks/quant_kernels.py --parts decode --decode-m 32 --formats int4,fp8 --top 3 --no-torchao --graph --out "$R/quant_kernels_m32_graph.json" ;;
     # issue 27: int4's decode GEMV (M = 1) over its FMA-path grid and rank()'s top 3 a path, on Llama-3-8B's four
     # linears: where rank()'s pick stands against the grid's best on this GPU (~50 s on an H100)
     # (--graph: each timed replayed from a CUDA graph, as the decode step runs: events timed this H200's host)
