@@ -125,6 +125,7 @@ def test_the_harness_runs_end_to_end_on_the_cpu_and_writes_its_table(tmp_path):
     rows = [r for w in data["workloads"] for r in w["options"]]
     assert {r["label"] for r in rows} == {"bf16 eager b1", "int8 eager b1", "bf16 eager b2", "int8 eager b2"}
     assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 for r in rows)
+    assert all(r["measured_blocks_ms"] == [round(r["measured_ms"], 4)] for r in rows)  # one block on a CPU
     assert data["device"] == "cpu" and "test the code path" in data["notes"][0]
     assert data["hardware"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"  # what a re-score predicts on
     assert "batch 1: recommended" in proc.stdout
@@ -394,6 +395,26 @@ def test_an_eager_step_is_timed_over_blocks_each_with_a_cache_of_its_own(monkeyp
     monkeypatch.setattr(e2e, "_eager_block", lambda *a: seen.append(1) or block(*a))
     ms = e2e.decode_step_ms(net, 1, 8, 20, graphed=False, blocks=5)
     assert len(seen) == 5 and ms > 0
+
+
+def test_an_eager_steps_blocks_are_handed_back_beside_their_median():
+    import statistics
+
+    from autoopt.nn import e2e
+
+    net = e2e.build_model("llama-3-8b", dtype="fp32", device="cpu", tiny=True, layers=1)
+    blocks: list[float] = []
+    ms = e2e.decode_step_ms(net, 1, 8, 4, graphed=False, blocks=3, blocks_ms=blocks)
+    assert len(blocks) == 3 and ms == statistics.median(blocks)
+
+
+def test_a_measured_row_lists_its_blocks_only_when_it_has_some():
+    from autoopt.regret.run import Measured
+
+    opt = Option(weights="bf16", cuda_graphs=False, batch=1)
+    assert "measured_blocks_ms" not in Measured(option=opt, measured_ms=2.0).to_dict()
+    row = Measured(option=opt, measured_ms=2.0, measured_blocks_ms=(1.9, 2.0, 3.51234)).to_dict()
+    assert row["measured_blocks_ms"] == [1.9, 2.0, 3.5123]
 
 
 @pytest.mark.parametrize("blocks", [0, -1, 2.5])

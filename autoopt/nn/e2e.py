@@ -210,10 +210,11 @@ EAGER_BLOCKS, EAGER_BLOCK_PAUSE_S = 5, 0.5
 
 
 def decode_step_ms(model: Any, batch: int, prompt: int, steps: int, *, graphed: bool,
-                   blocks: int | None = None) -> float:
+                   blocks: int | None = None, blocks_ms: list[float] | None = None) -> float:
     """Time of one decode step (forward over a static cache + greedy argmax) at ``batch``: replayed from one
     CUDA graph (``graphed``, CUDA only), else the median over ``blocks`` (default :data:`EAGER_BLOCKS` on a GPU,
-    one on a CPU, whose run checks the path, not the timing) of :func:`_eager_block`."""
+    one on a CPU, whose run checks the path, not the timing) of :func:`_eager_block`, each block's time also
+    appended to ``blocks_ms`` when given (the host's phases show in their spread)."""
     if blocks is not None and (type(blocks) is not int or blocks < 1):
         from autoopt.errors import AutooptError
 
@@ -227,6 +228,8 @@ def decode_step_ms(model: Any, batch: int, prompt: int, steps: int, *, graphed: 
         if i and on_gpu:
             time.sleep(EAGER_BLOCK_PAUSE_S)
         times.append(_eager_block(model, batch, prompt, steps, device))
+    if blocks_ms is not None:
+        blocks_ms.extend(times)
     return statistics.median(times)
 
 

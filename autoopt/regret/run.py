@@ -39,18 +39,25 @@ GLUE_FIT_KEYS = 192
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Measured:
-    """One option: predicted and measured decode step in ms (None with ``why`` where not available)."""
+    """One option: predicted and measured decode step in ms (None with ``why`` where not available); an
+    uncompiled one-GPU step keeps each timed block (``measured_ms`` is their median): the lent hosts' Python
+    runs in phases up to 1.9x apart, which the blocks' spread shows."""
 
     option: Option
     predicted_ms: float | None = None
     measured_ms: float | None = None
     why: str = ""
+    measured_blocks_ms: tuple[float, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"option": self.option.to_dict(), "label": self.option.label, "predicted_ms": self.predicted_ms,
-                "measured_ms": self.measured_ms, "why": self.why,
-                "predicted_over_measured": (round(self.predicted_ms / self.measured_ms, 4)
-                                            if self.predicted_ms and self.measured_ms else None)}
+        out: dict[str, Any] = {"option": self.option.to_dict(), "label": self.option.label,
+                               "predicted_ms": self.predicted_ms,
+                               "measured_ms": self.measured_ms, "why": self.why,
+                               "predicted_over_measured": (round(self.predicted_ms / self.measured_ms, 4)
+                                                           if self.predicted_ms and self.measured_ms else None)}
+        if self.measured_blocks_ms:
+            out["measured_blocks_ms"] = [round(t, 4) for t in self.measured_blocks_ms]
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,9 +210,11 @@ def _fastest_format(hardware: HardwareProfile, spec: Any, batch: int) -> tuple[s
     return rec.quant.format.name, rec.quant.reason
 
 
-def measure_ms(model: str, option: Option, *, device: str, layers: int | None, tiny: bool, steps: int) -> float:
+def measure_ms(model: str, option: Option, *, device: str, layers: int | None, tiny: bool, steps: int,
+               blocks_ms: list[float] | None = None) -> float:
     """Build ``model``, optimise it into ``option``'s format and time its decode step on one GPU (the
-    multi-GPU layouts are measured together, :func:`measure_layouts`)."""
+    multi-GPU layouts are measured together, :func:`measure_layouts`); an uncompiled step's blocks go to
+    ``blocks_ms`` when given."""
     import torch
 
     from autoopt.nn.e2e import build_model, decode_step_ms
@@ -214,7 +223,7 @@ def measure_ms(model: str, option: Option, *, device: str, layers: int | None, t
     net = build_model(model, dtype="bf16", device=device, tiny=tiny, layers=layers)
     try:
         optimize(net, weights=FORMATS[option.weights])
-        return decode_step_ms(net, option.batch, PROMPT, steps, graphed=option.cuda_graphs)
+        return decode_step_ms(net, option.batch, PROMPT, steps, graphed=option.cuda_graphs, blocks_ms=blocks_ms)
     finally:
         del net
         if device.startswith("cuda"):
@@ -284,8 +293,10 @@ def _measured(model: str, opt: Option, predicted: float | None, *, layouts: dict
         if isinstance(got, str):
             return Measured(option=opt, predicted_ms=predicted, why=got)
         return Measured(option=opt, predicted_ms=predicted, measured_ms=got)
+    blocks: list[float] = []
     try:
-        return Measured(option=opt, predicted_ms=predicted, measured_ms=measure_ms(model, opt, **kw))
+        ms = measure_ms(model, opt, blocks_ms=blocks, **kw)
+        return Measured(option=opt, predicted_ms=predicted, measured_ms=ms, measured_blocks_ms=tuple(blocks))
     except Exception as exc:  # an option that fails to build, quantize or run (OOM) is data, not the end
         why = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
         return Measured(option=opt, predicted_ms=predicted, why=why)
