@@ -12,9 +12,10 @@ For Llama-3-8B's linears at decode (M = 1: qkv 6144x4096, o 4096x4096, gate_up 2
   NaN-poisoned output and checked against the dequantized-weight
   reference (``registry.tolerance``): a latency is reported only for a kernel whose output matched;
 - times it with ``triton.testing.do_bench`` (median; inputs rotated over enough copies to exceed
-  3x the L2, besides do_bench's own L2 flush), and reports achieved GB/s (the op's exact bytes over
-  the time), its share of the measured copy bandwidth, and its share of the format's weight-read
-  floor (the packed weight's bytes at the measured copy bandwidth over the time);
+  3x the L2, besides do_bench's own L2 flush), or with ``--graph`` replayed from one CUDA graph of many calls
+  over the rotated copies (the decode step's setting: no host enqueue in the time), and reports achieved
+  GB/s (the op's exact bytes over the time), its share of the measured copy bandwidth, and its share of the
+  format's weight-read floor (the packed weight's bytes at the measured copy bandwidth over the time);
 - reports the per-linear relative Frobenius error against the bf16 layer, for autoopt and for
   torchao on the same weights.
 
