@@ -309,3 +309,34 @@ def test_the_paired_bf16_decode_is_left_to_gpus_with_bf16x2_fmas(monkeypatch):
             (False, True, True)
     finally:
         quant_gemv._bf16x2.cache_clear()
+
+
+# -- which int4 decodes take the word path (int4_word_dot) ------------------------------------------------------
+
+def _words(spec: str = "int4", *, k: int = 1024, bk: int = 512, even: bool = True, x_offset: int = 0) -> bool:
+    from autoopt.backend.kernels.quant_gemv import _words_fit
+
+    q = quantize(torch.randn(64, k).bfloat16(), spec)
+    x = torch.randn(1, k + 8).bfloat16()[:, x_offset:x_offset + k]
+    return _words_fit(x, q.qweight, q, bk, even)
+
+
+def test_symmetric_int4_on_unmasked_tiles_takes_the_word_path():
+    assert _words() and _words(bk=128) and _words(bk=64)
+
+
+def test_asymmetric_int4_keeps_the_per_byte_path_for_its_activation_sums():
+    assert not _words("int4-asym")
+
+
+def test_masked_tiles_keep_the_per_byte_path():
+    assert not _words(even=False)
+
+
+def test_activations_off_an_8_byte_boundary_keep_the_per_byte_path():
+    # the word path reads four bf16 activations as one int64
+    assert _words(x_offset=4) and not _words(x_offset=1) and not _words(x_offset=2)
+
+
+def test_other_formats_never_take_the_word_path():
+    assert not _words("int8") and not _words("fp8")
