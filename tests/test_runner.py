@@ -227,3 +227,43 @@ def test_a_many_launch_kernel_is_timed_from_a_cuda_graph_and_the_rest_per_call(m
     assert registry.KERNELS["fused_moe"].graph_timed and not registry.KERNELS["gemm"].graph_timed
     assert runner._time_us(lambda: None, registry.KERNELS["fused_moe"].graph_timed, 25, 100) == pytest.approx(70.0)
     assert runner._time_us(lambda: None, registry.KERNELS["gemm"].graph_timed, 25, 100) == pytest.approx(500.0)
+
+
+def test_a_decode_gemv_is_timed_from_a_graph_over_copies_and_the_fused_moe_over_one():
+    assert registry.KERNELS["quant_gemv"].graph_timed and registry.KERNELS["quant_gemv"].rotate_inputs
+    assert registry.KERNELS["fused_moe"].graph_timed and not registry.KERNELS["fused_moe"].rotate_inputs
+
+
+@pytest.mark.parametrize("nbytes,l2,copies", [
+    (8_650_752, 50 << 20, 19),        # Llama-3-8B o at int4 (+ x): 3 x 50 MiB over 8.65 MB
+    (60_817_408, 50 << 20, 3),        # gate_up
+    (1 << 30, 50 << 20, 1),           # a weight past the L2 already
+    (8_650_752, None, 19),            # no L2 in the profile: 50 MiB assumed
+    (100 << 20, 10 << 30, 40),        # copies capped by bytes (4 GiB together)
+    (1 << 10, 50 << 20, 64),          # and by count
+])
+def test_rotation_takes_copies_past_three_l2s_within_its_caps(nbytes, l2, copies):
+    assert runner.rotation_copies(nbytes, l2) == copies
+
+
+def test_the_rotated_launchers_each_write_the_right_result_in_turn(monkeypatch):
+    # the quant GEMV bound to copies of its inputs, called through the cycling launcher (interpreter on a CPU)
+    op = OpSpec(kind="gemv", shape=(1, 64, 256), dtype="fp16", weight="int4")
+    cfg = KernelConfig(kernel="quant_gemv", params=dict(BLOCK_M=1, BLOCK_N=16, BLOCK_K=128, SPLIT_K=1,
+                                                      num_warps=2, num_stages=2))
+    inputs = registry.make_inputs(op, "cpu", 0)
+    ref = registry.reference(inputs, op).float()
+    outs = []
+    alloc = registry.alloc_out
+    monkeypatch.setattr(registry, "alloc_out", lambda *a: outs.append(alloc(*a).fill_(float("nan"))) or outs[-1])
+    gpu = GPUProfile(name="tiny-L2", cc_major=9, cc_minor=0, l2_bytes=64 << 10)
+    launchers = runner._launchers_on_copies(op, cfg, inputs, "cpu", gpu)
+    n = runner.rotation_copies(runner._tensor_bytes(*inputs.values()), gpu.l2_bytes)
+    assert len(launchers) == len(outs) == n - 1 >= 1
+    calls = []
+    cycle = runner._cycling([lambda: calls.append("first"), *launchers])
+    for _ in range(n):
+        cycle()
+    assert calls == ["first"]  # each copy's launcher ran once in between
+    for out in outs:
+        assert float((out.float() - ref).norm() / ref.norm()) < registry.tolerance(op)

@@ -88,6 +88,9 @@ class KernelEntry:
     #: whether one call is many launches (torch ops between Triton kernels): timed replayed from a CUDA
     #: graph, since timing each call from the host measures the host's enqueue, not the GPU
     graph_timed: bool = False
+    #: whether its graph-timed calls cycle over copies of the inputs whose bytes pass three L2s: a decode GEMV's
+    #: weight (8-60 MB for Llama-3-8B's linears) fits in the L2, and one copy replayed would be timed from there
+    rotate_inputs: bool = False
 
 
 _KERNELS = "autoopt.backend.kernels"
@@ -102,7 +105,11 @@ KERNELS: dict[str, KernelEntry] = {
        for k in ("rmsnorm", "layernorm", "softmax") for v in ("single", "looped")},
     "rmsnorm_split": KernelEntry(name="rmsnorm_split", kinds=("rmsnorm",), module=f"{_KERNELS}.norm"),
     "rmsnorm_coop": KernelEntry(name="rmsnorm_coop", kinds=("rmsnorm",), module=f"{_KERNELS}.norm_coop"),
-    "quant_gemv": KernelEntry(name="quant_gemv", kinds=("gemv",), module=f"{_KERNELS}.quant_gemv", quantized=True),
+    # A decode GEMV runs replayed from optimize()'s decode graphs and is priced so (templates/quant.py); timed one
+    # call at a time on an H200 host it took 11.8-62.5 us for o's configs (8.4 MB of int4) that run 6.5-14 us
+    # replayed (benchmarks/results/h200/quant_kernels_fmagrid_{events,graph}.json): the host's enqueue.
+    "quant_gemv": KernelEntry(name="quant_gemv", kinds=("gemv",), module=f"{_KERNELS}.quant_gemv", quantized=True,
+                              graph_timed=True, rotate_inputs=True),
     "quant_gemm": KernelEntry(name="quant_gemm", kinds=("gemm",), module=f"{_KERNELS}.quant_gemm", quantized=True),
     "quant_dequant_cublas": KernelEntry(name="quant_dequant_cublas", kinds=("gemm",),
                                         module=f"{_KERNELS}.quant_dequant", quantized=True),
