@@ -57,6 +57,8 @@ for s in "$@"; do
     # (--graph: each timed replayed from a CUDA graph, as the decode step runs: events timed this H200's host)
     qfma)     stage qfma python3 benchmarks/quant_kernels.py --formats int4 --parts decode --shapes qkv,o,gate_up,down --top 3 --per-path --fma-grid --rep-ms 30 --no-torchao --graph --out "$R/quant_kernels_fmagrid_graph.json" ;;
     qfmab)    stage qfmab python3 benchmarks/quant_kernels.py --formats int4 --parts decode --shapes qkv,o,gate_up,down --top 3 --per-path --fma-grid --rep-ms 30 --no-torchao --graph --no-int4-words --out "$R/quant_kernels_fmagrid_graph_bytes.json" ;;
+    # issue 27: the runner's (autoopt tune's) graph-replayed, rotated timing of rank()'s int4 decode GEMV picks (~20 s)
+    qrun)     stage qrun sh -c "python3 benchmarks/probes/quant_gemv_runner.py --top 3 > '$R/quant_gemv_runner.json'" ;;
     # issue 27: where int4's decode step goes, per kernel class, eager and compiled, full model (~80 s)
     qtrace)   stage qtrace python3 benchmarks/quant_trace.py --formats int4 --out "$R/quant_trace_int4.json" ;;
     qtraceb)  stage qtraceb python3 benchmarks/quant_trace.py --formats int4 --no-int4-words --out "$R/quant_trace_int4_bytes.json" ;;
