@@ -2,13 +2,18 @@
 
 Reads the ``autoopt quant_*`` rows of ``benchmarks/results/h100/quant_kernels.json`` (or ``--results``),
 predicts each timed config with the template that owns it (``quant-gemv``, ``quant-gemm``,
-``quant-dequant-cublas``) on the H100 profile, and prints per (kernel, format) and overall the median
-and worst |ln(predicted / measured)| and the median ratio. Rows whose kernel changed since the run (the
-int4 decode GEMV: its and/or became one LOP3) are reported apart unless ``--keep-changed``. Nothing
-runs on a GPU. Committed runs: ``quant_kernels.json`` (the first), ``quant_kernels_qperf.json`` (after
-the dequantize + cuBLAS path and the refit).
+``quant-dequant-cublas``) on the profile the file names (``profile_match``; else the H100's, or
+``--profile``), and prints per (kernel, format) and overall the median and worst |ln(predicted / measured)|
+and the median ratio; then, per linear, M and format, the measured time of the config the model ranks first
+among those timed against the fastest timed (``picks``: each, and their sums). Rows whose kernel changed
+since the run (the int4 decode GEMV: its and/or became one LOP3) are reported apart unless
+``--keep-changed``. Nothing runs on a GPU. Committed runs: ``quant_kernels.json`` (the first),
+``quant_kernels_qperf.json`` (after the dequantize + cuBLAS path and the refit); the H200's graph-replayed
+int4 GEMV grid (``h200/quant_kernels_fmagrid_graph.json``, the word path the model prices)::
 
     PYTHONPATH=. python benchmarks/replay_quant.py
+    PYTHONPATH=. python benchmarks/replay_quant.py --keep-changed \
+        --results benchmarks/results/h200/quant_kernels_fmagrid_graph.json
 """
 
 from __future__ import annotations
@@ -32,14 +37,15 @@ RESULTS = Path(__file__).resolve().parent / "results" / "h100" / "quant_kernels.
 CHANGED = {("gemv", "int4")}
 
 
-def replay(rows: list[dict[str, Any]], skip: set[tuple[str, str]]) -> dict[str, Any]:
+def replay(rows: list[dict[str, Any]], skip: set[tuple[str, str]], profile: str = "h100-sxm") -> dict[str, Any]:
     from autoopt.templates.quant import QuantDequantCublasTemplate, QuantGemmTemplate, QuantGemvTemplate
 
-    gpu = load_profile("h100-sxm").gpu
+    gpu = load_profile(profile).gpu
     owners = {"quant_gemv": QuantGemvTemplate(), "quant_gemm": QuantGemmTemplate(),
               "quant_dequant_cublas": QuantDequantCublasTemplate()}
     groups: dict[str, list[float]] = {}
     changed: list[float] = []
+    timed: dict[str, list[tuple[float, float]]] = {}  # (linear, M, format) -> [(predicted, measured)]
     for r in rows:
         kernel = r.get("impl", "").removeprefix("autoopt ")
         if kernel not in owners or not r.get("measured_us"):
@@ -48,13 +54,30 @@ def replay(rows: list[dict[str, Any]], skip: set[tuple[str, str]]) -> dict[str, 
         op = OpSpec(kind=kind, shape=(r["m"], r["n"], r["k"]), dtype="bf16", weight=r["format"])
         t = owners[kernel]
         cfg = KernelConfig(kernel=kernel, template=t.name, path=r.get("path", "standard"), params=r["config"])
-        err = math.log(t.predict(gpu, op, cfg).us / r["measured_us"])
+        predicted = t.predict(gpu, op, cfg).us
+        err = math.log(predicted / r["measured_us"])
         fmt = op.weight_format
         assert fmt is not None
         if (kind, fmt.name) in skip:
             changed.append(err)
             continue
         groups.setdefault(f"{kernel} {fmt.spec}", []).append(err)
+        timed.setdefault(f"{r['linear']} M={r['m']} {fmt.spec}", []).append((predicted, r["measured_us"]))
+    out = _errors(groups, changed)
+    if timed:
+        out["picks"] = _picks(timed)
+    return out
+
+
+def _picks(timed: dict[str, list[tuple[float, float]]]) -> dict[str, Any]:
+    """Per linear: the measured time of the config predicted fastest against the fastest measured."""
+    each = {key: {"picked_us": min(pairs)[1], "best_us": min(m for _, m in pairs)} for key, pairs in timed.items()}
+    picked, best = sum(v["picked_us"] for v in each.values()), sum(v["best_us"] for v in each.values())
+    return {"sum_picked_over_best": round(picked / best, 3), **{k: {n: round(x, 2) for n, x in v.items()}
+                                                                 for k, v in each.items()}}
+
+
+def _errors(groups: dict[str, list[float]], changed: list[float]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     every = [e for errs in groups.values() for e in errs]
     for key, errs in [*sorted(groups.items()), ("all unchanged", every), ("changed since the run", changed)]:
@@ -69,10 +92,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(RESULTS))
     ap.add_argument("--keep-changed", action="store_true", help="score the changed kernels' rows with the rest")
+    ap.add_argument("--profile", default=None, help="the profile to predict on (default: the file's profile_match, "
+                    "else h100-sxm)")
     args = ap.parse_args(argv)
-    rows = json.loads(Path(args.results).read_text())["rows"]
-    for key, v in replay(rows, set() if args.keep_changed else CHANGED).items():
+    data = json.loads(Path(args.results).read_text())
+    profile = args.profile or data.get("profile_match") or "h100-sxm"
+    out = replay(data["rows"], set() if args.keep_changed else CHANGED, profile)
+    picks = out.pop("picks", {})
+    for key, v in out.items():
         print(f"{key:36s} {v}")
+    for key, v in picks.items():
+        print(f"picks {key:30s} {v}")
     return 0
 
 
