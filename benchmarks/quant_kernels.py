@@ -48,6 +48,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autoopt.backend.runner import cycling, rotation_copies
+
 DECODE_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
                  "lm_head": (128256, 4096)}
 FORMATS = ("fp8", "fp8_block", "int8", "int4", "int4-asym")
@@ -101,19 +103,10 @@ def bench_us(fns: list[Callable[[], Any]], rep_ms: int, *, graph: bool = False) 
     (8.4 MB of int4) 11.8-62.5 us over configs the H100 ran at 11-17."""
     import triton.testing
 
-    state = [0]
-
-    def run() -> None:
-        fns[state[0] % len(fns)]()
-        state[0] += 1
+    run = cycling(fns)
     if graph:
         return float(triton.testing.do_bench_cudagraph(run, rep=rep_ms, return_mode="median")) * 1e3
     return float(triton.testing.do_bench(run, warmup=25, rep=rep_ms, return_mode="median")) * 1e3
-
-
-def copies_for(nbytes: int, l2_bytes: int) -> int:
-    """How many copies of ``nbytes`` of inputs make more than three L2s (at most 64)."""
-    return max(1, min(64, math.ceil(3 * l2_bytes / max(nbytes, 1))))
 
 
 def rel_err(out: Any, ref: Any) -> float:
@@ -210,7 +203,7 @@ def autoopt_rows(lin: Linear, spec: str, gpu: Any, copy_gbs: float, args: argpar
             row["check"] = "passed"
             per_copy = q.nbytes + lin.x.numel() * 2
             fns = [registry.prepare(inputs, cand.config, out, op)]
-            for _ in range(copies_for(per_copy, gpu.l2_bytes or 50 << 20) - 1):
+            for _ in range(rotation_copies(per_copy, gpu.l2_bytes) - 1):
                 fresh = {"a": lin.x.clone(), **{k: v.clone() for k, v in q.tensors().items()}}
                 fns.append(registry.prepare(fresh, cand.config, registry.alloc_out(op, DEVICE), op))
             row["rotated_copies"] = len(fns)
@@ -260,7 +253,7 @@ def torch_rows(lin: Linear, gpu: Any, copy_gbs: float, args: argparse.Namespace,
     bf16_bytes = lin.w.numel() * 2
 
     def linear(row: dict[str, Any]) -> None:
-        n = copies_for(bf16_bytes, l2)
+        n = rotation_copies(bf16_bytes, l2)
         ws = [lin.w] + [lin.w.clone() for _ in range(n - 1)]
         out = F.linear(lin.x, lin.w)
         row["measured_rel_err_vs_bf16_layer"] = float(f"{lin.err_vs_bf16(out):.4g}")
@@ -279,7 +272,7 @@ def torch_rows(lin: Linear, gpu: Any, copy_gbs: float, args: argparse.Namespace,
     def scaled(row: dict[str, Any], with_act: bool) -> None:
         out = torch._scaled_mm(aq, q.qweight.t(), scale_a=a_s[:, None], scale_b=ws, out_dtype=torch.bfloat16)
         row["measured_rel_err_vs_bf16_layer"] = float(f"{lin.err_vs_bf16(out):.4g}")
-        n = copies_for(q.nbytes, l2)
+        n = rotation_copies(q.nbytes, l2)
         qs = [q.qweight] + [q.qweight.clone() for _ in range(n - 1)]
         aq_buf, as_buf = torch.empty_like(aq), torch.empty_like(a_s)
         quant = act_quant_prepare(lin.x, aq_buf, as_buf)
@@ -328,7 +321,7 @@ def torchao_rows(lin: Linear, gpu: Any, copy_gbs: float, args: argparse.Namespac
                 row["measured_rel_err_vs_bf16_layer"] = float(f"{lin.err_vs_bf16(out):.4g}")
                 weight_bytes = sum(t.numel() * t.element_size() for t in _tensors_of(first.weight))
                 row["measured_weight_bytes"] = weight_bytes
-                mods = [first] + [layer() for _ in range(copies_for(weight_bytes, l2) - 1)]
+                mods = [first] + [layer() for _ in range(rotation_copies(weight_bytes, l2) - 1)]
                 us = bench_us([lambda mod=mod: mod(lin.x) for mod in mods], args.rep_ms, graph=args.graph)
             rates(row, us, lin.m * lin.k * 2 + weight_bytes + lin.m * lin.n * 2, weight_bytes, copy_gbs)
         attempt(rows, {"linear": lin.name, "m": lin.m, "n": lin.n, "k": lin.k, "impl": f"torchao {name}",

@@ -19,7 +19,6 @@ int4 GEMV grid (``h200/quant_kernels_fmagrid_graph.json``, the word path the mod
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from autoopt.errors import AutooptError
 from autoopt.hardware.library import load_profile
 from autoopt.kernels.config import KernelConfig
 from autoopt.kernels.ops import OpSpec
@@ -88,6 +88,31 @@ def _errors(groups: dict[str, list[float]], changed: list[float]) -> dict[str, A
     return out
 
 
+#: the largest result file read (the committed ones are under 1 MiB)
+MAX_RESULTS_BYTES = 64 << 20
+#: what a timed autoopt row must hold to be replayed
+ROW_KEYS = ("linear", "m", "n", "k", "format", "config")
+
+
+def load_results(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The rows of a ``quant_kernels.py`` result and the profile it names (``profile_match``), the file checked
+    first (a regular JSON file of sane size whose timed autoopt rows hold :data:`ROW_KEYS`). ValueError (one
+    line, naming the file) otherwise."""
+    from benchmarks.rescore_regret import checked_json
+
+    data = checked_json(path, MAX_RESULTS_BYTES, "a quant_kernels.py result")
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"{path}: not a quant_kernels.py result (expected a 'rows' list)")
+    for r in rows:
+        if str(r.get("impl", "")).startswith("autoopt quant_") and r.get("measured_us"):
+            missing = [k for k in ROW_KEYS if k not in r]
+            if missing:
+                raise ValueError(f"{path}: a timed {r['impl']} row lacks {', '.join(missing)}")
+    named = data.get("profile_match")
+    return rows, named if isinstance(named, str) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=str(RESULTS))
@@ -95,9 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default=None, help="the profile to predict on (default: the file's profile_match, "
                     "else h100-sxm)")
     args = ap.parse_args(argv)
-    data = json.loads(Path(args.results).read_text())
-    profile = args.profile or data.get("profile_match") or "h100-sxm"
-    out = replay(data["rows"], set() if args.keep_changed else CHANGED, profile)
+    try:
+        rows, named = load_results(Path(args.results))
+        profile = args.profile or named or "h100-sxm"
+        out = replay(rows, set() if args.keep_changed else CHANGED, profile)
+    except (ValueError, AutooptError) as exc:
+        print(f"replay_quant: {exc}", file=sys.stderr)
+        return 2
     picks = out.pop("picks", {})
     for key, v in out.items():
         print(f"{key:36s} {v}")

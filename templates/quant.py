@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from autoopt.hardware.profile import GPUProfile
 from autoopt.kernels import constraints as C
 from autoopt.kernels.config import KernelConfig
-from autoopt.kernels.constants import in_graph, using
+from autoopt.kernels.constants import CostConstants, in_graph
 from autoopt.kernels.cost import constants, floor_us, matmul_work, peak_flops, predict_matmul
 from autoopt.kernels.ops import DTYPE_BYTES, OpSpec
 from autoopt.kernels.pruning import BoundedSpace, Tally
@@ -132,10 +132,9 @@ def _bw(gpu: GPUProfile) -> float:
     return (gpu.mem_bandwidth_gbs or gpu.measured_bandwidth_gbs or 0.0) * 1e9
 
 
-def _fixed_us(gpu: GPUProfile, op: OpSpec, split: int) -> tuple[float, float]:
+def _fixed_us(gpu: GPUProfile, op: OpSpec, split: int, c: CostConstants) -> tuple[float, float]:
     """(DRAM us with every operand read once, launches + split-K reduce + activation quantization us):
     the parts of a prediction a bound can take exactly or from below (see :func:`_bound`)."""
-    c = constants()
     m, n, k = op.shape
     out_e = DTYPE_BYTES[op.out_dtype or op.dtype]
     rate = _bw(gpu) * c.dram_efficiency
@@ -147,7 +146,8 @@ def _fixed_us(gpu: GPUProfile, op: OpSpec, split: int) -> tuple[float, float]:
     return moved / rate * 1e6, fixed
 
 
-def _bound(gpu: GPUProfile, op: OpSpec, tile_m: int, bn: int, bk: int, split: int, alu_iter_us: float) -> float:
+def _bound(gpu: GPUProfile, op: OpSpec, tile_m: int, bn: int, bk: int, split: int, alu_iter_us: float,
+           consts: CostConstants | None = None) -> float:
     """A lower bound of :func:`predict_matmul` (plus the activation quantization) for every config with
     this tile and split whose CUDA-core time per K-iteration is at least ``alu_iter_us``.
 
@@ -158,8 +158,9 @@ def _bound(gpu: GPUProfile, op: OpSpec, tile_m: int, bn: int, bk: int, split: in
     ``tiles_per_sm * epilogue_iters * t_it``, the fix-up >= 0. ``dram_us`` divides bytes >= A + W + C
     once (L2 re-reads >= 1x) by at most ``bandwidth * dram_efficiency`` (the in-flight and run-length
     factors are <= 1). The reduce, launches and activation quantization are added exactly.
-    tests/test_quant_templates.py checks the bound against every config's prediction."""
-    c = constants()
+    tests/test_quant_templates.py checks the bound against every config's prediction. ``consts``: the constants
+    the prediction uses (default: those in effect)."""
+    c = consts or constants()
     m, n, k = op.shape
     sms = C.limits(gpu).sm_count
     tiles_per_sm, _, work = matmul_work(m, n, k, tile_m, bn, bk, split, sms)
@@ -168,7 +169,7 @@ def _bound(gpu: GPUProfile, op: OpSpec, tile_m: int, bn: int, bk: int, split: in
     t_l2 = it_bytes / (_bw(gpu) * c.l2_bw_ratio / sms) * 1e6
     t_it = max(alu_iter_us, t_l2) + c.iter_overhead_us
     sm = (work + tiles_per_sm * c.epilogue_iters) * t_it + c.dram_latency_us
-    dram, fixed = _fixed_us(gpu, op, split)
+    dram, fixed = _fixed_us(gpu, op, split, c)
     hi = max(sm, dram)
     p = c.overlap_exponent
     return hi * ((sm / hi) ** p + (dram / hi) ** p) ** (1 / p) + fixed
@@ -339,10 +340,6 @@ class QuantGemvTemplate(_QuantTemplate):
         the H200 (``quant_kernels_fmagrid_graph.json``, 133 int4 configs timed replayed from a graph) a standalone
         launch priced every config 4-5 us over its time and sent ``down`` to one K-slice: 18.2 us against 15.1
         split in two; in-graph, rank()'s picks over the four linears sum to 1.06x the grid's best, from 1.12x."""
-        with using(in_graph(constants())):
-            return self._predict(gpu, op, config)
-
-    def _predict(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> Prediction:
         smem, regs, _ = self.resources(gpu, op, config)
         p = config.params
         bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
@@ -353,7 +350,8 @@ class QuantGemvTemplate(_QuantTemplate):
         # the grouped FMA loop (int4, block-FP8) stages its tiles through cp.async when num_stages > 1
         staged = bm > 1 or (_fmt(op).group_size is not None and config.num_stages > 1)
         pred = predict_matmul(gpu, op, as_tile, mma="fma" if bm == 1 else "mma_sync", smem_bytes=smem,
-                              regs_per_thread=regs, alu_iter_us=alu, staged_loads=staged)
+                              regs_per_thread=regs, alu_iter_us=alu, staged_loads=staged,
+                              consts=in_graph(constants()))
         factor = gemv_measured_factor(_fmt(op)) if bm == 1 else 1.0  # >= 1: node_bound stays a lower bound
         reason = f"{pred.reason}; dequant {alu:.3g} us per K-iteration"
         if factor != 1.0:
@@ -370,8 +368,7 @@ class QuantGemvTemplate(_QuantTemplate):
         """At full issue (idle factor 1); the dot path modelled at M = 16 as predict does, launches in-graph."""
         bm, bn, bk, split = key
         alu = _tile_alu_us(gpu, self._work(op, bm, bn, bk), bn, bk)
-        with using(in_graph(constants())):
-            return _bound(gpu, op, 1 if bm == 1 else 16, bn, bk, split, alu)
+        return _bound(gpu, op, 1 if bm == 1 else 16, bn, bk, split, alu, in_graph(constants()))
 
 
 class QuantGemmTemplate(_QuantTemplate):

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -26,3 +28,27 @@ def test_the_h200_graph_grid_replays_on_its_own_profile_with_its_picks():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "picks sum_picked_over_best           1.058" in proc.stdout
     assert "picks down M=1 int4-g128" in proc.stdout
+
+
+@pytest.mark.parametrize("content,why", [
+    (None, "regular file"),  # a directory
+    (b"\x00\xff not json", "not JSON"),
+    (b'{"rows": 3}', "'rows' list"),
+    (b'{"rows": [{"impl": "autoopt quant_gemv", "measured_us": 5.0, "m": 1}]}', "lacks linear, n, k"),
+])
+def test_a_file_that_is_not_a_result_is_one_line_and_exit_2(tmp_path, content, why):
+    path = tmp_path / "r.json"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    proc = subprocess.run([sys.executable, "benchmarks/replay_quant.py", "--results", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and why in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_unknown_profile_is_one_line_and_exit_2():
+    proc = subprocess.run([sys.executable, "benchmarks/replay_quant.py", "--profile", "no-such-gpu"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no-such-gpu" in proc.stderr

@@ -261,7 +261,7 @@ def test_the_rotated_launchers_each_write_the_right_result_in_turn(monkeypatch):
     n = runner.rotation_copies(runner._tensor_bytes(*inputs.values()), gpu.l2_bytes)
     assert len(launchers) == len(outs) == n - 1 >= 1
     calls = []
-    cycle = runner._cycling([lambda: calls.append("first"), *launchers])
+    cycle = runner.cycling([lambda: calls.append("first"), *launchers])
     for _ in range(n):
         cycle()
     assert calls == ["first"]  # each copy's launcher ran once in between

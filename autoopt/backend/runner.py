@@ -34,7 +34,7 @@ from autoopt.kernels.ops import OpSpec
 
 log = get_logger(__name__)
 
-__all__ = ["LABELS", "Result", "evaluate", "floor_us", "interpreter_active"]
+__all__ = ["LABELS", "Result", "cycling", "evaluate", "floor_us", "interpreter_active", "rotation_copies"]
 
 LABELS = ("measured", "predicted", "rejected", "withheld", "checked")
 #: a measurement this far under the physical floor is an error, not a speed-up.
@@ -244,7 +244,7 @@ def _launchers_on_copies(op: OpSpec, config: KernelConfig, inputs: dict[str, Any
     return out
 
 
-def _cycling(fns: list[Callable[[], Any]]) -> Callable[[], None]:
+def cycling(fns: list[Callable[[], Any]]) -> Callable[[], None]:
     """One launcher that calls ``fns`` in turn: captured many times into a graph, the calls cycle over them."""
     state = [0]
 
@@ -336,7 +336,7 @@ def evaluate(op: OpSpec, config: KernelConfig, *, gpu: GPUProfile | None = None,
     entry = registry.KERNELS[config.kernel]
     try:
         if entry.rotate_inputs:
-            fn = _cycling([fn, *_launchers_on_copies(op, config, inputs, dev, gpu)])
+            fn = cycling([fn, *_launchers_on_copies(op, config, inputs, dev, gpu)])
         us = _time_us(fn, entry.graph_timed, warmup_ms, rep_ms)
     except Exception as exc:
         return result("rejected", rel_err=err, device=dev_name, reason=_reason(exc))

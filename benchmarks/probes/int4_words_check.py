@@ -24,6 +24,9 @@ CONFIGS = [dict(BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=w, num_
 def main() -> int:
     import torch
 
+    if not torch.cuda.is_available():
+        print("int4_words_check: no CUDA device; the word path runs on a GPU only", file=sys.stderr)
+        return 2
     from autoopt.backend import registry
     from autoopt.backend.kernels import quant_gemv
     from autoopt.backend.quant import quantize

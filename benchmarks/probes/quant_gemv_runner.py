@@ -23,17 +23,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weight", default="int4", help="weight format (default %(default)s)")
     args = ap.parse_args(argv)
     from autoopt.backend.runner import evaluate
+    from autoopt.errors import AutooptError
     from autoopt.hardware.detection import detect
     from autoopt.kernels.ops import OpSpec
     from autoopt.search.ranking import rank
+
+    if not 1 <= args.top <= 100:
+        print(f"quant_gemv_runner: --top {args.top}: give 1 to 100 configs a linear", file=sys.stderr)
+        return 2
+    try:
+        ops = {name: OpSpec(kind="gemv", shape=(1, n, k), dtype="bf16", weight=args.weight)
+               for name, (n, k) in LINEARS.items()}
+    except AutooptError as exc:
+        print(f"quant_gemv_runner: {exc}", file=sys.stderr)
+        return 2
 
     gpu = detect().gpu
     if gpu is None:
         print("quant_gemv_runner: no GPU detected", file=sys.stderr)
         return 2
     rows = []
-    for name, (n, k) in LINEARS.items():
-        op = OpSpec(kind="gemv", shape=(1, n, k), dtype="bf16", weight=args.weight)
+    for name, op in ops.items():
         for cand in rank(gpu, op, top=args.top, measured=False).candidates:
             res = evaluate(op, cand.config, gpu=gpu)
             rows.append({"linear": name, "config": dict(cand.config.params),

@@ -1,0 +1,34 @@
+"""The int4 decode GEMV's GPU probes refuse what they cannot run in one line, exit 2 (this machine has no GPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--top", "0"], "give 1 to 100"),
+    (["--weight", "int5"], "unknown weight format 'int5'"),
+])
+def test_the_runner_probe_refuses_a_bad_argument_in_one_line(argv, why):
+    proc = _run("benchmarks/probes/quant_gemv_runner.py", *argv)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and why in proc.stderr
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="needs torch")
+def test_the_word_path_check_says_it_needs_a_gpu_in_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the probe runs")
+    proc = _run("benchmarks/probes/int4_words_check.py")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no CUDA device" in proc.stderr
