@@ -59,6 +59,14 @@ for s in "$@"; do
     qfmab)    stage qfmab python3 benchmarks/quant_kernels.py --formats int4 --parts decode --shapes qkv,o,gate_up,down --top 3 --per-path --fma-grid --rep-ms 30 --no-torchao --graph --no-int4-words --out "$R/quant_kernels_fmagrid_graph_bytes.json" ;;
     # issue 27: the runner's (autoopt tune's) graph-replayed, rotated timing of rank()'s int4 decode GEMV picks (~20 s)
     qrun)     stage qrun sh -c "python3 benchmarks/probes/quant_gemv_runner.py --top 3 > '$R/quant_gemv_runner.json'" ;;
+    # issue 27: A/B of candidate changes to optimize()'s compiled decode step (norm left to Inductor, longer DRAM
+    # runs in the GEMV price), graphed step and generate() per variant, bf16 + compile first and last (~7 min: alone)
+    qvar)     TAIL=12 stage qvar python3 benchmarks/probes/step_variants.py --formats int4 --budget-s 420 --out "$R/step_variants.json" ;;
+    # issue 27: whether the GPU waits for the host's graph launch between tokens (the step's graph synced one at a
+    # time against back to back), and where generate()'s per-token host time goes on this host (~4 min)
+    glaunch)  stage glaunch sh -c "python3 benchmarks/probes/graph_launch.py --out '$R/graph_launch.json' && python3 benchmarks/probes/generate_host.py --formats int4 --out '$R/generate_host.json'" ;;
+    # issue 27: the decode-graph call's host time inside generate(), split (signature, copies, replay) (~2 min)
+    rhost)    stage rhost python3 benchmarks/probes/replay_host.py --out "$R/replay_host.json" ;;
     # issue 27: where int4's decode step goes, per kernel class, eager and compiled, full model (~80 s)
     qtrace)   stage qtrace python3 benchmarks/quant_trace.py --formats int4 --out "$R/quant_trace_int4.json" ;;
     qtraceb)  stage qtraceb python3 benchmarks/quant_trace.py --formats int4 --no-int4-words --out "$R/quant_trace_int4_bytes.json" ;;

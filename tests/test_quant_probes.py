@@ -32,3 +32,33 @@ def test_the_word_path_check_says_it_needs_a_gpu_in_one_line():
         pytest.skip("a GPU is here: the probe runs")
     proc = _run("benchmarks/probes/int4_words_check.py")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no CUDA device" in proc.stderr
+
+
+def test_the_step_variants_probe_refuses_an_unknown_variant_in_one_line():
+    proc = _run("benchmarks/probes/step_variants.py", "--out", "x.json", "--variants", "base,fast")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown variant(s) fast" in proc.stderr
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="needs torch")
+@pytest.mark.parametrize("probe", ["graph_launch.py", "replay_host.py", "step_variants.py"])
+def test_the_host_probes_say_they_need_a_gpu_in_one_line(probe):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the probe runs")
+    proc = _run(f"benchmarks/probes/{probe}", "--out", "x.json")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no CUDA device" in proc.stderr
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="needs torch")
+def test_a_step_variant_is_undone_when_its_block_ends():
+    sys.path.insert(0, str(ROOT))
+    from autoopt.kernels.constants import constants
+    from autoopt.nn import ops
+    from benchmarks.probes.step_variants import applied
+
+    chosen = ops._torch_chosen
+    with applied("both"):
+        assert ops._torch_chosen("rms_norm", "rmsnorm", (1, 4096), None, None) is True
+        assert constants().dram_run_bytes == 80.0
+    assert ops._torch_chosen is chosen and constants().dram_run_bytes == 50.0

@@ -1,0 +1,145 @@
+"""Which change to optimize()'s compiled decode step buys the most (issue 27: int4 through ``generate()`` at 2.10x
+bf16 + compile on an H200, target 2.2x): A/B of candidate changes, in one process, on the full Llama-3-8B
+architecture with random weights, batch 1, a static cache.
+
+Variants (``--variants``, comma separated; each builds, optimizes and compiles its own model):
+
+- ``base``: optimize() as shipped;
+- ``norm_inductor``: under torch.compile the RMSNorm is left to Inductor (``F.rms_norm``), which fuses the residual
+  add before it into its reduction: one kernel where autoopt's Triton norm (opaque to Inductor) leaves two;
+- ``run80``: the cost model's ``dram_run_bytes`` at 80 (was 50) while optimize() picks its configs: the
+  longer contiguous weight runs the H200 graph grid measured faster for the int4 decode GEMV
+  (``h200/quant_kernels_fmagrid_graph.json``: BLOCK_K 512 against 256 at equal tile bytes, ~1.2x);
+- ``both``: the two together.
+
+Per variant: the compiled decode step replayed from one CUDA graph (``_graphed_decode_ms``, the GPU time under a
+token) and ``generate()``'s ms/token (three runs, as ``quant_e2e.py`` measures it). transformers at bf16 +
+compile's ``generate()`` is timed first and last, the denominator of the speed-up and a check of the host's drift.
+Numbers are labelled measured; nothing is predicted here.
+
+    PYTHONPATH=. python benchmarks/probes/step_variants.py --formats int4 --out $OUT/step_variants.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+PROMPT = 128
+VARIANTS = ("base", "norm_inductor", "run80", "both")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="JSON file to write (rewritten after every variant)")
+    ap.add_argument("--formats", default="int4", help="weight formats, comma separated (default %(default)s)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="default %(default)s")
+    ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the published 32)")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--budget-s", type=float, default=480.0, help="start no variant after this (default %(default)s)")
+    args = ap.parse_args(argv)
+    bad = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if bad:
+        print(f"step_variants: unknown variant(s) {', '.join(bad)}; expected some of {', '.join(VARIANTS)}",
+              file=sys.stderr)
+        raise SystemExit(2)
+    return args
+
+
+@contextlib.contextmanager
+def applied(variant: str) -> Iterator[None]:
+    """The variant's change, process-wide, undone on exit."""
+    from autoopt.kernels import constants as consts
+    from autoopt.nn import dispatch, ops
+
+    chosen, saved = ops._torch_chosen, consts.constants()
+    dispatch.clear_cache()  # choices are cached per key, not per constants
+    if variant in ("norm_inductor", "both"):
+        ops._torch_chosen = lambda op, *a: op == "rms_norm" or chosen(op, *a)  # type: ignore[assignment]
+    if variant in ("run80", "both"):
+        consts.set_constants(replace(saved, dram_run_bytes=80.0))
+    try:
+        yield
+    finally:
+        ops._torch_chosen = chosen  # type: ignore[assignment]
+        consts.set_constants(saved)
+        dispatch.clear_cache()
+
+
+def run_variant(fmt: str, variant: str, args: argparse.Namespace) -> dict[str, Any]:
+    from autoopt.nn.e2e import _graphed_decode_ms, build_model
+    from autoopt.nn.optimize import optimize
+    from benchmarks.quant_e2e import generate_ms_per_token
+
+    row: dict[str, Any] = {"format": fmt, "variant": variant, "label": "measured"}
+    with applied(variant):
+        model = build_model("llama-3-8b", dtype="bf16", device="cuda", layers=args.layers)
+        row["optimize_counts"] = optimize(model, weights=fmt).counts()
+        row["measured_graphed_compiled_step_ms"] = round(
+            _graphed_decode_ms(model, 1, PROMPT, 64, compiled=True), 4)
+        row.update(generate_ms_per_token(model, args.new_tokens, compiled=True))
+    del model
+    return row
+
+
+def bf16_generate(args: argparse.Namespace) -> dict[str, Any]:
+    from autoopt.nn.e2e import build_model
+    from benchmarks.quant_e2e import generate_ms_per_token
+
+    model = build_model("llama-3-8b", dtype="bf16", device="cuda", layers=args.layers)
+    row = {"impl": "transformers bf16 + compile", "label": "measured",
+           **generate_ms_per_token(model, args.new_tokens, compiled=True)}
+    del model
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("step_variants: no CUDA device; this probe times a model on a GPU", file=sys.stderr)
+        return 2
+    from benchmarks.quant_e2e import environment, isolated
+
+    t0 = time.time()
+    out = Path(args.out)
+    report: dict[str, Any] = {"env": environment(), "model": "llama-3-8b", "layers": args.layers,
+                              "prompt": PROMPT, "new_tokens": args.new_tokens, "rows": []}
+
+    def record(row: dict[str, Any]) -> None:
+        report["rows"].append(row)
+        report["elapsed_s"] = round(time.time() - t0, 1)
+        out.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        print(json.dumps({k: v for k, v in row.items() if k not in ("traceback", "optimize_counts")}),
+              file=sys.stderr, flush=True)
+
+    got, failed = isolated(partial(bf16_generate, args))
+    record(failed or got)
+    for fmt in [f for f in args.formats.split(",") if f]:
+        for variant in args.variants.split(","):
+            if time.time() - t0 > args.budget_s:
+                record({"format": fmt, "variant": variant, "skipped": f"budget {args.budget_s:.0f} s spent"})
+                continue
+            t1 = time.time()
+            got, failed = isolated(partial(run_variant, fmt, variant, args))
+            row = failed or got
+            row.update(format=fmt, variant=variant, wall_s=round(time.time() - t1, 1))
+            record(row)
+    got, failed = isolated(partial(bf16_generate, args))
+    record(failed or got)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
