@@ -560,7 +560,7 @@ def aot_targets(fn, x, **compile_kw):
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_torch_compile_fullgraph_traces_every_op_without_graph_breaks(dynamic):
     block = Block().to(DEV)
-    x = rnd(2, 5, 32)
+    x = rnd(4, 5, 32)  # 20 rows: above a decode step's, whose RMSNorm is left to Inductor (next tests)
     with torch.no_grad():
         ref = block(x)
     out, seen = aot_targets(block, x, dynamic=dynamic)  # fullgraph: a graph break raises
@@ -569,6 +569,22 @@ def test_torch_compile_fullgraph_traces_every_op_without_graph_breaks(dynamic):
         assert f"autoopt.{op}" in seen, seen
     explained = torch._dynamo.explain(block)(x)
     assert explained.graph_break_count == 0
+
+
+@pytest.mark.parametrize("rows,left", [(1, True), (16, True), (17, False)])
+def test_torch_compile_leaves_a_decode_steps_rms_norm_to_inductor(rows, left):
+    # Inductor takes the residual add before the norm into its reduction: one kernel where the custom op leaves two
+    x = rnd(rows, 32)
+    weight = (torch.rand(32) + 0.5).to(DEV, torch.float16)
+    out, seen = aot_targets(lambda t: ann.rms_norm(t + 1, weight, 1e-6), x)
+    close(out, F.rms_norm(x + 1, (32,), weight, 1e-6), 1e-3)
+    assert ("autoopt.rms_norm" not in seen) is left and ("aten.rsqrt" in seen) is left, seen
+
+
+def test_a_symbolic_row_count_keeps_the_rms_norm_custom_op():
+    weight = (torch.rand(32) + 0.5).to(DEV, torch.float16)
+    _, seen = aot_targets(lambda t: ann.rms_norm(t, weight, 1e-6), rnd(3, 32), dynamic=True)
+    assert "autoopt.rms_norm" in seen, seen
 
 
 def test_torch_compile_puts_the_torch_op_in_the_graph_where_the_dispatch_chose_torch(monkeypatch):

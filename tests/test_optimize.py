@@ -296,12 +296,25 @@ def test_torch_compile_after_optimize_runs_the_autoopt_kernels_as_custom_ops():
     if not dispatch.interpreter_active():
         pytest.skip("needs the kernels: a GPU or Triton's interpreter")
     model = build("llama", torch.float16, num_hidden_layers=1)
-    x = ids()
+    x = ids(24)  # above a decode step's 16 rows, whose RMSNorm Inductor runs (next test)
     optimize(model)
     expected = logits(model, x)
     got, targets = _aot_targets(model, x)
     assert torch.allclose(got, expected, rtol=1e-3, atol=1e-3)
     assert {"autoopt.linear", "autoopt.rms_norm", "autoopt.swiglu"} <= targets  # opaque custom ops, no break
+
+
+def test_torch_compile_after_optimize_leaves_a_decode_steps_rms_norm_to_inductor():
+    if not dispatch.interpreter_active():
+        pytest.skip("needs the kernels: a GPU or Triton's interpreter")
+    model = build("llama", torch.float16, num_hidden_layers=1)
+    x = ids(6)
+    optimize(model)
+    expected = logits(model, x)
+    got, targets = _aot_targets(model, x)
+    assert torch.allclose(got, expected, rtol=1e-3, atol=1e-3)
+    assert "autoopt.rms_norm" not in targets and "aten.rsqrt" in targets
+    assert {"autoopt.linear", "autoopt.swiglu"} <= targets
 
 
 # -- restore, context manager, memory ------------------------------------------------------------------------

@@ -316,7 +316,7 @@ def test_at_batch_32_the_uncompiled_repeat_kv_copy_is_priced_at_its_measured_rat
 
     spec = model_spec("llama-3-8b", 8)
     us = _uncompiled_layer_us(load_profile("h100-sxm"), spec, batch=32, keys=156, tp=1)
-    assert us == pytest.approx(31.0 + 63.0, abs=0.1)
+    assert us == pytest.approx(32.6 + 63.0, abs=0.1)
 
 
 def _b32_trace() -> dict:

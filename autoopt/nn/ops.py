@@ -738,11 +738,25 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
     return out
 
 
+#: under torch.compile an RMSNorm over at most this many rows (a decode step's) is left to Inductor, which takes the
+#: residual add before it into its reduction: one kernel where autoopt's norm, opaque to Inductor, leaves two (the
+#: add and the norm). H200, int4 Llama-3-8B, batch 1, the compiled step replayed from a CUDA graph in one process:
+#: 2.987 ms with autoopt's norm, 2.934 ms with Inductor's (3.108 / 3.059 ms in a second pair;
+#: ``benchmarks/results/h200/step_variants.json``). recommend() prices that add fused (``INDUCTOR_FUSED_ADD_ROWS``).
+INDUCTOR_NORM_MAX_ROWS = 16
+
+
+def _left_to_inductor(rows: Any) -> bool:
+    """Whether a traced RMSNorm of ``rows`` rows runs as Inductor's own (a static decode-sized row count)."""
+    return type(rows) is int and 0 < rows <= INDUCTOR_NORM_MAX_ROWS
+
+
 @_traced
 def _rms_norm_traced(x: Tensor, eps: float, mask: tuple[bool, ...], *given: Tensor) -> Tensor:
     (weight,) = _given(mask, given)
     _check_norm("rms_norm", x, weight, None)
-    if _torch_chosen("rms_norm", "rmsnorm", _rows(x), x.dtype, x.device):
+    rows = _rows(x)
+    if _left_to_inductor(rows[0]) or _torch_chosen("rms_norm", "rmsnorm", rows, x.dtype, x.device):
         return F.rms_norm(x, (x.shape[-1],), weight, eps).to(x.dtype)
     out: Tensor = torch.ops.autoopt.rms_norm(x, weight, eps)
     return out

@@ -863,8 +863,12 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
             layer = tuple(op for op in layer if op.name not in _FUSED_EXPERT_OPS)
             us += experts.us
             ops.append(experts)
+        fused_add = p.graphed and runtime in INDUCTOR_FUSED_ADD_RUNTIMES and batch * p.q_len <= INDUCTOR_FUSED_ADD_ROWS
         for op in layer:
-            t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed, quantized=True)
+            if fused_add and op.kind == "add":
+                t = _fused_add_time(p.name, dev, _shard(op, tp), mode)
+            else:
+                t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed, quantized=True)
             us += t.us * t.op.count
             ops.append(t)
         glue = _attention_glue(dev, layer, spec.num_kv_heads, runtime, graphed=p.graphed, phase=p.name, mode=mode,
@@ -875,6 +879,21 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
         phase_us[p.name] = us
         request_us += p.runs * us
     return _LayerCost(ops=tuple(ops), phase_us=phase_us, request_us=request_us)
+
+
+#: runtimes whose graphed decode step Inductor compiles, taking each residual add into the RMSNorm after it (one
+#: reduction kernel): transformers' own norm, and optimize()'s, which it leaves to Inductor at a decode step's rows
+#: (``autoopt.nn.ops.INDUCTOR_NORM_MAX_ROWS``: H200, int4 Llama-3-8B, the graphed compiled step 2.987 → 2.934 ms;
+#: ``benchmarks/results/h200/step_variants.json``). The add is then priced at its bytes, without a launch of its own.
+INDUCTOR_FUSED_ADD_RUNTIMES = frozenset({"autoopt", "transformers"})
+#: the most rows (tokens of a step) at which that holds: optimize()'s norm is its own kernel above
+INDUCTOR_FUSED_ADD_ROWS = 16
+
+
+def _fused_add_time(phase: str, dev: Device, op: LayerOp, mode: _Mode) -> _OpTime:
+    """A residual add Inductor fused into the norm after it: its bytes at the device's bandwidth, no launch."""
+    us, bound = _roofline(dev, op, "bf16")
+    return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=bound, best=None)
 
 
 #: runtimes whose MoE layers run ``fused_moe_kernel``: one launch per GEMM over every expert, the tokens sorted
@@ -1244,8 +1263,11 @@ UNCOMPILED_TRANSFORMERS_LAYER_US = 62.1
 #: against compiled graphed step over 32 layers: H100 fp8 31.4 and 30.9, int4 31.2 and 32.6; H200 fp8 29.5,
 #: int4 29.8 us a layer (quant_trace.json, quant_trace_fma_pipelined.json, h200/quant_trace.json). The regret
 #: harness adds it to the options it times uncompiled: its graphed rows' median |ln(predicted / measured)|
-#: went from 0.170 to 0.096 (60 rows, regret_{1,2,4}gpu_layers8.json, which did not fit it).
-UNCOMPILED_AUTOOPT_LAYER_US = 31.0
+#: went from 0.170 to 0.096 (60 rows, regret_{1,2,4}gpu_layers8.json, which did not fit it). Plus 1.6 us since
+#: the compiled step leaves a decode step's RMSNorm to Inductor, which fuses the residual add into it: the compiled
+#: step 1.66 and 1.53 us a layer faster in two same-run pairs, the eager one unchanged (H200, int4;
+#: h200/step_variants.json).
+UNCOMPILED_AUTOOPT_LAYER_US = 32.6
 
 
 #: runtimes whose attention is transformers' SDPA path over a static cache, which always passes a mask: then
