@@ -183,18 +183,20 @@ def _residual_adds(batch, cuda_graphs, runtime="autoopt"):
 
 @pytest.mark.parametrize("runtime", ["autoopt", "transformers"])
 def test_a_graphed_decode_steps_residual_add_is_priced_fused_into_inductors_norm(runtime):
-    # 4096 bf16 values read twice and written once at 3.35 TB/s: ~0.007 us, no launch of its own
-    (add,) = _residual_adds(1, True, runtime)
-    assert add.source == "roofline" and add.bound == "memory" and add.predicted_us < 0.05
-    assert add.occurrences == 64
+    # the add's own graphed price less the 0.8 us a fused add measured to save a step (H200, step_variants.json)
+    from autoopt.planning.recommendation import INDUCTOR_ADD_FUSION_SAVES_US
+
+    (fused,) = _residual_adds(1, True, runtime)
+    (own,) = _residual_adds(1, True, None)  # no runtime named: no Inductor assumed
+    assert fused.predicted_us == pytest.approx(own.predicted_us - INDUCTOR_ADD_FUSION_SAVES_US)
+    assert INDUCTOR_ADD_FUSION_SAVES_US == 0.8 and fused.occurrences == 64
 
 
 @pytest.mark.parametrize("batch,graphs", [(1, False), (32, True)])
 def test_an_uncompiled_or_batched_steps_residual_add_stays_its_own_kernel(batch, graphs):
-    from autoopt.planning.recommendation import GRAPH_LAUNCH_US
-
     (add,) = _residual_adds(batch, graphs)
-    assert add.source == "rank" and add.predicted_us >= GRAPH_LAUNCH_US
+    (plain,) = _residual_adds(batch, graphs, None)
+    assert add.source == "rank" and add.predicted_us == plain.predicted_us
 
 
 def test_cuda_graphs_leave_prefill_alone():
