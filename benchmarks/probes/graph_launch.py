@@ -28,6 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.probes.model_kit import no_cuda, optimized_llama
+
 PROMPT = 128
 
 
@@ -80,21 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--format", default="int4", choices=("bf16", "fp8", "int8", "int4"))
     ap.add_argument("--layers", type=int, default=None)
     args = ap.parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("graph_launch: no CUDA device; this probe times CUDA graphs on a GPU", file=sys.stderr)
+    if no_cuda("graph_launch", "CUDA graphs"):
         return 2
-    from autoopt.nn.e2e import build_model, capture_decode_step
-    from autoopt.nn.optimize import optimize
+    from autoopt.nn.e2e import capture_decode_step
     from benchmarks.quant_e2e import environment
 
     report: dict[str, Any] = {"env": environment(), "model": "llama-3-8b", "layers": args.layers,
                               "format": args.format, "label": "measured"}
     tiny = tiny_graph()
     report["one_kernel_graph"] = timings(tiny.replay, 256)
-    model = build_model("llama-3-8b", dtype="bf16", device="cuda", layers=args.layers)
-    optimize(model, weights=args.format)
+    model, _ = optimized_llama(args.format, args.layers)
     captured = capture_decode_step(model, 1, PROMPT, PROMPT + 400, compiled=True)
     graph = getattr(captured, "graph", None)
     if graph is not None and hasattr(graph, "raw_cuda_graph"):

@@ -23,6 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.probes.model_kit import no_cuda, optimized_llama
+
 PROMPT = 128
 
 
@@ -107,20 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", type=int, default=None)
     ap.add_argument("--new-tokens", type=int, default=64)
     args = ap.parse_args(argv)
+    if no_cuda("replay_host", "generate()"):
+        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("replay_host: no CUDA device; this probe times generate() on a GPU", file=sys.stderr)
-        return 2
     from autoopt.nn import decode_graphs
-    from autoopt.nn.e2e import _Generation, build_model
-    from autoopt.nn.optimize import optimize
+    from autoopt.nn.e2e import _Generation
     from benchmarks.quant_e2e import environment
 
     report: dict[str, Any] = {"env": environment(), "model": "llama-3-8b", "layers": args.layers,
                               "format": args.format, "label": "measured (host clock)"}
-    model = build_model("llama-3-8b", dtype="bf16", device="cuda", layers=args.layers)
-    optimize(model, weights=args.format)
+    model, _ = optimized_llama(args.format, args.layers)
     gen = _Generation(model, 1, PROMPT, args.new_tokens, "cuda", True)
     gen(args.new_tokens)
     gen(args.new_tokens)

@@ -35,6 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.probes.model_kit import MODEL, no_cuda, optimized_llama
+
 PROMPT = 128
 VARIANTS = ("base", "norm_inductor", "run80", "both")
 
@@ -77,14 +79,13 @@ def applied(variant: str) -> Iterator[None]:
 
 
 def run_variant(fmt: str, variant: str, args: argparse.Namespace) -> dict[str, Any]:
-    from autoopt.nn.e2e import _graphed_decode_ms, build_model
-    from autoopt.nn.optimize import optimize
+    from autoopt.nn.e2e import _graphed_decode_ms
     from benchmarks.quant_e2e import generate_ms_per_token
 
     row: dict[str, Any] = {"format": fmt, "variant": variant, "label": "measured"}
     with applied(variant):
-        model = build_model("llama-3-8b", dtype="bf16", device="cuda", layers=args.layers)
-        row["optimize_counts"] = optimize(model, weights=fmt).counts()
+        model, report = optimized_llama(fmt, args.layers)
+        row["optimize_counts"] = report.counts()
         row["measured_graphed_compiled_step_ms"] = round(
             _graphed_decode_ms(model, 1, PROMPT, 64, compiled=True), 4)
         row.update(generate_ms_per_token(model, args.new_tokens, compiled=True))
@@ -96,7 +97,7 @@ def bf16_generate(args: argparse.Namespace) -> dict[str, Any]:
     from autoopt.nn.e2e import build_model
     from benchmarks.quant_e2e import generate_ms_per_token
 
-    model = build_model("llama-3-8b", dtype="bf16", device="cuda", layers=args.layers)
+    model = build_model(MODEL, dtype="bf16", device="cuda", layers=args.layers)
     row = {"impl": "transformers bf16 + compile", "label": "measured",
            **generate_ms_per_token(model, args.new_tokens, compiled=True)}
     del model
@@ -105,10 +106,7 @@ def bf16_generate(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("step_variants: no CUDA device; this probe times a model on a GPU", file=sys.stderr)
+    if no_cuda("step_variants", "a model"):
         return 2
     from benchmarks.quant_e2e import environment, isolated
 
