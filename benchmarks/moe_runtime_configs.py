@@ -19,7 +19,10 @@ from a vLLM source file at run time (``--vllm-src DIR``: a folder holding vLLM's
 into a temporary module and imports it; the launch arguments follow vLLM's ``invoke_fused_moe_triton_kernel``
 (the small-batch EM clip, the one-token-per-block path for sparse decode, SWAP_AB for FP8 on sm_90).
 
-Every time is the median of CUDA-event timings of the two launches (align excluded: every set shares it),
+Every time is the median of CUDA-event timings of the two launches (align excluded: every set shares it; with
+``--graph`` replayed from a CUDA graph of 32 calls cycling over up to 16 routings shifted by top-k experts, so the
+host's launches are not timed and a small M's experts come from DRAM: back-to-back launches timed ~68-70 us for
+every config at M = 1 on the H200, the host's two Triton launches),
 reported only for a config whose output matched the float32 per-expert reference. The ratios come from a
 final round (:func:`final_round`): the named sets and the grid's fastest configs timed again together, in
 rotating order, so that no set is compared with the grid's luckiest single timing. Compiles run first in
@@ -71,7 +74,8 @@ CASES: tuple[tuple[str, int, int, int, int, str], ...] = (
 MS = (1, 16, 64, 256, 1024, 4096)
 #: where and in what 16-bit type the harness runs: CUDA bf16; ``--interpret`` runs a tiny case under
 #: TRITON_INTERPRET=1 on the CPU in fp16 (the interpreter's bf16 tl.dot is wrong) to check the harness itself
-RUN = {"device": "cuda", "dtype": "bfloat16"}
+#: (``graph``: ``--graph`` timing)
+RUN: dict[str, Any] = {"device": "cuda", "dtype": "bfloat16", "graph": False}
 #: the grid: the runtimes' tuning axes, trimmed to what compiling every flavour in one device session allows
 GRID = [dict(zip(("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages"),
                  (bm, bn, bk, g, w, st), strict=True))
@@ -89,6 +93,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--tune-top", type=int, default=16)
     ap.add_argument("--jobs", type=int, default=14, help="compile processes (default %(default)s)")
     ap.add_argument("--budget-s", type=float, default=520.0)
+    ap.add_argument("--graph", action="store_true",
+                    help="time each config replayed from a CUDA graph, cycling over routings shifted by top-k experts "
+                         "so a small M's experts come from DRAM (default: launches between CUDA events)")
     return ap.parse_args(argv)
 
 
@@ -293,7 +300,69 @@ def spin(ms: float = 50.0) -> None:
         torch.cuda.synchronize()
 
 
+#: routings a graph-timed point cycles over at most (``--graph``), and the calls one captured graph holds
+MAX_ROUTINGS, GRAPH_CALLS = 16, 32
+
+
+def routings(c: dict[str, Any], l2_bytes: int) -> int:
+    """How many routings a graph-timed point cycles over: enough that the experts they touch pass three L2s (a
+    layer's experts come from DRAM in a running model, but one routing's few experts stay in L2 call after call),
+    at most :data:`MAX_ROUTINGS` and one for each disjoint set of top-k experts."""
+    per_expert = (c["w13"][0].numel() + c["w2"][0].numel()) * c["w13"].element_size()
+    touched = int(c["ids"].unique().numel()) * per_expert
+    if touched >= 3 * l2_bytes:
+        return 1
+    return max(1, min(MAX_ROUTINGS, c["e"] // c["topk"], math.ceil(3 * l2_bytes / max(touched, 1))))
+
+
+def shifted_case(c: dict[str, Any], r: int) -> dict[str, Any]:
+    """``c`` with every token routed ``r * topk`` experts further (mod E): the same tokens per expert, other
+    experts' weights; the weights and activations shared, the cached align results dropped."""
+    out = {k: v for k, v in c.items() if not (isinstance(k, tuple) and k[0] == "align")}
+    out["ids"] = ((c["ids"] + r * c["topk"]) % c["e"]).contiguous()
+    return out
+
+
+def rotated(runner: Any, cases: list[dict[str, Any]]) -> tuple[Any, Any]:
+    """``runner`` built on each case, called in turn: (the cycling run, the first case's outputs). Its first call
+    runs the first case, whose outputs the check reads."""
+    from autoopt.backend.runner import cycling
+
+    built = [runner(cc) for cc in cases]
+    return cycling([run for run, _ in built]), built[0][1]
+
+
+def time_us_graph(run: Any, calls: int = GRAPH_CALLS, samples: int = 5) -> float:
+    """Median us a call of ``run`` replayed from one CUDA graph of ``calls`` calls: the GPU's time with no host
+    enqueue in it (a decode step in a graph runs so); timed between events, five replays."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            run()
+    graph.replay()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(samples):
+        s.record()
+        graph.replay()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e) * 1e3 / calls)
+    return statistics.median(out)
+
+
 def time_us(run: Any, floor_ms: float = 3.0) -> float:
+    if RUN.get("graph"):
+        return time_us_graph(run)
     import torch
 
     run()
@@ -389,6 +458,14 @@ def run_case(args: argparse.Namespace, mod: Any, profile: Any, idx: int, m: int,
     tol = 0.06 if dtype == "fp8_w8a8" else 0.02
     sm90 = torch.cuda.get_device_capability() == (9, 0)
     row: dict[str, Any] = {"case": label, "E": e, "N": n, "K": k, "topk": topk, "dtype": dtype, "M": m}
+    cases = [c]
+    if RUN.get("graph"):
+        cases += [shifted_case(c, r) for r in range(1, routings(c, torch.cuda.get_device_properties(0).L2_cache_size))]
+        row["routings"] = len(cases)
+
+    def vllm(cfg: dict[str, int]) -> Any:
+        return rotated(lambda cc: vllm_runner(mod, cc, cfg, sm90), cases)
+
     table = shipped(Path(args.vllm_src), e, n, dtype, device_name)
     t0 = time.time()
     top = zero_shot(profile, e, n, k, topk, dtype, m, args.tune_top)
@@ -400,11 +477,11 @@ def run_case(args: argparse.Namespace, mod: Any, profile: Any, idx: int, m: int,
         sets["a_shipped"] = nearest(table, m)
     for name, cfg in sets.items():
         cfg = {kk: v for kk, v in cfg.items() if kk != "SPLIT_K"}
-        row[name] = {"config": cfg, **measure(lambda cfg=cfg: vllm_runner(mod, c, cfg, sm90), ref, tol)}
-    row["autoopt_kernel_on_c"] = measure(lambda: autoopt_runner(c, top[0]), ref, tol)
+        row[name] = {"config": cfg, **measure(lambda cfg=cfg: vllm(cfg), ref, tol)}
+    row["autoopt_kernel_on_c"] = measure(lambda: rotated(lambda cc: autoopt_runner(cc, top[0]), cases), ref, tol)
     tuned = []
     for cfg in top:
-        r = measure(lambda cfg=cfg: vllm_runner(mod, c, cfg, sm90), ref, tol)
+        r = measure(lambda cfg=cfg: vllm(cfg), ref, tol)
         if r.get("check") == "passed":
             tuned.append((r["measured_us"], cfg))
     if tuned:
@@ -415,11 +492,11 @@ def run_case(args: argparse.Namespace, mod: Any, profile: Any, idx: int, m: int,
         if time.time() > t_end:
             row["grid_cut_short"] = True
             break
-        r = measure(lambda cfg=cfg: vllm_runner(mod, c, cfg, sm90), ref, tol)
+        r = measure(lambda cfg=cfg: vllm(cfg), ref, tol)
         # every grid timing kept (the cost model's calibration data): "BM/BN/BK/G/warps/stages" -> us
         row.setdefault("grid", {})["/".join(str(cfg[kk]) for kk in GRID[0])] = r.get("measured_us", r.get("check"))
         timed += r.get("check") == "passed"
-    final_round(row, lambda cfg: measure(lambda: vllm_runner(mod, c, cfg, sm90), ref, tol), timed)
+    final_round(row, lambda cfg: measure(lambda: vllm(cfg), ref, tol), timed)
     torch.cuda.empty_cache()
     return row
 
@@ -503,8 +580,11 @@ def main(argv: list[str] | None = None) -> int:
     cases = [int(i) for i in args.cases.split(",") if i] or list(range(len(CASES)))
     ms = [int(x) for x in args.ms.split(",") if x]
     grid = GRID if args.grid >= len(GRID) else random.Random(0).sample(GRID, args.grid)
+    RUN["graph"] = args.graph
     report: dict[str, Any] = {"env": environment(), "device_name": device_name, "vllm_kernel_source": str(src),
-                              "grid_size": len(grid), "ms": ms, "rows": []}
+                              "grid_size": len(grid), "ms": ms, "rows": [],
+                              "timing": ("CUDA graph replay, routings shifted by top-k experts (--graph)" if args.graph
+                                         else "back-to-back launches between CUDA events")}
     out = Path(args.out)
     # every config a point will time, compiled ahead in parallel: one job per Triton specialization
     points = [(i, m) for i in cases for m in ms]

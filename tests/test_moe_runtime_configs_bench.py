@@ -51,3 +51,37 @@ def test_a_config_that_fails_every_pass_gets_no_time():
                       {"measured_us": 50.0 + next(counter) % 3}, grid_timed=6, warm=lambda: None)
     assert "64/128/64/1/4/3" not in row["final_round"]["us"] or not row["final_round"]["us"]["64/128/64/1/4/3"]
     assert "best_over_this" not in row["b_default"]
+
+
+# -- --graph: routings shifted by top-k experts ------------------------------------------------------------------
+
+def _case(e=128, topk=8, m=1, n=16, k=32):
+    import torch
+
+    ids = torch.stack([torch.randperm(e, generator=torch.Generator().manual_seed(i))[:topk] for i in range(m)])
+    return {"e": e, "topk": topk, "m": m, "ids": ids.to(torch.int32), "w13": torch.zeros(e, 2 * n, k),
+            "w2": torch.zeros(e, k, n), ("align", 16): "cached"}
+
+
+def test_a_shifted_routing_sends_every_token_topk_experts_further_on_the_same_weights():
+    c = _case()
+    s = bench.shifted_case(c, 3)
+    assert s["ids"].tolist() == ((c["ids"] + 24) % 128).tolist()
+    assert s["w13"] is c["w13"] and ("align", 16) not in s and ("align", 16) in c
+
+
+def test_routings_pass_three_l2s_of_touched_experts_capped_by_disjoint_sets():
+    c = _case()  # 8 experts of (32 x 32 + 32 x 16) fp32 = 6 KiB each: 48 KiB a routing
+    assert bench.routings(c, l2_bytes=32 << 10) == 2  # 96 KiB / 48 KiB
+    assert bench.routings(c, l2_bytes=50 << 20) == bench.MAX_ROUTINGS
+    assert bench.routings(_case(e=8, topk=2), l2_bytes=50 << 20) == 4  # 8 experts / 2 a token
+    assert bench.routings(c, l2_bytes=1 << 10) == 1  # a routing already passes three L2s
+
+
+def test_a_rotated_runner_runs_the_first_case_first_and_hands_back_its_outputs():
+    calls = []
+    run, outs = bench.rotated(lambda cc: (lambda: calls.append(cc["name"]), cc["name"] + "-out"),
+                              [{"name": "a"}, {"name": "b"}, {"name": "c"}])
+    for _ in range(4):
+        run()
+    assert outs == "a-out" and calls == ["a", "b", "c", "a"]
