@@ -337,18 +337,9 @@ def time_us_graph(run: Any, calls: int = GRAPH_CALLS, samples: int = 5) -> float
     enqueue in it (a decode step in a graph runs so); timed between events, five replays."""
     import torch
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
-        for _ in range(2):
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            run()
-    graph.replay()
-    torch.cuda.synchronize()
+    from autoopt.backend.runner import captured
+
+    graph = captured(run, calls=calls)
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     out = []
     for _ in range(samples):

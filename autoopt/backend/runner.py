@@ -254,6 +254,27 @@ def cycling(fns: list[Callable[[], Any]]) -> Callable[[], None]:
     return run
 
 
+def captured(run: Callable[[], Any], *, calls: int = 1, warmups: int = 2) -> Any:
+    """``calls`` calls of ``run`` captured in one CUDA graph, after ``warmups`` calls on a side stream (as
+    ``torch.cuda.graph`` asks: first-call work stays out of the capture); replayed once (the first replay
+    uploads the graph) and synchronized."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            run()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
 def _time_us(fn: Callable[[], Any], graph: bool, warmup_ms: int, rep_ms: int) -> float:
     """Median microseconds of ``fn`` on the GPU: per call with ``do_bench`` (L2 flushed between calls), or,
     for a kernel whose call is many launches (``graph``), replayed from a CUDA graph

@@ -160,6 +160,8 @@ def capture_decode_step(model: Any, batch: int, prompt: int, max_cache_len: int,
     import torch
     from transformers import StaticCache
 
+    from autoopt.backend.runner import captured
+
     forward = torch.compile(model.forward, fullgraph=True, dynamic=False) if compiled else model.forward
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt), device="cuda")
@@ -171,17 +173,7 @@ def capture_decode_step(model: Any, batch: int, prompt: int, max_cache_len: int,
             logits = forward(input_ids=tok, past_key_values=cache, cache_position=pos, use_cache=True).logits
             tok.copy_(logits[:, -1:].argmax(-1))
             pos.add_(1)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        graph.replay()  # first replay uploads the graph
-        torch.cuda.synchronize()
+        graph = captured(step, warmups=3)
     return CapturedStep(graph, (cache, tok, pos, forward))
 
 
