@@ -57,8 +57,10 @@ def test_a_step_variant_is_undone_when_its_block_ends():
     from autoopt.nn import ops
     from benchmarks.probes.step_variants import applied
 
-    chosen = ops._torch_chosen
-    with applied("both"):
-        assert ops._torch_chosen("rms_norm", "rmsnorm", (1, 4096), None, None) is True
+    left = ops._left_to_inductor
+    assert ops._left_to_inductor(1) is True
+    with applied("autoopt_norm"):
+        assert ops._left_to_inductor(1) is False
+    with applied("run80"):
         assert constants().dram_run_bytes == 80.0
-    assert ops._torch_chosen is chosen and constants().dram_run_bytes == 50.0
+    assert ops._left_to_inductor is left and constants().dram_run_bytes == 50.0

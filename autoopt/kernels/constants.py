@@ -15,8 +15,8 @@ from typing import Any
 from autoopt._serde import from_plain, to_plain
 from autoopt.errors import AutooptError
 
-__all__ = ["DEFAULT_CONSTANTS", "FRACTIONS", "GRAPH_LAUNCH_US", "CostConstants", "constants", "explicit", "in_graph",
-           "set_constants", "using"]
+__all__ = ["DEFAULT_CONSTANTS", "FRACTIONS", "GRAPH_LAUNCH_US", "INDUCTOR_NORM_MAX_ROWS", "CostConstants", "constants",
+           "explicit", "in_graph", "set_constants", "using"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,6 +167,14 @@ FRACTIONS = frozenset({"tc_efficiency", "mma_sync_fraction", "dram_efficiency", 
 #: decode GEMVs timed replayed from a graph (``benchmarks/results/h200/quant_kernels_fmagrid_graph.json``):
 #: ``o``'s rank-1 config priced 6.6 us with it, measured 6.8.
 GRAPH_LAUNCH_US = 1.0
+
+
+#: under torch.compile, an RMSNorm over at most this many rows (a decode step's) is Inductor's own, which takes the
+#: residual add before it into its reduction: one kernel where autoopt's norm, opaque to Inductor, leaves two (the
+#: add and the norm). optimize() runs it so (``autoopt.nn.ops``) and recommend() prices it so. H200, int4
+#: Llama-3-8B, batch 1, the compiled step replayed from a CUDA graph in one process: 2.987 ms with autoopt's norm,
+#: 2.934 ms with Inductor's (3.108 / 3.059 ms in a second pair; ``benchmarks/results/h200/step_variants.json``).
+INDUCTOR_NORM_MAX_ROWS = 16
 
 
 def in_graph(consts: CostConstants) -> CostConstants:

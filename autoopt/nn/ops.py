@@ -64,6 +64,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from autoopt.backend.registry import prepare
+from autoopt.kernels.constants import INDUCTOR_NORM_MAX_ROWS
 from autoopt.nn.dispatch import (
     AUTOGRAD,
     BROADCAST,
@@ -738,16 +739,10 @@ def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tens
     return out
 
 
-#: under torch.compile an RMSNorm over at most this many rows (a decode step's) is left to Inductor, which takes the
-#: residual add before it into its reduction: one kernel where autoopt's norm, opaque to Inductor, leaves two (the
-#: add and the norm). H200, int4 Llama-3-8B, batch 1, the compiled step replayed from a CUDA graph in one process:
-#: 2.987 ms with autoopt's norm, 2.934 ms with Inductor's (3.108 / 3.059 ms in a second pair;
-#: ``benchmarks/results/h200/step_variants.json``). recommend() prices that add fused (``INDUCTOR_FUSED_ADD_ROWS``).
-INDUCTOR_NORM_MAX_ROWS = 16
-
-
 def _left_to_inductor(rows: Any) -> bool:
-    """Whether a traced RMSNorm of ``rows`` rows runs as Inductor's own (a static decode-sized row count)."""
+    """Whether a traced RMSNorm of ``rows`` rows runs as Inductor's own: a static count of at most
+    :data:`autoopt.kernels.constants.INDUCTOR_NORM_MAX_ROWS` (a decode step's), where Inductor fuses the residual
+    add into it."""
     return type(rows) is int and 0 < rows <= INDUCTOR_NORM_MAX_ROWS
 
 

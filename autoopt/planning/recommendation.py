@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from autoopt._log import get_logger
 from autoopt.errors import AutooptError, ModelError, RuntimeRuleError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
-from autoopt.kernels.constants import GRAPH_LAUNCH_US
+from autoopt.kernels.constants import GRAPH_LAUNCH_US, INDUCTOR_NORM_MAX_ROWS
 from autoopt.kernels.ops import OpSpec
 from autoopt.planning.catalog import parse_model
 from autoopt.planning.chain import ChainProblem, ChainSolution, solve_dp, solve_wfc
@@ -863,7 +863,7 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
             layer = tuple(op for op in layer if op.name not in _FUSED_EXPERT_OPS)
             us += experts.us
             ops.append(experts)
-        fused_add = p.graphed and runtime in INDUCTOR_FUSED_ADD_RUNTIMES and batch * p.q_len <= INDUCTOR_FUSED_ADD_ROWS
+        fused_add = p.graphed and runtime in INDUCTOR_FUSED_ADD_RUNTIMES and batch * p.q_len <= INDUCTOR_NORM_MAX_ROWS
         for op in layer:
             t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed, quantized=True)
             if fused_add and op.kind == "add":
@@ -881,11 +881,9 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
 
 
 #: runtimes whose graphed decode step Inductor compiles, taking each residual add into the RMSNorm after it (one
-#: reduction kernel): transformers' own norm, and optimize()'s, which it leaves to Inductor at a decode step's rows
-#: (``autoopt.nn.ops.INDUCTOR_NORM_MAX_ROWS``).
+#: reduction kernel): transformers' own norm, and optimize()'s, which it leaves to Inductor up to
+#: :data:`~autoopt.kernels.constants.INDUCTOR_NORM_MAX_ROWS` rows (tokens of a step)
 INDUCTOR_FUSED_ADD_RUNTIMES = frozenset({"autoopt", "transformers"})
-#: the most rows (tokens of a step) at which that holds: optimize()'s norm is its own kernel above
-INDUCTOR_FUSED_ADD_ROWS = 16
 #: what fusing a residual add into Inductor's norm saved a graphed step, in us an add: H200, int4 Llama-3-8B, 64
 #: adds, the compiled step replayed from a CUDA graph with autoopt's norm against Inductor's, same process: 2.987
 #: → 2.934 ms and 3.108 → 3.059 ms (0.82 and 0.77 us an add; ``benchmarks/results/h200/step_variants.json``). Less

@@ -5,12 +5,15 @@ architecture with random weights, batch 1, a static cache.
 Variants (``--variants``, comma separated; each builds, optimizes and compiles its own model):
 
 - ``base``: optimize() as shipped;
-- ``norm_inductor``: under torch.compile the RMSNorm is left to Inductor (``F.rms_norm``), which fuses the residual
-  add before it into its reduction: one kernel where autoopt's Triton norm (opaque to Inductor) leaves two;
+- ``autoopt_norm``: a decode step's RMSNorm stays autoopt's Triton kernel under torch.compile, as before
+  ``INDUCTOR_NORM_MAX_ROWS`` (Inductor then cannot fuse the residual add into it: two kernels where Inductor's own
+  norm is one);
 - ``run80``: the cost model's ``dram_run_bytes`` at 80 (was 50) while optimize() picks its configs: the
   longer contiguous weight runs the H200 graph grid measured faster for the int4 decode GEMV
-  (``h200/quant_kernels_fmagrid_graph.json``: BLOCK_K 512 against 256 at equal tile bytes, ~1.2x);
-- ``both``: the two together.
+  (``h200/quant_kernels_fmagrid_graph.json``: BLOCK_K 512 against 256 at equal tile bytes, ~1.2x).
+
+The committed ``h200/step_variants.json`` ran before the norm change, when ``base`` kept autoopt's norm and a
+variant ``norm_inductor`` (today's ``base``) left it to Inductor, and ``both`` added ``run80`` to that.
 
 Per variant: the compiled decode step replayed from one CUDA graph (``_graphed_decode_ms``, the GPU time under a
 token) and ``generate()``'s ms/token (three runs, as ``quant_e2e.py`` measures it). transformers at bf16 +
@@ -38,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.probes.model_kit import MODEL, no_cuda, optimized_llama
 
 PROMPT = 128
-VARIANTS = ("base", "norm_inductor", "run80", "both")
+VARIANTS = ("base", "autoopt_norm", "run80")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,16 +67,16 @@ def applied(variant: str) -> Iterator[None]:
     from autoopt.kernels import constants as consts
     from autoopt.nn import dispatch, ops
 
-    chosen, saved = ops._torch_chosen, consts.constants()
+    left, saved = ops._left_to_inductor, consts.constants()
     dispatch.clear_cache()  # choices are cached per key, not per constants
-    if variant in ("norm_inductor", "both"):
-        ops._torch_chosen = lambda op, *a: op == "rms_norm" or chosen(op, *a)  # type: ignore[assignment]
-    if variant in ("run80", "both"):
+    if variant == "autoopt_norm":
+        ops._left_to_inductor = lambda rows: False  # type: ignore[assignment]
+    if variant == "run80":
         consts.set_constants(replace(saved, dram_run_bytes=80.0))
     try:
         yield
     finally:
-        ops._torch_chosen = chosen  # type: ignore[assignment]
+        ops._left_to_inductor = left  # type: ignore[assignment]
         consts.set_constants(saved)
         dispatch.clear_cache()
 
