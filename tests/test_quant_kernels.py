@@ -129,6 +129,20 @@ def test_activation_quantization_kernel_matches_the_torch_reference(spec):
     assert torch.equal(s, rs) and torch.equal(q.float(), rq.float())
 
 
+def test_rows_longer_than_one_pass_are_quantized_in_two_passes_exactly(monkeypatch):
+    # K = 300 over a one-pass limit of 256: the BLOCK_K loop (ragged last block) gives the same codes and scales
+    from autoopt.backend.kernels import act_quant
+
+    monkeypatch.setattr(act_quant, "ROW_MAX_K", 256)
+    monkeypatch.setattr(act_quant, "_BLOCK_K", 128)
+    x = torch.randn(3, 300, generator=torch.Generator().manual_seed(2)).bfloat16().to(DEVICE)
+    q = torch.empty(3, 300, dtype=torch.float8_e4m3fn, device=DEVICE)
+    s = torch.empty((3,), dtype=torch.float32, device=DEVICE)
+    act_quant_prepare(x, q, s)()
+    rq, rs = quantize_activations(x, parse_weight("fp8"))
+    assert torch.equal(s, rs) and torch.equal(q.float(), rq.float())
+
+
 def test_the_traceable_activation_quantization_matches_the_torch_reference():
     # the launch torch.compile traces for the vendor fp8 GEMM (ops._quant_linear_traced): same kernel, own buffers
     x = torch.randn(5, 300, generator=torch.Generator().manual_seed(1)).bfloat16().to(DEVICE)
