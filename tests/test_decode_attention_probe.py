@@ -1,10 +1,9 @@
-"""The decode attention probe's kernel (benchmarks/probes/decode_attention_probe.py) is checked here on the CPU,
-under Triton's interpreter (fp16: the interpreter's bf16 ``tl.dot`` is wrong with triton 3.9), before a GPU times
-it beside torch's SDPA."""
+"""The decode attention probe (benchmarks/probes/decode_attention_probe.py) on the CPU, under Triton's interpreter
+(fp16: the interpreter's bf16 ``tl.dot`` is wrong with triton 3.9): its lengths-to-mask wrapper over autoopt's
+kernel, its KV copies, its refusal without a GPU."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,6 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,3 +51,13 @@ def test_the_probe_says_it_needs_a_gpu_in_one_line():
     proc = subprocess.run([sys.executable, "benchmarks/probes/decode_attention_probe.py", "--out", "x.json"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no CUDA device" in proc.stderr
+
+
+def test_kv_copies_pass_three_l2s_within_bounds():
+    k = torch.zeros(1, 8, 192, 128, dtype=torch.float16)
+    v = torch.zeros_like(k)
+    per = 2 * k.numel() * 2  # K and V, fp16
+    copies = probe.kv_copies(k, v, l2_bytes=10 * per)
+    assert len(copies) == 30 and copies[0][0] is k and copies[1][0] is not k
+    assert len(probe.kv_copies(k, v, l2_bytes=per // 4)) == 2
+    assert len(probe.kv_copies(k, v, l2_bytes=1000 * per, most=64)) == 64

@@ -35,8 +35,9 @@ from typing import ClassVar, TypeAlias
 __all__ = ["ONE_BY_ONE", "OPS", "QKV", "Context", "DenseMatch", "GatedMLPMatch", "Inner", "Match", "MoEMatch",
            "NoMatch", "NormMatch", "PlainMLPMatch", "QKVMatch", "QuantLinearMatch", "Replacing"]
 
-#: what ``ops=`` can name: the kinds of module optimize() replaces (quantized linears are ``linear``s).
-OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv", "moe")
+#: what ``ops=`` can name: the kinds of module optimize() replaces (quantized linears are ``linear``s), and
+#: ``attention``: a transformers model's SDPA at decode on autoopt's kernel (:mod:`autoopt.nn.attention`).
+OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv", "moe", "attention")
 #: what optimize() replaces when ``ops=`` is not given: all but ``moe``. On an H100 the fused-MoE path decodes
 #: faster than transformers' own grouped_mm experts under torch.compile but prefills slower (Qwen3-30B-A3B, 8
 #: layers: decode step 1.026 vs 1.260 ms, prefill 1 x 2048 13.6 vs 10.0 ms; Mixtral-8x7B, 4 layers: 1.408 vs

@@ -89,6 +89,7 @@ from autoopt._log import get_logger
 from autoopt.backend.accuracy import rel_error
 from autoopt.errors import OpError, RestoreError, WeightFormatError
 from autoopt.nn import _moe, dispatch
+from autoopt.nn import attention as attention_runner
 from autoopt.nn import decode_graphs as decode_graph_runners
 from autoopt.nn.build import build
 from autoopt.nn.compare import quant_bound, sample, tolerance
@@ -872,6 +873,10 @@ def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] 
         dispatch.set_profile(loaded)
     before = _tensor_bytes(root)
     walk.visit(root, "")
+    if "attention" in ops_set and attention_runner.runs_on(device) and attention_runner.install(root):
+        walk.notes.append(f"attention: one query token a row (decode) runs autoopt's decode-attention kernel "
+                          f"(K/V read once per KV head), other calls transformers' SDPA (attn_implementation "
+                          f"{attention_runner.NAME!r}; ops= without 'attention' keeps SDPA)")
     if decode_graphs and device.type == "cuda" and decode_graph_runners.install(root):
         walk.notes.append("generate(): the compiled decode step replays from autoopt's CUDA graphs "
                           "(decode_graphs=False keeps transformers' own)")
@@ -893,6 +898,7 @@ def _restorer(patches: list[tuple[Any, str, Any]], root: nn.Module) -> Callable[
         count = _restore_patches(patches)
         if (m := model()) is not None:
             decode_graph_runners.uninstall(m)
+            attention_runner.uninstall(m)
         return count
     return restore_all
 
@@ -917,4 +923,5 @@ def restore(model: nn.Module) -> int:
     for parent, name, rep in found:
         parent._modules[name] = rep.restore_original()
     decode_graph_runners.uninstall(root)
+    attention_runner.uninstall(root)
     return len(found)

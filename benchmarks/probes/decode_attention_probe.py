@@ -1,20 +1,20 @@
-"""Probe: would a split-key decode attention kernel beat the cuDNN SDPA kernel transformers runs at decode?
+"""Probe: autoopt's decode attention kernel against the cuDNN SDPA kernel transformers runs at decode.
 
-Issue 27's graphed int4 step on an H200 spends ~0.22 ms a step in attention (cuDNN's SDPA flash kernel, 6.7 us a
-layer over ~190 keys, against a ~0.4 us roofline; ``ATTENTION_DECODE_MIN_US``) and ~0.21 ms in the rotary and
-layout kernels Inductor builds around it (``h200/quant_trace_int4_words_ingraph.json``). Before any of it goes
-into optimize(), this times a flash-decoding kernel (one query token, grouped-query heads) beside torch's SDPA
-on the same tensors, in one process.
-
-``decode_attention``: one program a (batch, KV head, key split) loads the KV head's group of query heads
-(padded to 16 rows for ``tl.dot``), walks its share of the keys in ``BLOCK_N`` blocks with an online softmax,
-and writes a partial output and its log-sum-exp; a second kernel combines the splits. Keys at or past a row's
-``lengths`` entry are masked (what the static cache's causal mask does at decode).
+Issue 27's graphed int4 step on an H200 spent ~0.22 ms a step in attention (cuDNN's SDPA flash kernel, 6.7 us a
+layer over ~190 keys) and ~0.21 ms in the rotary and layout kernels Inductor builds around it, the K/V copies to
+every query head among them (``h200/quant_trace_int4_words_ingraph.json``). This times the kernel optimize() now
+runs (``autoopt/backend/kernels/decode_attention.py``: split-key flash decoding, one program a batch row, KV head
+and key split, masked keys hidden) over its config grid beside torch's SDPA on the same tensors, in one process;
+the grid's timings are what ``autoopt.kernels.attention`` fits its price to. Keys at or past a row's ``lengths``
+entry are masked (what the static cache's causal mask does at decode).
 
 Per shape (batch, keys) it records: torch SDPA with the boolean mask transformers passes (the repeated K/V it
 builds for grouped heads first, as transformers <= 5.23 does under a mask) and SDPA with ``enable_gqa``; and each
-config of ``decode_attention`` (``BLOCK_N`` x splits x warps), all checked against a float64 reference first
-(relative error under 1e-2) and timed with ``do_bench`` (median, us). Only checked outputs get a time.
+config of autoopt's ``decode_attention`` (``BLOCK_N`` x splits x warps; ``choice``: the one optimize() picks,
+with its predicted time), all checked against a float64 reference first (relative error under 1e-2). Only checked
+outputs get a time: each replayed from one CUDA graph that calls it over as many copies of K/V as pass three L2s (a
+decode step reads each layer's cache from DRAM, and runs in a graph; ``do_bench`` on the 2026-11-28 H200 timed the
+host: 28-190 us for every config and SDPA alike).
 
     PYTHONPATH=. python benchmarks/probes/decode_attention_probe.py --out $OUT/decode_attention_probe.json
 """
@@ -28,9 +28,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import triton
-import triton.language as tl
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 #: Llama-3-8B: 32 query heads over 8 KV heads of 128
@@ -38,89 +35,19 @@ HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 #: (batch, keys): the decode steps the benchmarks run (192 keys: a 128-token prompt + 64) and longer contexts
 SHAPES = ((1, 192), (1, 1024), (1, 4096), (8, 192), (32, 192), (8, 4096))
 CONFIGS = tuple((bn, splits, warps) for bn in (32, 64, 128) for splits in (1, 2, 4, 8, 16) for warps in (4,))
-GROUP_ROWS = 16  # tl.dot's smallest M: a KV head's query heads padded to it
-
-
-@triton.jit
-def _decode_attention_split(q_ptr, k_ptr, v_ptr, len_ptr, o_ptr, lse_ptr, scale, keys, kv_heads, splits,
-                            sq_b, sq_h, sk_b, sk_h, sk_n, so_b, so_h, so_s,
-                            GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    b = pid // kv_heads
-    h = pid % kv_heads
-    length = tl.load(len_ptr + b)
-    chunk = tl.cdiv(tl.cdiv(keys, splits), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = tl.minimum(start + chunk, length)
-    rows = tl.arange(0, GROUP_PAD)
-    d = tl.arange(0, D)
-    q = tl.load(q_ptr + b * sq_b + (h * GROUP + rows)[:, None] * sq_h + d[None, :],
-                mask=(rows < GROUP)[:, None], other=0.0)
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, D], tl.float32)
-    kv = k_ptr + b * sk_b + h * sk_h
-    vv = v_ptr + b * sk_b + h * sk_h
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        live = n < end
-        k = tl.load(kv + n[:, None] * sk_n + d[None, :], mask=live[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)) * scale
-        s = tl.where(live[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(vv + n[:, None] * sk_n + d[None, :], mask=live[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
-    heads = h * GROUP + rows
-    keep = rows < GROUP
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(o_ptr + b * so_b + heads[:, None] * so_h + split * so_s + d[None, :], out, mask=keep[:, None])
-    lse = tl.where(l_i > 0, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))  # an empty split: -inf
-    tl.store(lse_ptr + (b * (kv_heads * GROUP) + heads) * splits + split, lse, mask=keep)
-
-
-@triton.jit
-def _decode_attention_combine(o_ptr, lse_ptr, out_ptr, splits, so_b, so_h, so_s, sout_b, sout_h, heads,
-                              SPLITS_PAD: tl.constexpr, D: tl.constexpr):
-    pid = tl.program_id(0)
-    b = pid // heads
-    h = pid % heads
-    s = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, D)
-    lse = tl.load(lse_ptr + pid * splits + s, mask=s < splits, other=float("-inf"))
-    w = tl.exp(lse - tl.max(lse, 0))
-    w = w / tl.sum(w, 0)
-    part = tl.load(o_ptr + b * so_b + h * so_h + s[:, None] * so_s + d[None, :], mask=(s < splits)[:, None],
-                   other=0.0)
-    out = tl.sum(part * w[:, None], 0)
-    tl.store(out_ptr + b * sout_b + h * sout_h + d, out.to(out_ptr.dtype.element_ty))
 
 
 def decode_attention(q: Any, k: Any, v: Any, lengths: Any, *, block_n: int = 64, splits: int = 4,
                      num_warps: int = 4) -> Any:
-    """Attention of one query token a row: ``q`` [B, H, D], ``k``/``v`` [B, Hkv, L, D] (unit stride on D),
-    ``lengths`` [B] int32 (keys a row attends to); [B, H, D] in q's dtype."""
+    """autoopt's kernel (``autoopt/backend/kernels/decode_attention.py``, what optimize() runs) over each row's
+    first ``lengths`` keys: ``q`` [B, H, D], ``k``/``v`` [B, Hkv, L, D]; [B, H, D]."""
     import torch
 
-    batch, heads, dim = q.shape
-    kv_heads, keys = k.shape[1], k.shape[2]
-    group = heads // kv_heads
-    part = torch.empty((batch, heads, splits, dim), device=q.device, dtype=torch.float32)
-    lse = torch.empty((batch, heads, splits), device=q.device, dtype=torch.float32)
-    _decode_attention_split[(batch * kv_heads, splits)](
-        q, k, v, lengths, part, lse, 1.0 / math.sqrt(dim), keys, kv_heads, splits,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
-        part.stride(0), part.stride(1), part.stride(2),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=dim, BLOCK_N=block_n, num_warps=num_warps)
-    out = torch.empty_like(q)
-    _decode_attention_combine[(batch * heads,)](
-        part, lse, out, splits, part.stride(0), part.stride(1), part.stride(2), out.stride(0), out.stride(1), heads,
-        SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=dim, num_warps=1)
-    return out
+    from autoopt.backend.kernels.decode_attention import decode_attention as launch
+
+    mask = torch.arange(k.shape[2], device=k.device)[None, :] < lengths[:, None]
+    return launch(q, k, v, mask, scale=1.0 / math.sqrt(q.shape[-1]), block_n=block_n, splits=splits,
+                  num_warps=num_warps)[:, 0]
 
 
 def reference(q: Any, k: Any, v: Any, lengths: Any) -> Any:
@@ -158,38 +85,82 @@ def timed_rows(batch: int, keys: int) -> list[dict[str, Any]]:
     import torch
     import torch.nn.functional as F
 
-    from benchmarks.probes.probe_kit import bench_us
-
     q, k, v, lengths = inputs(batch, keys, torch.bfloat16, "cuda")
     ref = reference(q, k, v, lengths)
     live = torch.arange(keys, device="cuda")[None, :] < lengths[:, None]
     mask = live[:, None, None, :]  # [B, 1, 1, L], True = attend: transformers' boolean SDPA mask
     group = HEADS // KV_HEADS
     q4 = q[:, :, None, :]
+    caches = kv_copies(k, v, torch.cuda.get_device_properties(0).L2_cache_size)
     rows: list[dict[str, Any]] = []
 
-    def record(name: str, run: Any, **extra: Any) -> None:
-        row: dict[str, Any] = {"batch": batch, "keys": keys, "impl": name, **extra}
+    def record(name: str, make: Any, **extra: Any) -> None:
+        row: dict[str, Any] = {"batch": batch, "keys": keys, "impl": name, "kv_copies": len(caches), **extra}
         rows.append(row)
         try:
-            out = run()
+            out = make(k, v)()
             torch.cuda.synchronize()
         except Exception as exc:  # a variant this torch/triton cannot run is data
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
             return
         row["rel_err"] = err = _rel_err(out.reshape(ref.shape), ref)
         if err < 1e-2:
-            row["us"] = round(bench_us(run), 2)
+            row["us"] = round(graph_us([make(kc, vc) for kc, vc in caches]), 2)
         else:
             row["error"] = f"wrong output: relative error {err:.3g}"
 
-    record("sdpa_repeat_kv_mask", lambda: F.scaled_dot_product_attention(
+    record("sdpa_repeat_kv_mask", lambda k, v: lambda: F.scaled_dot_product_attention(
         q4, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), attn_mask=mask))
-    record("sdpa_gqa_mask", lambda: F.scaled_dot_product_attention(q4, k, v, attn_mask=mask, enable_gqa=True))
+    record("sdpa_gqa_mask", lambda k, v: lambda: F.scaled_dot_product_attention(
+        q4, k, v, attn_mask=mask, enable_gqa=True))
     for bn, splits, warps in CONFIGS:
-        record("decode_attention", lambda bn=bn, s=splits, w=warps: decode_attention(
+        record("decode_attention", lambda k, v, bn=bn, s=splits, w=warps: lambda: decode_attention(
             q, k, v, lengths, block_n=bn, splits=s, num_warps=w), BLOCK_N=bn, splits=splits, num_warps=warps)
+    c = choice(batch, keys)
+    record("choice", lambda k, v: lambda: decode_attention(q, k, v, lengths, block_n=c.BLOCK_N, splits=c.splits,
+                                                           num_warps=c.num_warps),
+           BLOCK_N=c.BLOCK_N, splits=c.splits, num_warps=c.num_warps, predicted_us=c.predicted_us)
     return rows
+
+
+def choice(batch: int, keys: int) -> Any:
+    """optimize()'s config for this shape on the detected GPU (:mod:`autoopt.kernels.attention`)."""
+    import torch
+
+    from autoopt.nn.attention import choice as pick
+
+    return pick(torch.device("cuda"), batch=batch, heads=HEADS, kv_heads=KV_HEADS, keys=keys, head_dim=HEAD_DIM)
+
+
+def kv_copies(k: Any, v: Any, l2_bytes: int, most: int = 256) -> list[tuple[Any, Any]]:
+    """(K, V) and copies of them, as many as pass three L2s (at least 2, at most ``most``): cycled through,
+    each call reads its cache from DRAM, as each layer's attention in a decode step does."""
+    per = k.numel() * k.element_size() + v.numel() * v.element_size()
+    n = min(most, max(2, -(-3 * l2_bytes // per)))
+    return [(k, v)] + [(k.clone(), v.clone()) for _ in range(n - 1)]
+
+
+def graph_us(runs: list[Any], samples: int = 5) -> float:
+    """Median us a call, the calls of ``runs`` (one a KV copy) captured in order in one CUDA graph and replayed
+    between events: the GPU's time with no host enqueue in it."""
+    import itertools
+    import statistics
+
+    import torch
+
+    from autoopt.backend.runner import captured
+
+    cycle = itertools.cycle(runs)
+    graph = captured(lambda: next(cycle)(), calls=len(runs))
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(samples):
+        s.record()
+        graph.replay()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e) * 1e3 / len(runs))
+    return statistics.median(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from benchmarks.hw_limit import environment
 
-    report: dict[str, Any] = {"env": environment(), "label": "measured (do_bench median, checked outputs only)",
+    label = "measured (CUDA-graph replay over KV copies, median of 5; checked outputs only)"
+    report: dict[str, Any] = {"env": environment(), "label": label,
                               "heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "rows": []}
     for batch, keys in SHAPES:
         report["rows"] += timed_rows(batch, keys)
