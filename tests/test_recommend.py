@@ -226,12 +226,28 @@ def test_the_autoopt_runtime_prices_the_seven_glue_kernels_transformers_attentio
     assert glue[0].predicted_us == pytest.approx(7 * GLUE_KERNEL_US)
 
 
+def test_under_optimize_decode_attention_is_autoopts_kernel_at_its_choice_and_price_without_the_copy():
+    from autoopt.kernels.attention import decode_attention_choice
+    from autoopt.planning.recommendation import GLUE_KERNEL_US
+
+    rec = recommend("h200", "llama-3-8b", batch=32, prompt_len=128, gen_len=64, phase="decode",
+                    runtime="autoopt", weight_dtype="bf16", max_devices=1, cuda_graphs=True)
+    glue = next(o for o in rec.ops if o.kernel_class == "rotary")
+    attention = next(o for o in rec.ops if o.kernel_class == "attention")
+    keys = attention.shape[3]
+    choice = decode_attention_choice(load_profile("h200").gpus[0], batch=32, heads=32, kv_heads=8, keys=keys,
+                                     head_dim=128)
+    assert attention.predicted_us == pytest.approx(choice.predicted_us) and attention.source == "fit"
+    assert attention.config == {"BLOCK_N": choice.BLOCK_N, "splits": choice.splits, "num_warps": 4}
+    assert glue.predicted_us == pytest.approx(7 * GLUE_KERNEL_US)  # no repeat_kv copy: the kernels' latency floor
+
+
 def test_at_batch_32_the_glue_prices_repeat_kv_and_sdpa_reading_its_copies_at_the_measured_rate():
     # Llama-3-8B, batch 32 over 192 keys: 25.2 MB of K/V a layer; the copy moves 5x, SDPA reads 4x (one of
     # them priced by the attention op) at 0.70 of the 2948 GB/s stream: 92.9 us with q/k/v's own bytes
     # (quant_trace_b32_layers8.json measured 43.8 us of copy + 49.0 us of SDPA)
     rec = recommend("h100-sxm", "llama-3-8b", batch=32, prompt_len=128, gen_len=64, phase="decode",
-                    runtime="autoopt", weight_dtype="bf16", max_devices=1, cuda_graphs=True)
+                    runtime="transformers", weight_dtype="bf16", max_devices=1, cuda_graphs=True)
     glue = next(o for o in rec.ops if o.kernel_class == "rotary")
     attention = next(o for o in rec.ops if o.kernel_class == "attention")
     assert glue.predicted_us == pytest.approx(83.2, abs=0.1)

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from autoopt._log import get_logger
 from autoopt.errors import AutooptError, ModelError, RuntimeRuleError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
+from autoopt.kernels.attention import decode_attention_choice, supported_head_dim
 from autoopt.kernels.constants import GRAPH_LAUNCH_US, INDUCTOR_NORM_MAX_ROWS
 from autoopt.kernels.ops import OpSpec
 from autoopt.planning.catalog import parse_model
@@ -106,7 +107,8 @@ class OpChoice:
     kernel_class: str
     predicted_us: float
     bound: str
-    #: "rank" (template + cost model), "roofline" (no template kind for the op), or where a measured
+    #: "rank" (template + cost model), "roofline" (no template kind for the op), "fit" (a kernel priced by its fit
+    #: to measured timings: decode attention), or where a measured
     #: winner came from ("measured:memory" / "measured:store" / "measured:shipped": the results store)
     source: str
     config: Mapping[str, int] = field(default_factory=dict)
@@ -750,11 +752,12 @@ class _OpTime:
     """One op of one phase as one tensor-parallel rank runs it on ``device`` in ``mode``, with its
     predicted time per run."""
 
-    __slots__ = ("best", "bound", "device", "mode", "op", "phase", "us")
+    __slots__ = ("best", "bound", "device", "fit", "mode", "op", "phase", "us")
 
     def __init__(self, *, phase: str, device: str, mode: _Mode, op: LayerOp, us: float, bound: str,
-                 best: Candidate | None) -> None:
+                 best: Candidate | None, fit: Mapping[str, int] | None = None) -> None:
         self.phase = phase
+        self.fit = fit  # the launch config of an op priced by a fitted kernel model (decode attention)
         self.device = device  # its name
         self.mode = mode
         self.op = op
@@ -864,20 +867,52 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
             us += experts.us
             ops.append(experts)
         fused_add = p.graphed and runtime in INDUCTOR_FUSED_ADD_RUNTIMES and batch * p.q_len <= INDUCTOR_NORM_MAX_ROWS
+        own_attention = _runs_decode_attention(runtime, layer, spec.num_kv_heads, tp=tp, mla=spec.is_mla)
         for op in layer:
-            t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed, quantized=True)
+            if own_attention and op.kind == "attention":
+                t = _decode_attention_time(p.name, dev, op, mode, spec.num_kv_heads, tp=tp, graphed=p.graphed)
+            else:
+                t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed, quantized=True)
             if fused_add and op.kind == "add":
                 t = _fused_add(t, dev)
             us += t.us * t.op.count
             ops.append(t)
         glue = _attention_glue(dev, layer, spec.num_kv_heads, runtime, graphed=p.graphed, phase=p.name, mode=mode,
-                               tp=tp, mla=spec.is_mla)
+                               tp=tp, mla=spec.is_mla or own_attention)
         if glue is not None:
             us += glue.us
             ops.append(glue)
         phase_us[p.name] = us
         request_us += p.runs * us
     return _LayerCost(ops=tuple(ops), phase_us=phase_us, request_us=request_us)
+
+
+#: runtimes whose decode attention (one query token a row) is autoopt's split-key kernel where it takes the layer's
+#: heads: optimize() points transformers' attention at it (autoopt.nn.attention), so K/V are read once per KV head
+#: and transformers' repeat_kv copy is gone
+DECODE_ATTENTION_RUNTIMES = frozenset({"autoopt"})
+
+
+def _runs_decode_attention(runtime: str | None, layer: Sequence[LayerOp], nkv: int, *, tp: int, mla: bool) -> bool:
+    """Whether this layer's attention is a decode step on autoopt's kernel (:data:`DECODE_ATTENTION_RUNTIMES`)."""
+    att = next((op for op in layer if op.kind == "attention"), None)
+    if runtime not in DECODE_ATTENTION_RUNTIMES or att is None or mla or tp < 1:
+        return False
+    _, n, q_len, _, d = att.shape
+    return q_len == 1 and nkv > 0 and n % nkv == 0 and (nkv % tp == 0 or tp == 1) and supported_head_dim(d)
+
+
+def _decode_attention_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, nkv: int, *, tp: int,
+                           graphed: bool) -> _OpTime:
+    """A decode attention on autoopt's kernel, the config optimize() launches and its price
+    (:func:`~autoopt.kernels.attention.decode_attention_choice`: fit in a graph, two launches), a rank's heads
+    under tensor parallelism; out of a graph its two launches cost a standalone launch each."""
+    batch, n, _, keys, d = op.shape
+    c = decode_attention_choice(dev.gpu, batch=batch, heads=n // tp, kv_heads=max(1, nkv // tp), keys=keys,
+                                head_dim=d)
+    us = c.predicted_us if graphed else c.predicted_us + 2 * max(0.0, _standalone_launch_us() - GRAPH_LAUNCH_US)
+    return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=c.bound, best=None,
+                   fit={"BLOCK_N": c.BLOCK_N, "splits": c.splits, "num_warps": c.num_warps})
 
 
 #: runtimes whose graphed decode step Inductor compiles, taking each residual add into the RMSNorm after it (one
@@ -1050,6 +1085,12 @@ def _op_choice(t: _OpTime, occurrences: int) -> OpChoice:
     dtype = op.op.dtype if op.op is not None else "bf16"
     if op.op is not None and op.op.is_matmul:
         dtype = mode.gemm_dtype
+    if t.fit is not None:
+        return OpChoice(phase=t.phase, name=op.name, mode=mode.name, gpu=dev, kind=op.kind, shape=op.shape,
+                        dtype=dtype, occurrences=occurrences, kernel_class=op.kernel_class, predicted_us=t.us,
+                        bound=t.bound, source="fit", config=dict(t.fit), kernel="decode_attention",
+                        reason="autoopt's split-key decode attention, the config optimize() launches, priced by "
+                               "its fit to graph-replayed H200 timings (autoopt.kernels.attention)")
     if t.best is None:
         return OpChoice(phase=t.phase, name=op.name, mode=mode.name, gpu=dev, kind=op.kind, shape=op.shape,
                         dtype=dtype, occurrences=occurrences, kernel_class=op.kernel_class, predicted_us=t.us,

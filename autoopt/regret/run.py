@@ -151,9 +151,11 @@ def predicted_ms(hardware: HardwareProfile, spec: Any, option: Option, *, steps:
 def _uncompiled_layer_us(hardware: HardwareProfile, spec: Any, *, batch: int, keys: int, tp: int) -> float:
     """What a decoder layer costs uncompiled beyond the compiled step recommend() prices: the glue kernels'
     latency (transformers' modules under tensor parallelism, only its attention's once optimize() has run),
-    plus transformers' repeat_kv copy at its uncompiled rate instead of the stream rate recommend() gives it.
+    plus transformers' repeat_kv copy at its uncompiled rate instead of the stream rate recommend() gives it
+    (under tensor parallelism; on one GPU optimize()'s decode attention makes no copy).
     Both latency constants were measured on one GPU at batch 1 over :data:`GLUE_FIT_KEYS` keys, which holds
     that copy's share already: only the copy beyond it is added."""
+    from autoopt.kernels.attention import supported_head_dim
     from autoopt.planning.recommendation import (
         UNCOMPILED_AUTOOPT_LAYER_US,
         UNCOMPILED_REPEAT_KV_GBS,
@@ -167,7 +169,11 @@ def _uncompiled_layer_us(hardware: HardwareProfile, spec: Any, *, batch: int, ke
     if spec.is_mla or not gpus:
         return latency
     heads = (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim)
-    beyond_fit = repeat_kv_copy_bytes(batch, keys, *heads, tp=tp) - repeat_kv_copy_bytes(1, GLUE_FIT_KEYS, *heads)
+    at_fit = repeat_kv_copy_bytes(1, GLUE_FIT_KEYS, *heads)
+    if tp == 1 and supported_head_dim(spec.head_dim):
+        # optimize()'s decode attention reads K/V once per KV head: no copy at all, the fit's share of it less
+        return latency - at_fit / UNCOMPILED_REPEAT_KV_GBS / 1e3
+    beyond_fit = repeat_kv_copy_bytes(batch, keys, *heads, tp=tp) - at_fit
     return latency + beyond_fit * (1 / UNCOMPILED_REPEAT_KV_GBS - 1 / gpus[0].bandwidth_gbs) / 1e3
 
 
