@@ -52,6 +52,37 @@ def test_the_kernel_matches_float64_attention_under_a_mask(block_n, splits):
 
 
 @interpreted
+@pytest.mark.parametrize(("block_n", "splits"), [(16, 1), (16, 3), (32, 8)])
+def test_the_prepass_variant_matches_float64_attention_under_a_mask(block_n, splits):
+    q, k, v = qkv()
+    mask = torch.ones(2, 70, dtype=torch.bool)
+    mask[0, 40:] = False
+    mask[1, :5] = False
+    mask[1, 20:36] = False  # a hole wider than a block
+    out = decode_attention(q, k, v, mask, scale=1 / 8, block_n=block_n, splits=splits, prepass=True)
+    assert err(out, reference(q, k, v, mask)) < 2e-3
+
+
+@interpreted
+def test_the_prepass_variant_never_reads_past_the_last_kept_key():
+    q, k, v = qkv(batch=1, keys=64)
+    mask = torch.zeros(1, 64, dtype=torch.bool)
+    mask[0, :20] = True
+    k[:, :, 20:] = float("nan")
+    v[:, :, 20:] = float("nan")
+    out = decode_attention(q, k, v, mask, scale=1 / 8, block_n=16, splits=1, prepass=True)
+    assert torch.isfinite(out).all() and err(out, reference(q, k[:, :, :20], v[:, :, :20], mask[:, :20])) < 2e-3
+
+
+@interpreted
+def test_a_uint8_mask_reads_as_the_bool_one():
+    q, k, v = qkv(batch=1, keys=40)
+    mask = torch.arange(40)[None, :] < 25
+    out = decode_attention(q, k, v, mask.to(torch.uint8), scale=1 / 8, block_n=16, splits=2)
+    assert err(out, reference(q, k, v, mask)) < 2e-3
+
+
+@interpreted
 def test_without_a_mask_every_key_is_attended():
     q, k, v = qkv(batch=1, keys=33)
     out = decode_attention(q, k, v, None, scale=1 / 8, block_n=16, splits=2)
@@ -282,6 +313,36 @@ def _close(got, ref, tol=2e-2) -> bool:
 
 @pytest.mark.gpu
 @on_gpu
+def test_on_a_gpu_the_traced_launch_compiles_into_inductors_graph_and_matches():
+    # what lifts why_not's compile gate: the launch torch.compile traces, its mask built in the compiled graph
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(4, 32, 128, generator=g).bfloat16().cuda()
+    k, v = (torch.randn(4, 8, 300, 128, generator=g).bfloat16().cuda() for _ in range(2))
+    lengths = torch.tensor([300, 250, 17, 1], device="cuda")
+
+    @torch.compile(fullgraph=True)
+    def step(q, k, v, lengths):
+        mask = (torch.arange(300, device="cuda")[None, :] < lengths[:, None])[:, None, None, :]
+        return attention.traced_decode_attention(q, k, v, 128 ** -0.5, mask[:, 0, 0, :].expand(4, 300))
+
+    mask = torch.arange(300, device="cuda")[None, :] < lengths[:, None]
+    assert err(step(q, k, v, lengths), reference(q, k, v, mask)) < 1e-2
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("prepass", [False, True])
+def test_on_a_gpu_both_loops_match_float64_attention(prepass):
+    g = torch.Generator().manual_seed(8)
+    q = torch.randn(8, 32, 128, generator=g).bfloat16().cuda()
+    k, v = (torch.randn(8, 8, 1000, 128, generator=g).bfloat16().cuda() for _ in range(2))
+    mask = torch.rand(8, 1000, generator=g).cuda() < 0.7
+    out = decode_attention(q, k, v, mask, scale=128 ** -0.5, block_n=64, splits=4, prepass=prepass)
+    assert err(out, reference(q, k, v, mask)) < 1e-2
+
+
+@pytest.mark.gpu
+@on_gpu
 def test_on_a_gpu_an_eager_static_cache_decode_runs_the_kernel_and_matches_sdpa(monkeypatch):
     model = _gpu_llama()
     ref = _gpu_generate(model, compile=False)
@@ -312,3 +373,11 @@ def test_under_torch_compile_the_call_stays_sdpa(monkeypatch):
     q, k, v, m = call()
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert attention.why_not(_Module(), q, k, v, m, 0.0, {}) == "under torch.compile"
+
+
+@interpreted
+def test_the_traced_launch_run_eagerly_matches_the_plain_one():
+    q, k, v = qkv(batch=2, heads=8, kv_heads=2, keys=50, dim=64)
+    mask = torch.arange(50)[None, :] < torch.tensor([[50], [31]])
+    traced = attention.traced_decode_attention(q, k, v, 1 / 8, mask)
+    assert torch.equal(traced, attention.decode_attention(q, k, v, mask, 1 / 8))

@@ -28,8 +28,10 @@ from torch import Tensor
 from autoopt.backend.kernels import interpreter_active
 from autoopt.kernels.attention import DecodeAttentionChoice, decode_attention_choice, supported_head_dim
 from autoopt.nn import dispatch
+from autoopt.nn.ops import _traced
 
-__all__ = ["NAME", "attention_forward", "decode_attention", "install", "installed", "runs_on", "uninstall", "why_not"]
+__all__ = ["NAME", "attention_forward", "decode_attention", "install", "installed", "runs_on",
+           "traced_decode_attention", "uninstall", "why_not"]
 
 #: the attention implementation name optimize() registers with transformers
 NAME = "autoopt"
@@ -131,6 +133,14 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale
     """One query token a row: ``q`` [B, H, D], ``k``/``v`` [B, Hkv, L, D], ``mask`` None or [B, L] bool;
     [B, 1, H, D], on the config :func:`choice` picks."""
     return _launch(q, k, v, mask, scale)
+
+
+@_traced
+def traced_decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *mask: Tensor) -> Tensor:
+    """:func:`decode_attention` as ``torch.compile`` would trace it (a non-strict trace of the launch; the mask as
+    a ``uint8`` copy, which Inductor fuses into the mask's own computation). :func:`why_not` keeps compiled calls
+    on SDPA until this has run on a GPU (``tests/test_decode_attention.py``'s GPU test of it)."""
+    return _launch(q, k, v, mask[0].to(torch.uint8).contiguous() if mask else None, scale)
 
 
 def _launch(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:

@@ -10,7 +10,8 @@ entry are masked (what the static cache's causal mask does at decode).
 
 Per shape (batch, keys) it records: torch SDPA with the boolean mask transformers passes (the repeated K/V it
 builds for grouped heads first, as transformers <= 5.23 does under a mask) and SDPA with ``enable_gqa``; and each
-config of autoopt's ``decode_attention`` (``BLOCK_N`` x splits x warps; ``choice``: the one optimize() picks,
+config of autoopt's ``decode_attention`` (``BLOCK_N`` x splits x warps, each with the mask's pass first and
+without; ``choice``: the one optimize() picks,
 with its predicted time), all checked against a float64 reference first (relative error under 1e-2). Only checked
 outputs get a time: each replayed from one CUDA graph that calls it over as many copies of K/V as pass three L2s (a
 decode step reads each layer's cache from DRAM, and runs in a graph; ``do_bench`` on the 2026-11-28 H200 timed the
@@ -38,7 +39,7 @@ CONFIGS = tuple((bn, splits, warps) for bn in (32, 64, 128) for splits in (1, 2,
 
 
 def decode_attention(q: Any, k: Any, v: Any, lengths: Any, *, block_n: int = 64, splits: int = 4,
-                     num_warps: int = 4) -> Any:
+                     num_warps: int = 4, prepass: bool = False) -> Any:
     """autoopt's kernel (``autoopt/backend/kernels/decode_attention.py``, what optimize() runs) over each row's
     first ``lengths`` keys: ``q`` [B, H, D], ``k``/``v`` [B, Hkv, L, D]; [B, H, D]."""
     import torch
@@ -47,7 +48,7 @@ def decode_attention(q: Any, k: Any, v: Any, lengths: Any, *, block_n: int = 64,
 
     mask = torch.arange(k.shape[2], device=k.device)[None, :] < lengths[:, None]
     return launch(q, k, v, mask, scale=1.0 / math.sqrt(q.shape[-1]), block_n=block_n, splits=splits,
-                  num_warps=num_warps)[:, 0]
+                  num_warps=num_warps, prepass=prepass)[:, 0]
 
 
 def reference(q: Any, k: Any, v: Any, lengths: Any) -> Any:
@@ -114,8 +115,10 @@ def timed_rows(batch: int, keys: int) -> list[dict[str, Any]]:
     record("sdpa_gqa_mask", lambda k, v: lambda: F.scaled_dot_product_attention(
         q4, k, v, attn_mask=mask, enable_gqa=True))
     for bn, splits, warps in CONFIGS:
-        record("decode_attention", lambda k, v, bn=bn, s=splits, w=warps: lambda: decode_attention(
-            q, k, v, lengths, block_n=bn, splits=s, num_warps=w), BLOCK_N=bn, splits=splits, num_warps=warps)
+        for pre in (False, True):  # the branch on each block's mask, or the pass over the mask first
+            record("decode_attention", lambda k, v, bn=bn, s=splits, w=warps, pre=pre: lambda: decode_attention(
+                q, k, v, lengths, block_n=bn, splits=s, num_warps=w, prepass=pre), BLOCK_N=bn, splits=splits,
+                num_warps=warps, prepass=pre)
     c = choice(batch, keys)
     record("choice", lambda k, v: lambda: decode_attention(q, k, v, lengths, block_n=c.BLOCK_N, splits=c.splits,
                                                            num_warps=c.num_warps),
@@ -184,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         base = [r.get("us") for r in report["rows"] if r["keys"] == keys and r["batch"] == batch
                 and r["impl"].startswith("sdpa")]
         print(f"b{batch} keys {keys}: sdpa {base} us, best decode_attention {best and best['us']} us "
-              f"({best and (best['BLOCK_N'], best['splits'])})", file=sys.stderr, flush=True)
+              f"({best and (best['BLOCK_N'], best['splits'], 'prepass' if best['prepass'] else 'branch')})",
+              file=sys.stderr, flush=True)
     return 0
 
 
