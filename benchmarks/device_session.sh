@@ -44,7 +44,8 @@ for s in "$@"; do
     # CASES=4,5,6,7 runs the cases the 2026-11-27 run did not reach
     mrc)      stage mrc python3 benchmarks/moe_runtime_configs.py --vllm-src .vllm ${CASES:+--cases "$CASES"} --out "$R/moe_runtime_configs.json" ;;
     # the same timed replayed from CUDA graphs over shifted routings (the M = 1 points otherwise time the host)
-    mrcg)     stage mrcg python3 benchmarks/moe_runtime_configs.py --vllm-src .vllm --graph ${CASES:+--cases "$CASES"} --out "$R/moe_runtime_configs_graph.json" ;;
+    # (--budget-s 400: the 2026-11-28 run of the default 520 ran past the call's 600 s in its last point)
+    mrcg)     stage mrcg python3 benchmarks/moe_runtime_configs.py --vllm-src .vllm --graph --budget-s 400 ${CASES:+--cases "$CASES"} --out "$R/moe_runtime_configs_graph.json" ;;
     # issue 29: a second model and a fourth batch, toward 20 measured workloads
     regret2)  stage regret2 python3 -m autoopt check regret --model qwen2.5-7b --layers 8 --batches 1,8,16,32 --gpus "${GPUS:-1}" --out "$R/regret_qwen_${GPUS:-1}gpu_layers8.json" ;;
     # issue 29: where the batch-32 graphed step's time goes (predicted 0.62-0.70 of measured), eager and compiled

@@ -332,15 +332,35 @@ def rotated(runner: Any, cases: list[dict[str, Any]]) -> tuple[Any, Any]:
     return cycling([run for run, _ in built]), built[0][1]
 
 
-def time_us_graph(run: Any, calls: int = GRAPH_CALLS, samples: int = 5) -> float:
-    """Median us a call of ``run`` replayed from one CUDA graph of ``calls`` calls: the GPU's time with no host
-    enqueue in it (a decode step in a graph runs so); timed between events, five replays."""
+#: GPU time one graph replay should hold, in us: the calls a graph captures are as many as reach it (at most
+#: GRAPH_CALLS, at least 2). At M = 4096 a Mixtral call runs ~3 ms, and 32 calls a graph made one grid point
+#: take over 230 s on the 2026-11-28 H200 run (moe_runtime_configs_graph_case0_partial.json, cut by the call limit)
+GRAPH_TARGET_US = 2000.0
+
+
+def graph_calls(once_us: float, least: int = 2) -> int:
+    """Calls one captured graph holds for a call that took ``once_us`` (:data:`GRAPH_TARGET_US` of work), at least
+    ``least`` (a point's routings: each replay passes every one)."""
+    return max(2, least, min(GRAPH_CALLS, math.ceil(GRAPH_TARGET_US / max(once_us, 1e-3))))
+
+
+def time_us_graph(run: Any, calls: int | None = None, samples: int = 5, least: int = 2) -> float:
+    """Median us a call of ``run`` replayed from one CUDA graph of ``calls`` calls (default: :func:`graph_calls` of
+    one event-timed call): the GPU's time with no host enqueue in it (a decode step in a graph runs so); timed
+    between events, five replays."""
     import torch
 
     from autoopt.backend.runner import captured
 
-    graph = captured(run, calls=calls)
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if calls is None:
+        run()
+        s.record()
+        run()
+        e.record()
+        torch.cuda.synchronize()
+        calls = graph_calls(s.elapsed_time(e) * 1e3, least)
+    graph = captured(run, calls=calls)
     out = []
     for _ in range(samples):
         s.record()
@@ -353,7 +373,7 @@ def time_us_graph(run: Any, calls: int = GRAPH_CALLS, samples: int = 5) -> float
 
 def time_us(run: Any, floor_ms: float = 3.0) -> float:
     if RUN.get("graph"):
-        return time_us_graph(run)
+        return time_us_graph(run, least=RUN.get("routings", 2))
     import torch
 
     run()
@@ -452,7 +472,7 @@ def run_case(args: argparse.Namespace, mod: Any, profile: Any, idx: int, m: int,
     cases = [c]
     if RUN.get("graph"):
         cases += [shifted_case(c, r) for r in range(1, routings(c, torch.cuda.get_device_properties(0).L2_cache_size))]
-        row["routings"] = len(cases)
+        row["routings"] = RUN["routings"] = len(cases)
 
     def vllm(cfg: dict[str, int]) -> Any:
         return rotated(lambda cc: vllm_runner(mod, cc, cfg, sm90), cases)

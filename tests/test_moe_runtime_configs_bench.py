@@ -85,3 +85,9 @@ def test_a_rotated_runner_runs_the_first_case_first_and_hands_back_its_outputs()
     for _ in range(4):
         run()
     assert outs == "a-out" and calls == ["a", "b", "c", "a"]
+
+
+def test_a_graph_holds_calls_for_two_ms_of_work_within_its_bounds():
+    # ~3 ms Mixtral calls at M = 4096: two a graph; 30 us calls: the 32 cap; never fewer than the routings
+    assert bench.graph_calls(3000.0) == 2 and bench.graph_calls(30.0) == bench.GRAPH_CALLS
+    assert bench.graph_calls(173.0) == 12 and bench.graph_calls(3000.0, least=4) == 4
