@@ -350,25 +350,17 @@ def time_us_graph(run: Any, calls: int | None = None, samples: int = 5, least: i
     between events, five replays."""
     import torch
 
-    from autoopt.backend.runner import captured
+    from autoopt.backend.runner import captured, replayed_us
 
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     if calls is None:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         run()
         s.record()
         run()
         e.record()
         torch.cuda.synchronize()
         calls = graph_calls(s.elapsed_time(e) * 1e3, least)
-    graph = captured(run, calls=calls)
-    out = []
-    for _ in range(samples):
-        s.record()
-        graph.replay()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e) * 1e3 / calls)
-    return statistics.median(out)
+    return replayed_us(captured(run, calls=calls), calls, samples)
 
 
 def time_us(run: Any, floor_ms: float = 3.0) -> float:

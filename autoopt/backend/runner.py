@@ -275,6 +275,24 @@ def captured(run: Callable[[], Any], *, calls: int = 1, warmups: int = 2) -> Any
     return graph
 
 
+def replayed_us(graph: Any, calls: int, samples: int = 5) -> float:
+    """Median microseconds a call of a graph :func:`captured` with ``calls`` calls: ``samples`` replays timed
+    between CUDA events, each divided by ``calls``. The GPU's time with no host enqueue in it."""
+    import statistics
+
+    import torch
+
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(samples):
+        s.record()
+        graph.replay()
+        e.record()
+        torch.cuda.synchronize()
+        out.append(s.elapsed_time(e) * 1e3 / calls)
+    return statistics.median(out)
+
+
 def _time_us(fn: Callable[[], Any], graph: bool, warmup_ms: int, rep_ms: int) -> float:
     """Median microseconds of ``fn`` on the GPU: per call with ``do_bench`` (L2 flushed between calls), or,
     for a kernel whose call is many launches (``graph``), replayed from a CUDA graph

@@ -147,23 +147,11 @@ def graph_us(runs: list[Any], samples: int = 5) -> float:
     """Median us a call, the calls of ``runs`` (one a KV copy) captured in order in one CUDA graph and replayed
     between events: the GPU's time with no host enqueue in it."""
     import itertools
-    import statistics
 
-    import torch
-
-    from autoopt.backend.runner import captured
+    from autoopt.backend.runner import captured, replayed_us
 
     cycle = itertools.cycle(runs)
-    graph = captured(lambda: next(cycle)(), calls=len(runs))
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(samples):
-        s.record()
-        graph.replay()
-        e.record()
-        torch.cuda.synchronize()
-        out.append(s.elapsed_time(e) * 1e3 / len(runs))
-    return statistics.median(out)
+    return replayed_us(captured(lambda: next(cycle)(), calls=len(runs)), len(runs), samples)
 
 
 def main(argv: list[str] | None = None) -> int:
