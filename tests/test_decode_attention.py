@@ -371,3 +371,17 @@ def test_the_traced_launch_run_eagerly_matches_the_plain_one():
     mask = torch.arange(50)[None, :] < torch.tensor([[50], [31]])
     traced = attention.traced_decode_attention(q, k, v, 1 / 8, mask)
     assert torch.equal(traced, attention.decode_attention(q, k, v, mask, 1 / 8))
+
+
+@interpreted
+def test_the_attention_function_traces_in_one_graph_under_torch_compile():
+    # transformers compiles its decode step whole: the gate and its checks must not break the graph
+    q, k, v, m = call()
+    module = _Module()
+    module.num_key_value_groups = 4
+
+    def step(q, k, v, m):
+        return attention.attention_forward(module, q, k, v, m, scaling=0.2)[0]
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    assert float((compiled(q, k, v, m).float() - step(q, k, v, m).float()).abs().max()) < 1e-2
