@@ -385,3 +385,11 @@ def test_the_attention_function_traces_in_one_graph_under_torch_compile():
 
     compiled = torch.compile(step, fullgraph=True, backend="eager")
     assert float((compiled(q, k, v, m).float() - step(q, k, v, m).float()).abs().max()) < 1e-2
+
+
+def test_the_choice_cache_stays_bounded_over_a_growing_cache(monkeypatch):
+    monkeypatch.setattr(attention, "_MAX_CHOICES", 8)
+    monkeypatch.setattr(attention, "_CHOICES", {})
+    for keys in range(1, 30):  # a dynamic cache: one more key every step
+        attention.choice(torch.device("cpu"), batch=1, heads=8, kv_heads=2, keys=keys, head_dim=64)
+    assert len(attention._CHOICES) <= 8

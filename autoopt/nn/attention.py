@@ -37,6 +37,7 @@ __all__ = ["NAME", "attention_forward", "decode_attention", "install", "installe
 NAME = "autoopt"
 _ATTR = "_autoopt_attn_implementation"
 _CHOICES: dict[tuple[Any, ...], DecodeAttentionChoice] = {}
+_MAX_CHOICES = 4096
 
 
 def install(model: Any) -> bool:
@@ -154,12 +155,14 @@ def _launch(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) 
 
 def choice(device: Any, *, batch: int, heads: int, kv_heads: int, keys: int, head_dim: int) -> DecodeAttentionChoice:
     """:func:`~autoopt.kernels.attention.decode_attention_choice` for the GPU the dispatch ranks ``device``'s
-    kernels for, cached per shape (a decode step asks once a layer)."""
+    kernels for, cached per shape (a decode step asks once a layer; ~15 candidates priced, tens of us, on a miss)."""
     gpu = dispatch.gpu_for(device)
     key = (None if gpu is None else (gpu.name, gpu.sm_count, gpu.bandwidth_gbs), batch, heads, kv_heads, keys,
            head_dim)
     hit = _CHOICES.get(key)
     if hit is None:
+        if len(_CHOICES) >= _MAX_CHOICES:  # a growing cache (a new key count every step) must not grow this
+            _CHOICES.clear()
         hit = _CHOICES[key] = decode_attention_choice(gpu, batch=batch, heads=heads, kv_heads=kv_heads, keys=keys,
                                                       head_dim=head_dim)
     return hit
