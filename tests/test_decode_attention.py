@@ -199,8 +199,8 @@ def test_optimize_points_transformers_at_the_kernel_and_generate_matches_sdpa(mo
     model = tiny_llama()
     ref = greedy(model)
     calls = []
-    real = attention._launch
-    monkeypatch.setattr(attention, "_launch", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = attention.decode_attention
+    monkeypatch.setattr(attention, "decode_attention", lambda *a: calls.append(a[0].shape) or real(*a))
     report = optimize(model, ops=["attention"])
     assert model.config._attn_implementation == attention.NAME
     assert any("decode-attention kernel" in n for n in report.notes)
@@ -246,8 +246,8 @@ def test_a_static_cache_generates_the_same_tokens_its_unfilled_slots_masked(monk
     ref = run()
     optimize(model, ops=["attention"], decode_graphs=False)
     masks = []
-    real = attention._launch
-    monkeypatch.setattr(attention, "_launch", lambda *a: masks.append(a[3]) or real(*a))
+    real = attention.decode_attention
+    monkeypatch.setattr(attention, "decode_attention", lambda *a: masks.append(a[3]) or real(*a))
     assert torch.equal(run(), ref)
     # two decode steps of two layers, each under the mask: the padded row's first slots and the unfilled slots hidden
     assert len(masks) == 2 * 2 and all(m is not None and not m[1, :2].any() for m in masks) and not masks[0][0, -1]
@@ -338,8 +338,8 @@ def test_on_a_gpu_an_eager_static_cache_decode_runs_the_kernel_and_matches_sdpa(
     ref = _gpu_generate(model, compile=False)
     optimize(model, ops=["attention"], decode_graphs=False)
     calls = []
-    real = attention._launch
-    monkeypatch.setattr(attention, "_launch", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = attention.decode_attention
+    monkeypatch.setattr(attention, "decode_attention", lambda *a: calls.append(a[0].shape) or real(*a))
     assert _close(_gpu_generate(model, compile=False), ref) and len(calls) == 7 * 2
 
 

@@ -490,3 +490,13 @@ def test_a_tensor_parallel_decode_step_includes_its_two_all_reduces_a_layer():
     comm = 2 * 32 * allreduce_us(8 * 4096 * 2, 4, bw, path)  # 8 rows of 4096 bf16 after o_proj and down_proj
     assert rec.predicted["communication_us"] == pytest.approx(comm)
     assert rec.predicted["decode_step_us"] == pytest.approx(rec.predicted["request_us"])
+
+
+@pytest.mark.parametrize(("model", "runtime", "tp", "runs"), [
+    ("llama-3-8b", "autoopt", 1, True), ("llama-3-8b", "transformers", 1, False), ("llama-3-8b", "autoopt", 16, False),
+    ("deepseek-v3", "autoopt", 1, False),  # MLA: no grouped K/V heads to read
+])
+def test_which_plans_decode_attention_on_autoopts_kernel(model, runtime, tp, runs):
+    from autoopt.planning.recommendation import runs_decode_attention
+
+    assert runs_decode_attention(get_model(model), runtime, tp=tp) is runs

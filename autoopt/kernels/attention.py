@@ -52,10 +52,8 @@ KEY_US = 0.0205
 KV_EFFICIENCY = 0.50
 #: us a program costs per key of its tile beyond its keys' work (batch 32, 192 keys, splits 1 -> 16)
 PROGRAM_KEY_US = 2.8e-5
-#: query heads a KV head's group is padded to for ``tl.dot`` (its M side)
-GROUP_PAD_MIN = 16
-#: what the kernel runs when no GPU profile says more: an H100/H200's SMs and sustained bandwidth
-_DEFAULT_SMS, _DEFAULT_GBS = 132, 3000.0
+#: the bandwidth priced when no GPU profile says more: an H100's sustained rate
+_DEFAULT_GBS = 3000.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

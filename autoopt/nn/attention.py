@@ -4,9 +4,10 @@ Why: transformers' SDPA path over a static cache always passes a mask, and under
 query head (``repeat_kv``) before cuDNN's SDPA reads them, over the cache's whole length. On an H200 (Llama-3-8B
 heads, each call replayed from a CUDA graph over KV copies, ``benchmarks/results/h200/
 decode_attention_probe_masked.json``) that took 18 us at one row over 192 keys, 161 us at 32 rows, 688 us at 8 rows
-over 4096 keys; this module's kernel, which reads each KV head once, 8.9, 19 and 55 us at the config it picks.
-The graphed 8-layer Llama-3-8B step at batch 32 went from 2.84 to 1.87 ms in bf16 (two H200 hosts, same day:
-``h200/regret_1gpu_layers8_run3.json`` and ``_run4.json``).
+over 4096 keys; this module's kernel, which reads each KV head once, 8.9, 20 and 69 us at the config it picks
+(SDPA with ``enable_gqa``, which transformers does not call under a mask, 11, 17 and 47 us). The graphed eager
+8-layer Llama-3-8B step at batch 32 measured 1.87 ms in bf16 with it and 2.84 without, on two H200 hosts the same
+day (``h200/regret_1gpu_layers8_run4.json``, ``_run3.json``; not a same-run pair).
 
 :func:`install` registers :data:`NAME` with transformers' ``AttentionInterface`` (this module's
 :func:`attention_forward`) and its ``AttentionMaskInterface`` (SDPA's boolean masks, unchanged), and points the
@@ -131,9 +132,14 @@ def _bool_row_mask(mask: Tensor, batch: int, keys: int) -> bool:
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    """One query token a row: ``q`` [B, H, D], ``k``/``v`` [B, Hkv, L, D], ``mask`` None or [B, L] bool;
+    """One query token a row: ``q`` [B, H, D], ``k``/``v`` [B, Hkv, L, D], ``mask`` None or [B, L] bool (or uint8);
     [B, 1, H, D], on the config :func:`choice` picks."""
-    return _launch(q, k, v, mask, scale)
+    from autoopt.backend.kernels.decode_attention import decode_attention as launch
+
+    c = choice(q.device, batch=q.shape[0], heads=q.shape[1], kv_heads=k.shape[1], keys=k.shape[2],
+               head_dim=q.shape[2])
+    out: Tensor = launch(q, k, v, mask, scale=scale, block_n=c.BLOCK_N, splits=c.splits, num_warps=c.num_warps)
+    return out
 
 
 @_traced
@@ -141,16 +147,7 @@ def traced_decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *mask
     """:func:`decode_attention` as ``torch.compile`` would trace it (a non-strict trace of the launch; the mask as
     a ``uint8`` copy, which Inductor fuses into the mask's own computation). :func:`why_not` keeps compiled calls
     on SDPA until this has run on a GPU (``tests/test_decode_attention.py``'s GPU test of it)."""
-    return _launch(q, k, v, mask[0].to(torch.uint8).contiguous() if mask else None, scale)
-
-
-def _launch(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
-    from autoopt.backend.kernels.decode_attention import decode_attention as launch
-
-    c = choice(q.device, batch=q.shape[0], heads=q.shape[1], kv_heads=k.shape[1], keys=k.shape[2],
-               head_dim=q.shape[2])
-    out: Tensor = launch(q, k, v, mask, scale=scale, block_n=c.BLOCK_N, splits=c.splits, num_warps=c.num_warps)
-    return out
+    return decode_attention(q, k, v, mask[0].to(torch.uint8).contiguous() if mask else None, scale)
 
 
 def choice(device: Any, *, batch: int, heads: int, kv_heads: int, keys: int, head_dim: int) -> DecodeAttentionChoice:

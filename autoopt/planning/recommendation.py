@@ -867,7 +867,7 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
             us += experts.us
             ops.append(experts)
         fused_add = p.graphed and runtime in INDUCTOR_FUSED_ADD_RUNTIMES and batch * p.q_len <= INDUCTOR_NORM_MAX_ROWS
-        own_attention = _runs_decode_attention(runtime, layer, spec.num_kv_heads, tp=tp, mla=spec.is_mla)
+        own_attention = p.q_len == 1 and runs_decode_attention(spec, runtime, tp=tp)
         for op in layer:
             if own_attention and op.kind == "attention":
                 t = _decode_attention_time(p.name, dev, op, mode, spec.num_kv_heads, tp=tp, graphed=p.graphed)
@@ -893,13 +893,12 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
 DECODE_ATTENTION_RUNTIMES = frozenset({"autoopt"})
 
 
-def _runs_decode_attention(runtime: str | None, layer: Sequence[LayerOp], nkv: int, *, tp: int, mla: bool) -> bool:
-    """Whether this layer's attention is a decode step on autoopt's kernel (:data:`DECODE_ATTENTION_RUNTIMES`)."""
-    att = next((op for op in layer if op.kind == "attention"), None)
-    if runtime not in DECODE_ATTENTION_RUNTIMES or att is None or mla or tp < 1:
-        return False
-    _, n, q_len, _, d = att.shape
-    return q_len == 1 and nkv > 0 and n % nkv == 0 and (nkv % tp == 0 or tp == 1) and supported_head_dim(d)
+def runs_decode_attention(spec: ModelSpec, runtime: str | None, *, tp: int = 1) -> bool:
+    """Whether ``runtime`` decodes ``spec``'s attention (one query token a row) on autoopt's kernel
+    (:data:`DECODE_ATTENTION_RUNTIMES`): grouped heads it takes, whole KV heads on each tensor-parallel rank."""
+    n, nkv = spec.num_attention_heads, spec.num_kv_heads
+    return (runtime in DECODE_ATTENTION_RUNTIMES and not spec.is_mla and nkv > 0 and n % nkv == 0
+            and nkv % tp == 0 and supported_head_dim(spec.head_dim))
 
 
 def _decode_attention_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, nkv: int, *, tp: int,

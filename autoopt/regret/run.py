@@ -155,12 +155,12 @@ def _uncompiled_layer_us(hardware: HardwareProfile, spec: Any, *, batch: int, ke
     (under tensor parallelism; on one GPU optimize()'s decode attention makes no copy).
     Both latency constants were measured on one GPU at batch 1 over :data:`GLUE_FIT_KEYS` keys, which holds
     that copy's share already: only the copy beyond it is added."""
-    from autoopt.kernels.attention import supported_head_dim
     from autoopt.planning.recommendation import (
         UNCOMPILED_AUTOOPT_LAYER_US,
         UNCOMPILED_REPEAT_KV_GBS,
         UNCOMPILED_TRANSFORMERS_LAYER_US,
         repeat_kv_copy_bytes,
+        runs_decode_attention,
     )
     from autoopt.planning.split import devices_of
 
@@ -170,7 +170,7 @@ def _uncompiled_layer_us(hardware: HardwareProfile, spec: Any, *, batch: int, ke
         return latency
     heads = (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim)
     at_fit = repeat_kv_copy_bytes(1, GLUE_FIT_KEYS, *heads)
-    if tp == 1 and supported_head_dim(spec.head_dim):
+    if tp == 1 and runs_decode_attention(spec, "autoopt"):
         # optimize()'s decode attention reads K/V once per KV head: no copy at all, the fit's share of it less
         return latency - at_fit / UNCOMPILED_REPEAT_KV_GBS / 1e3
     beyond_fit = repeat_kv_copy_bytes(batch, keys, *heads, tp=tp) - at_fit
