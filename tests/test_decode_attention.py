@@ -19,6 +19,7 @@ from autoopt.kernels.attention import (  # noqa: E402
     decode_attention_us,
 )
 from autoopt.nn import attention, dispatch  # noqa: E402
+from autoopt.nn.ops import _traced  # noqa: E402
 from autoopt.nn.optimize import optimize, restore  # noqa: E402
 
 H200 = autoopt.load_profile("h200").gpus[0]
@@ -46,20 +47,9 @@ def test_the_kernel_matches_float64_attention_under_a_mask(block_n, splits):
     mask = torch.ones(2, 70, dtype=torch.bool)
     mask[0, 40:] = False  # a static cache's unfilled slots
     mask[1, :5] = False  # left padding
+    mask[1, 20:36] = False  # a hole wider than a block
     out = decode_attention(q, k, v, mask, scale=1 / 8, block_n=block_n, splits=splits)
     assert out.shape == (2, 1, 8, 64) and out.dtype == torch.float16
-    assert err(out, reference(q, k, v, mask)) < 2e-3
-
-
-@interpreted
-@pytest.mark.parametrize(("block_n", "splits"), [(16, 1), (16, 3), (32, 8)])
-def test_the_prepass_variant_matches_float64_attention_under_a_mask(block_n, splits):
-    q, k, v = qkv()
-    mask = torch.ones(2, 70, dtype=torch.bool)
-    mask[0, 40:] = False
-    mask[1, :5] = False
-    mask[1, 20:36] = False  # a hole wider than a block
-    out = decode_attention(q, k, v, mask, scale=1 / 8, block_n=block_n, splits=splits, prepass=True)
     assert err(out, reference(q, k, v, mask)) < 2e-3
 
 
@@ -79,14 +69,13 @@ def test_without_a_mask_every_key_is_attended():
 
 
 @interpreted
-@pytest.mark.parametrize("prepass", [False, True])
-def test_a_block_the_mask_hides_is_never_read(prepass):
+def test_keys_past_the_last_one_the_mask_keeps_are_never_read():
     q, k, v = qkv(batch=1, keys=64)
     mask = torch.zeros(1, 64, dtype=torch.bool)
     mask[0, :20] = True
     k[:, :, 32:] = float("nan")  # blocks 32-63 wholly masked: loading them would poison the output
     v[:, :, 32:] = float("nan")
-    out = decode_attention(q, k, v, mask, scale=1 / 8, block_n=16, splits=1, prepass=prepass)
+    out = decode_attention(q, k, v, mask, scale=1 / 8, block_n=16, splits=1)
     assert torch.isfinite(out).all() and err(out, reference(q, k[:, :, :32], v[:, :, :32], mask[:, :32])) < 2e-3
 
 
@@ -100,9 +89,11 @@ def test_one_mask_row_broadcast_over_the_batch():
 
 # -- config and price -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("batch", "keys", "block_n", "splits"), [(1, 192, 32, 8), (1, 1024, 64, 16)])
+@pytest.mark.parametrize(("batch", "keys", "block_n", "splits"), [(1, 192, 32, 8), (1, 1024, 64, 16),
+                                                                 (1, 4096, 64, 16)])
 def test_the_choice_is_the_config_that_measured_fastest_on_the_h200(batch, keys, block_n, splits):
-    # h200/decode_attention_probe_masked.json: 8.89 us at (32, 8) over 192 keys, 11.74 us at (64, 16) over 1024
+    # h200/decode_attention_probe_loops.json: 8.70 us at (32, 8) over 192 keys, 11.17 us at (64, 16) over 1024,
+    # 15.63 us at (64, 16) over 4096
     c = decode_attention_choice(H200, batch=batch, heads=32, kv_heads=8, keys=keys, head_dim=128)
     assert (c.BLOCK_N, c.splits, c.num_warps) == (block_n, splits, 4)
 
@@ -110,10 +101,11 @@ def test_the_choice_is_the_config_that_measured_fastest_on_the_h200(batch, keys,
 def test_the_price_is_within_the_measured_range_and_never_below_the_kv_read():
     c = decode_attention_choice(H200, batch=8, heads=32, kv_heads=8, keys=4096, head_dim=128)
     floor_us = 2 * 8 * 8 * 4096 * 128 * 2 / (H200.bandwidth_gbs * 1e3)  # 134 MB of K/V at 4.8 TB/s: 28 us
-    assert (c.BLOCK_N, c.splits) == (64, 4) and c.bound == "memory"
-    assert floor_us < c.predicted_us and 0.85 <= c.predicted_us / 68.74 <= 1.05
+    # h200/decode_attention_probe_loops.json: (32, 4) measured 47.47 us (the grid's fastest: 44.45 at (64, 4))
+    assert (c.BLOCK_N, c.splits) == (32, 4) and c.bound == "memory"
+    assert floor_us < c.predicted_us and 0.95 <= c.predicted_us / 47.47 <= 1.05
     us, bound = decode_attention_us(H200, batch=1, kv_heads=8, keys=4096, head_dim=128, block_n=64, splits=1)
-    assert bound == "latency" and 0.85 <= us / 181.54 <= 1.15  # one split walks 64 blocks in turn
+    assert bound == "latency" and 0.95 <= us / 79.27 <= 1.1  # one split walks 64 blocks in turn
 
 
 def test_the_choice_round_trips_through_plain_data():
@@ -297,14 +289,20 @@ def _gpu_generate(model, compile: bool):
 
 
 def _close(got, ref, tol=2e-2) -> bool:
-    return all(float((a.float() - b.float()).norm() / b.float().norm()) < tol
-               for a, b in zip(got.logits, ref.logits, strict=True))
+    """Each step's logits within ``tol`` (relative norm) of the reference's, up to the first step whose greedy
+    token differs (a near-tie a bf16 rounding flips; the steps after it decode another sequence)."""
+    for step, (a, b) in enumerate(zip(got.logits, ref.logits, strict=True)):
+        if float((a.float() - b.float()).norm() / b.float().norm()) >= tol:
+            return False
+        if not torch.equal(a.argmax(-1), b.argmax(-1)):
+            return step > 0  # the first step is the prefill: its tokens must agree
+    return True
 
 
 @pytest.mark.gpu
 @on_gpu
 def test_on_a_gpu_the_traced_launch_compiles_into_inductors_graph_and_matches():
-    # what lifts why_not's compile gate: the launch torch.compile traces, its mask built in the compiled graph
+    # the launch torch.compile traces, its mask built in the compiled graph
     g = torch.Generator().manual_seed(7)
     q = torch.randn(4, 32, 128, generator=g).bfloat16().cuda()
     k, v = (torch.randn(4, 8, 300, 128, generator=g).bfloat16().cuda() for _ in range(2))
@@ -321,13 +319,12 @@ def test_on_a_gpu_the_traced_launch_compiles_into_inductors_graph_and_matches():
 
 @pytest.mark.gpu
 @on_gpu
-@pytest.mark.parametrize("prepass", [False, True])
-def test_on_a_gpu_both_loops_match_float64_attention(prepass):
+def test_on_a_gpu_the_kernel_matches_float64_attention_under_a_random_mask():
     g = torch.Generator().manual_seed(8)
     q = torch.randn(8, 32, 128, generator=g).bfloat16().cuda()
     k, v = (torch.randn(8, 8, 1000, 128, generator=g).bfloat16().cuda() for _ in range(2))
     mask = torch.rand(8, 1000, generator=g).cuda() < 0.7
-    out = decode_attention(q, k, v, mask, scale=128 ** -0.5, block_n=64, splits=4, prepass=prepass)
+    out = decode_attention(q, k, v, mask, scale=128 ** -0.5, block_n=64, splits=4)
     assert err(out, reference(q, k, v, mask)) < 1e-2
 
 
@@ -345,24 +342,31 @@ def test_on_a_gpu_an_eager_static_cache_decode_runs_the_kernel_and_matches_sdpa(
 
 @pytest.mark.gpu
 @on_gpu
-def test_on_a_gpu_the_compiled_decode_graph_keeps_sdpa_and_captures():
+def test_on_a_gpu_the_compiled_decode_graph_holds_the_kernel_captures_and_matches(monkeypatch):
     from autoopt.nn import decode_graphs
 
     model = _gpu_llama()
     ref = _gpu_generate(model, compile=False)
     optimize(model, ops=["attention"])
+    traced = []  # the traced launch's body runs when torch.compile traces it (on fake tensors), not after
+    real = attention.decode_attention
+    monkeypatch.setattr(attention, "decode_attention", lambda *a: traced.append(a[0].shape) or real(*a))
     got = _gpu_generate(model, compile=True)
     runners = decode_graphs.installed(model)
     assert runners and runners[0].graphs and not runners[0].failed, runners and runners[0].failed
-    assert _close(got, ref)
+    assert traced and _close(got, ref)
 
 
 @interpreted
-def test_under_torch_compile_the_call_stays_sdpa(monkeypatch):
-    # the traced launch has not run on a GPU yet (its mask view failed Inductor's lowering on the H200)
+def test_under_torch_compile_the_call_goes_through_the_traced_launch(monkeypatch):
     q, k, v, m = call()
+    module = _Module()
+    module.num_key_value_groups = 4
+    calls = []
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert attention.why_not(_Module(), q, k, v, m, 0.0, {}) == "under torch.compile"
+    monkeypatch.setattr(attention, "traced_decode_attention", lambda *a: calls.append(len(a)) or a[0][:, None])
+    attention.attention_forward(module, q, k, v, m, scaling=0.2)
+    assert calls == [5]  # q, k, v, scale and the mask
 
 
 @interpreted
@@ -374,11 +378,20 @@ def test_the_traced_launch_run_eagerly_matches_the_plain_one():
 
 
 @interpreted
-def test_the_attention_function_traces_in_one_graph_under_torch_compile():
-    # transformers compiles its decode step whole: the gate and its checks must not break the graph
+def test_the_attention_function_traces_in_one_graph_under_torch_compile(monkeypatch):
+    # transformers compiles its decode step whole: the checks and the route to the traced launch must not break
+    # the graph. Under the interpreter torch.compile cannot trace a Triton launch non-strictly ("Unsupported
+    # output type for nonstrict_trace-ed function"), so the launch here is the float64 reference, traced the same
+    # way; the GPU tests above compile the real one
     q, k, v, m = call()
     module = _Module()
     module.num_key_value_groups = 4
+
+    @_traced
+    def launch(q, k, v, scale, *mask):
+        return reference(q, k, v, mask[0] if mask else None, scale).to(q.dtype)[:, None]
+
+    monkeypatch.setattr(attention, "traced_decode_attention", launch)
 
     def step(q, k, v, m):
         return attention.attention_forward(module, q, k, v, m, scaling=0.2)[0]

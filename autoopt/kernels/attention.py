@@ -7,24 +7,24 @@ launches and what ``recommend()`` prices, so the two cannot disagree.
 
 The price is measured, not derived from the datasheet alone: the kernel's 90-config grid, each config timed
 replayed from a CUDA graph over KV copies that pass three L2s, on an H200
-(``benchmarks/results/h200/decode_attention_probe_masked.json``: Llama-3-8B heads, batches 1/8/32, 192-4096 keys
-under a mask; torch 2.11, Triton 3.6), fit by least squares in log space:
+(``benchmarks/results/h200/decode_attention_probe_loops.json``: Llama-3-8B heads, batches 1/8/32, 192-4096 keys
+under a mask; torch 2.11, Triton 3.6), fit by least squares in log space (``benchmarks/fit_decode_attention.py``):
 
     us = FIXED_US + max(serial blocks x (BLOCK_US + KEY_US x BLOCK_N), K/V bytes / (bandwidth x KV_EFFICIENCY))
          + programs x BLOCK_N x PROGRAM_KEY_US
 
-- a program's blocks run one after another (each waits on its mask, then on its K and V): at one row and 4096
-  keys one split took 263 us at BLOCK_N 32 (128 blocks), 182 at 64, 132 at 128: 2.1, 2.8 and 4.1 us a block;
-- enough programs in flight reach the bandwidth, at half its sustained rate with the mask's branch in the loop;
+- a program's blocks run one after another: at one row and 4096 keys one split took 116 us at BLOCK_N 32 (128
+  blocks), 79 at 64, 63 at 128: 0.9, 1.2 and 2.0 us a block (the loop reads K/V up to the split's last kept key
+  without a branch on each block's mask; with that branch the same splits took 263, 181 and 132 us);
+- enough programs in flight reach the bandwidth, at 0.7 of its sustained rate;
 - the two launches in a graph, the combine and a program's first tile: ~8 us;
 - each program pays for its tile whatever keys are left to it.
-All 90 configs are priced 0.85-1.18 of their measured time (median 0.99). On the six shapes the choice measured
-0.93-1.00 of the fastest config on five, 0.79 on the sixth (8 rows over 4096 keys: 68.7 us against 54.5), and is
-priced 0.87-1.12 of its own time. cuDNN's SDPA as transformers calls it under a mask (K/V repeated to every query
-head) took 18-688 us on the same tensors where the choice took 8.9-69 us; with ``enable_gqa`` (no copy) SDPA took
-11-47 us, faster than the choice at one row and long contexts (17.7 against 19.0 us at 4096 keys): the mask's
-branch makes the kernel's blocks 2-3x slower than the same kernel over a row length
-(``decode_attention_probe_graph.json``: 4.9 us at one row over 192 keys).
+All 90 configs are priced 0.80-1.22 of their measured time (median 0.99). On the six shapes the choice measured
+8.7, 11.2, 15.6, 12.1, 47.5 and 17.5 us, 0.94-1.00 of the fastest config's speed (0.94 at 8 rows over 4096 keys:
+47.5 us against 44.5), priced 0.90-1.08 of its own time. cuDNN's SDPA as transformers calls it under a mask (K/V
+repeated to every query head) took 18-696 us on the same tensors; with ``enable_gqa`` (no copy, which transformers
+does not call under a mask) 11-49 us: the choice takes 0.78-0.88 of its time at one row, level with it (0.98-1.03)
+at 8 and 32 rows.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ __all__ = ["BLOCK_NS", "SPLITS", "DecodeAttentionChoice", "decode_attention_choi
 BLOCK_NS = (32, 64, 128)
 SPLITS = (1, 2, 4, 8, 16)
 #: us of a graphed step's two launches, the combine and a program's first tile (fit, H200: see the module doc)
-FIXED_US = 7.7
-#: us a key block costs a program, and per key in it (1.1 us at 64, 1.5 at 128, 0.8 at 32 keys)
-BLOCK_US = 1.52
-KEY_US = 0.0205
+FIXED_US = 8.38
+#: us a key block costs a program, and per key in it (0.86 us at 32 keys, 1.16 at 64, 1.77 at 128)
+BLOCK_US = 0.553
+KEY_US = 0.0095
 #: fraction of the sustained bandwidth the K/V reads reach with enough programs in flight (batch 8, 4096 keys)
-KV_EFFICIENCY = 0.50
+KV_EFFICIENCY = 0.706
 #: us a program costs per key of its tile beyond its keys' work (batch 32, 192 keys, splits 1 -> 16)
-PROGRAM_KEY_US = 2.8e-5
+PROGRAM_KEY_US = 8.45e-5
 #: the bandwidth priced when no GPU profile says more: an H100's sustained rate
 _DEFAULT_GBS = 3000.0
 

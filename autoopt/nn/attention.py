@@ -3,9 +3,9 @@
 Why: transformers' SDPA path over a static cache always passes a mask, and under a mask it copies K and V to every
 query head (``repeat_kv``) before cuDNN's SDPA reads them, over the cache's whole length. On an H200 (Llama-3-8B
 heads, each call replayed from a CUDA graph over KV copies, ``benchmarks/results/h200/
-decode_attention_probe_masked.json``) that took 18 us at one row over 192 keys, 161 us at 32 rows, 688 us at 8 rows
-over 4096 keys; this module's kernel, which reads each KV head once, 8.9, 20 and 69 us at the config it picks
-(SDPA with ``enable_gqa``, which transformers does not call under a mask, 11, 17 and 47 us). The graphed eager
+decode_attention_probe_loops.json``) that took 18 us at one row over 192 keys, 161 us at 32 rows, 696 us at 8 rows
+over 4096 keys; this module's kernel, which reads each KV head once, 8.7, 17.5 and 47.5 us at the config it picks
+(SDPA with ``enable_gqa``, which transformers does not call under a mask, 11.2, 16.9 and 48.6 us). The graphed eager
 8-layer Llama-3-8B step at batch 32 measured 1.87 ms in bf16 with it and 2.84 without, on two H200 hosts the same
 day (``h200/regret_1gpu_layers8_run4.json``, ``_run3.json``; not a same-run pair).
 
@@ -14,8 +14,9 @@ day (``h200/regret_1gpu_layers8_run4.json``, ``_run3.json``; not a same-run pair
 model's config at it where the config said ``"sdpa"``. :func:`attention_forward` runs the kernel for one query
 token a row (decode) on a CUDA device (or in fp16 under Triton's interpreter) in fp16/bf16, heads a whole number
 of groups, a power-of-two head size up to 256, a boolean mask or none, no dropout, softcap, sinks or position
-bias, static shapes, no grad, not under torch.compile; anything else goes to transformers' own
-``sdpa_attention_forward`` with the same arguments. :func:`uninstall` (``restore()``) puts the config back.
+bias, static shapes, no grad (under torch.compile through :func:`traced_decode_attention`); anything else goes
+to transformers' own ``sdpa_attention_forward`` with the same arguments. :func:`uninstall` (``restore()``) puts
+the config back.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def attention_forward(module: Any, query: Tensor, key: Tensor, value: Tensor, at
     if why_not(module, query, key, value, attention_mask, dropout, kwargs) is None:
         mask = None if attention_mask is None else attention_mask[:, 0, 0, :].expand(query.shape[0], key.shape[2])
         scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+        if torch.compiler.is_compiling():  # the launch as one node of the compiled graph
+            masks = () if mask is None else (mask,)
+            return traced_decode_attention(query[:, :, 0, :], key, value, scale, *masks), None
         return decode_attention(query[:, :, 0, :], key, value, mask, scale), None
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -100,10 +104,6 @@ def why_not(module: Any, query: Tensor, key: Tensor, value: Tensor, mask: Tensor
             kwargs: dict[str, Any]) -> str | None:
     """Why this call stays SDPA (None: it runs autoopt's decode kernel)."""
     checks = (
-        # the traced launch's mask (a uint8 view of a bool tensor) failed Inductor's lowering on the H200
-        # (h200/quant_e2e_attention.json, 2026-11-28): under torch.compile this stays SDPA until a traced launch
-        # has run on a GPU
-        (not torch.compiler.is_compiling(), "under torch.compile"),
         (query.dim() == 4 and key.dim() == 4 and value.dim() == 4, "not [B, H, q, D] tensors"),
         (all(type(s) is int for s in (*query.shape, *key.shape)), "symbolic shapes"),
         (query.shape[2] == 1, "more than one query token a row (prefill)"),
@@ -144,9 +144,9 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale
 
 @_traced
 def traced_decode_attention(q: Tensor, k: Tensor, v: Tensor, scale: float, *mask: Tensor) -> Tensor:
-    """:func:`decode_attention` as ``torch.compile`` would trace it (a non-strict trace of the launch; the mask as
-    a ``uint8`` copy, which Inductor fuses into the mask's own computation). :func:`why_not` keeps compiled calls
-    on SDPA until this has run on a GPU (``tests/test_decode_attention.py``'s GPU test of it)."""
+    """:func:`decode_attention` as ``torch.compile`` traces it (a non-strict trace of the launch; the mask as a
+    ``uint8`` copy, which Inductor fuses into the mask's own computation: a ``uint8`` view of the bool tensor
+    failed Inductor's lowering on the H200, ``h200/quant_e2e_attention_compile_failed.json``)."""
     return decode_attention(q, k, v, mask[0].to(torch.uint8).contiguous() if mask else None, scale)
 
 

@@ -39,7 +39,7 @@ CONFIGS = tuple((bn, splits, warps) for bn in (32, 64, 128) for splits in (1, 2,
 
 
 def decode_attention(q: Any, k: Any, v: Any, lengths: Any, *, block_n: int = 64, splits: int = 4,
-                     num_warps: int = 4, prepass: bool = False) -> Any:
+                     num_warps: int = 4) -> Any:
     """autoopt's kernel (``autoopt/backend/kernels/decode_attention.py``, what optimize() runs) over each row's
     first ``lengths`` keys: ``q`` [B, H, D], ``k``/``v`` [B, Hkv, L, D]; [B, H, D]."""
     import torch
@@ -48,7 +48,7 @@ def decode_attention(q: Any, k: Any, v: Any, lengths: Any, *, block_n: int = 64,
 
     mask = torch.arange(k.shape[2], device=k.device)[None, :] < lengths[:, None]
     return launch(q, k, v, mask, scale=1.0 / math.sqrt(q.shape[-1]), block_n=block_n, splits=splits,
-                  num_warps=num_warps, prepass=prepass)[:, 0]
+                  num_warps=num_warps)[:, 0]
 
 
 def reference(q: Any, k: Any, v: Any, lengths: Any) -> Any:
@@ -115,10 +115,8 @@ def timed_rows(batch: int, keys: int) -> list[dict[str, Any]]:
     record("sdpa_gqa_mask", lambda k, v: lambda: F.scaled_dot_product_attention(
         q4, k, v, attn_mask=mask, enable_gqa=True))
     for bn, splits, warps in CONFIGS:
-        for pre in (False, True):  # the branch on each block's mask, or the pass over the mask first
-            record("decode_attention", lambda k, v, bn=bn, s=splits, w=warps, pre=pre: lambda: decode_attention(
-                q, k, v, lengths, block_n=bn, splits=s, num_warps=w, prepass=pre), BLOCK_N=bn, splits=splits,
-                num_warps=warps, prepass=pre)
+        record("decode_attention", lambda k, v, bn=bn, s=splits, w=warps: lambda: decode_attention(
+            q, k, v, lengths, block_n=bn, splits=s, num_warps=w), BLOCK_N=bn, splits=splits, num_warps=warps)
     c = choice(batch, keys)
     record("choice", lambda k, v: lambda: decode_attention(q, k, v, lengths, block_n=c.BLOCK_N, splits=c.splits,
                                                            num_warps=c.num_warps),
@@ -175,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         base = [r.get("us") for r in report["rows"] if r["keys"] == keys and r["batch"] == batch
                 and r["impl"].startswith("sdpa")]
         print(f"b{batch} keys {keys}: sdpa {base} us, best decode_attention {best and best['us']} us "
-              f"({best and (best['BLOCK_N'], best['splits'], 'prepass' if best['prepass'] else 'branch')})",
+              f"({best and (best['BLOCK_N'], best['splits'])})",
               file=sys.stderr, flush=True)
     return 0
 

@@ -4,11 +4,13 @@
 (padded to 16 rows for ``tl.dot``), walks its share of the keys ``BLOCK_N`` at a time with an online softmax, and
 writes a partial output and its log-sum-exp; ``_decode_attention_combine`` weighs the splits together. K and V are
 read once per KV head, not once per query head: transformers' SDPA path under a mask first copies them to every
-query head (``repeat_kv``). A boolean mask row (True: attend; transformers' SDPA mask) hides keys; a key block the
-mask hides entirely is not loaded (a static cache's slots past the current position). The branch on each block's
-mask serialises a program's loads: on the H200 a block costs ~2.8 us against ~1.1 without a mask
-(``benchmarks/results/h200/decode_attention_probe_masked.json`` against ``decode_attention_probe_graph.json``). Config
-(``BLOCK_N``, splits, warps) and price: :mod:`autoopt.kernels.attention`.
+query head (``repeat_kv``). A boolean mask row (True: attend; transformers' SDPA mask) hides keys; a first pass
+over a split's mask bytes finds its last kept key, and the loop reads K/V only up to it (a static cache's slots past
+the current position are not read) without a branch on each block's mask. On the H200 each shape's fastest config
+took 0.80-0.99 of the time of the fastest with a branch on each block (``benchmarks/results/h200/
+decode_attention_probe_loops.json``, same process; config by config 0.43-2.0, median 0.84: the pass costs most
+where many programs each have few keys). Config (``BLOCK_N``, splits, warps) and price:
+:mod:`autoopt.kernels.attention`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def _decode_attention_split(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, lse_ptr,  # ty
                             scale, keys, kv_heads, splits, chunk,
                             sq_b, sq_h, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sm_b, sm_n, so_b, so_h, so_s,
                             GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-                            HAS_MASK: tl.constexpr, MASK_PREPASS: tl.constexpr):
+                            HAS_MASK: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     b = pid // kv_heads
@@ -47,45 +49,34 @@ def _decode_attention_split(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, lse_ptr,  # ty
     acc = tl.zeros([GROUP_PAD, D], tl.float32)
     kp = k_ptr + b * sk_b + h * sk_h
     vp = v_ptr + b * sv_b + h * sv_h
-    if MASK_PREPASS:
-        # a variant (not yet timed on a GPU): one pass over the split's mask bytes first finds its last kept key,
-        # then the loop reads K/V without a branch on each block's mask, so its loads need not wait on one
+    last = end - 1
+    if HAS_MASK:
+        # one pass over the split's mask bytes finds its last kept key; the loop then reads K/V without a branch
+        # on each block's mask, so its loads need not wait on one (H200: 0.62-0.99 of the branching loop's time,
+        # benchmarks/results/h200/decode_attention_probe_loops.json); a static cache's slots past the current
+        # position are not read
         last = start - 1
         for m0 in range(start, end, 1024):
             nm = m0 + tl.arange(0, 1024)
             kept = tl.load(mask_ptr + b * sm_b + nm * sm_n, mask=nm < end, other=0) != 0
             last = tl.maximum(last, tl.max(tl.where(kept, nm, start - 1), 0))
-        for n0 in range(start, last + 1, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            inside = n <= last
-            live = inside & (tl.load(mask_ptr + b * sm_b + n * sm_n, mask=inside, other=0) != 0)
-            k = tl.load(kp + n[:, None] * sk_n + d[None, :], mask=inside[:, None], other=0.0)
-            v = tl.load(vp + n[:, None] * sv_n + d[None, :], mask=inside[:, None], other=0.0)
-            s = tl.where(live[None, :], tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row the mask has hidden so far: no NaN
-            alpha = tl.exp(m_i - m_use)
-            p = tl.exp(s - m_use[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
-    else:
-        for n0 in range(start, end, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            live = n < end
-            if HAS_MASK:
-                live = live & (tl.load(mask_ptr + b * sm_b + n * sm_n, mask=live, other=0) != 0)
-            if tl.max(live.to(tl.int32), 0) > 0:  # a block the mask hides entirely is not read
-                k = tl.load(kp + n[:, None] * sk_n + d[None, :], mask=live[:, None], other=0.0)
-                s = tl.dot(q, tl.trans(k)) * scale
-                s = tl.where(live[None, :], s, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                alpha = tl.exp(m_i - m_new)
-                p = tl.exp(s - m_new[:, None])
-                l_i = l_i * alpha + tl.sum(p, 1)
-                v = tl.load(vp + n[:, None] * sv_n + d[None, :], mask=live[:, None], other=0.0)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-                m_i = m_new
+    for n0 in range(start, last + 1, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        live = n <= last
+        k = tl.load(kp + n[:, None] * sk_n + d[None, :], mask=live[:, None], other=0.0)
+        v = tl.load(vp + n[:, None] * sv_n + d[None, :], mask=live[:, None], other=0.0)
+        if HAS_MASK:
+            live = live & (tl.load(mask_ptr + b * sm_b + n * sm_n, mask=live, other=0) != 0)
+        # .to: under torch.compile Inductor passes the Python float `scale` as fp64 (H200, torch 2.11), and the
+        # loop's state must stay fp32
+        s = tl.where(live[None, :], (tl.dot(q, tl.trans(k)) * scale).to(tl.float32), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row the mask has hidden so far: no NaN
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
     heads = h * GROUP + rows
     keep = rows < GROUP
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -113,11 +104,10 @@ def _decode_attention_combine(o_ptr, lse_ptr, out_ptr, splits, so_b, so_h, so_s,
 
 
 def decode_attention(q: Any, k: Any, v: Any, mask: Any, *, scale: float, block_n: int, splits: int,
-                     num_warps: int = 4, prepass: bool = False) -> Any:
+                     num_warps: int = 4) -> Any:
     """Attention of one query token a row: ``q`` [B, H, D], ``k``/``v`` [B, Hkv, L, D] (unit stride on D; any
     other strides), ``mask`` None or [B, L] bool (True: attend; stride 0 along B broadcasts one row); returns
-    [B, 1, H, D] in q's dtype, the layout transformers' attention functions return. ``prepass``: the variant that
-    finds a split's last kept key first (with a mask only). Launched through
+    [B, 1, H, D] in q's dtype, the layout transformers' attention functions return. Launched through
     :func:`~autoopt.backend.kernels.traceable`, so ``torch.compile`` puts both kernels into its graph (a ``uint8``
     mask there: Inductor cannot lower a bool tensor viewed as one)."""
     import torch
@@ -138,7 +128,7 @@ def decode_attention(q: Any, k: Any, v: Any, mask: Any, *, scale: float, block_n
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
         sm_b, sm_n, part.stride(0), part.stride(1), part.stride(2),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=dim, BLOCK_N=block_n,
-        HAS_MASK=mask is not None, MASK_PREPASS=prepass and mask is not None, num_warps=num_warps)
+        HAS_MASK=mask is not None, num_warps=num_warps)
     traceable(_decode_attention_combine)[(batch * heads,)](
         part, lse, out, splits, part.stride(0), part.stride(1), part.stride(2), out.stride(0), out.stride(2), heads,
         SPLITS_PAD=max(2, triton.next_power_of_2(splits)), D=dim, num_warps=1)
