@@ -15,6 +15,7 @@ weight format (what the regret harness's "bf16" option runs)::
 
     PYTHONPATH=. python benchmarks/quant_trace.py --out $OUT/quant_trace.json
     PYTHONPATH=. python benchmarks/quant_trace.py --batch 32 --layers 8 --formats autoopt-bf16,fp8 --out b32.json
+    PYTHONPATH=. python benchmarks/quant_trace.py --model qwen2.5-7b --batch 32 --layers 8 --no-compile ...
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ PROMPT = 128
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="JSON file to write")
+    ap.add_argument("--model", default=MODEL, help="catalog model built with random weights (default %(default)s)")
     ap.add_argument("--formats", default="bf16,fp8,int4", help="comma list; bf16 is the model unquantized")
     ap.add_argument("--steps", type=int, default=5, help="profiled decode steps per variant (default %(default)s)")
     ap.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's 32)")
@@ -115,7 +117,7 @@ def run_variant(fmt: str, args: argparse.Namespace, copy_gbs: float) -> dict[str
 
     row: dict[str, Any] = {"format": fmt, "batch": args.batch,
                            "impl": "transformers" if fmt == "bf16" else "autoopt optimize()"}
-    model = build_model(MODEL, dtype="bf16", device="cuda", layers=args.layers)
+    model = build_model(args.model, dtype="bf16", device="cuda", layers=args.layers)
     if fmt != "bf16":
         from autoopt.nn.optimize import optimize
 
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.time()
     out = Path(args.out)
-    report: dict[str, Any] = {"env": environment(), "model": MODEL, "layers": args.layers, "prompt": PROMPT,
+    report: dict[str, Any] = {"env": environment(), "model": args.model, "layers": args.layers, "prompt": PROMPT,
                               "batch": args.batch, "int4_words": not args.no_int4_words,
                               "measured_copy_gbs": round(copy_gbs(), 1), "variants": {}}
     for fmt in [f for f in args.formats.split(",") if f]:

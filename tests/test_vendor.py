@@ -10,7 +10,7 @@ import pytest
 from autoopt.hardware.library import load_profile
 from autoopt.kernels.cost import peak_flops
 from autoopt.kernels.ops import OpSpec
-from autoopt.kernels.vendor import FITS, VendorFit, predict_vendor_matmul, vendor_fit
+from autoopt.kernels.vendor import FITS, FP8_FITS, VendorFit, predict_vendor_matmul, vendor_fit
 
 FIT_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "vendor_matmul_fit.json"
 
@@ -71,3 +71,32 @@ def test_the_fit_picks_the_faster_kernel_more_often_than_always_autoopt():
 def test_vendor_fit_round_trips_through_a_dict():
     fit = next(iter(FITS.values()))
     assert VendorFit.from_dict(fit.to_dict()) == fit
+
+
+def test_the_fp8_constants_are_the_committed_fit():
+    for fitted in json.loads(FIT_FILE.read_text())["fp8_fits"].values():
+        shipped = FP8_FITS[fitted["gpu"]]
+        assert (shipped.e_compute, shipped.e_memory, shipped.fixed_us, shipped.occupancy_exp) == (
+            fitted["e_compute"], fitted["e_memory"], fitted["fixed_us_as_ranked"], fitted["occupancy_exp"])
+        assert shipped.shapes == fitted["shapes"]
+
+
+def test_a_batch_32_fp8_gemm_with_few_tiles_for_the_sms_is_priced_slower_per_byte():
+    # H200, h200/quant_kernels_m32_graph.json: act_quant + _scaled_mm measured 47.2 us on the down projection
+    # (32 tiles of 128 for 132 SMs) against 48.0 on gate_up, which reads twice the bytes (224 tiles)
+    h200 = gpu("h200")
+    down = predict_vendor_matmul(h200, OpSpec(kind="gemm", shape=(32, 4096, 14336), dtype="bf16", weight="fp8"))
+    gate_up = predict_vendor_matmul(h200, OpSpec(kind="gemm", shape=(32, 28672, 4096), dtype="bf16", weight="fp8"))
+    assert down is not None and gate_up is not None
+    assert 0.9 <= (down - 4.21 + 1.0) / 47.2 <= 1.1 and 0.9 <= (gate_up - 4.21 + 1.0) / 48.0 <= 1.1
+
+
+def test_at_batch_32_the_dispatch_keeps_autoopts_fp8_kernel_where_it_measured_faster():
+    # h200/quant_kernels_m32_graph.json: quant_gemm 18.6 / 16.7 / 38.7 / 45.6 us against act_quant +
+    # _scaled_mm 20.0 / 16.8 / 48.0 / 47.2 on Llama-3-8B's qkv, o, gate_up and down at M = 32
+    from autoopt.search.ranking import rank
+
+    h200 = gpu("h200")
+    for n, k in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+        op = OpSpec(kind="gemm", shape=(32, n, k), dtype="bf16", weight="fp8")
+        assert rank(h200, op, top=1).best.predicted_us < predict_vendor_matmul(h200, op)
