@@ -500,3 +500,22 @@ def test_which_plans_decode_attention_on_autoopts_kernel(model, runtime, tp, run
     from autoopt.planning.recommendation import runs_decode_attention
 
     assert runs_decode_attention(get_model(model), runtime, tp=tp) is runs
+
+
+def _fp8_decode_ops(model, batch):
+    rec = recommend(load_profile("h200"), model, batch=batch, prompt_len=128, gen_len=64, phase="decode",
+                    weight_dtype="fp8", cuda_graphs=True, runtime="autoopt", max_devices=1)
+    return {o.name: o for o in rec.ops if o.phase == "decode" and o.kernel_class == "gemm"}
+
+
+def test_a_w8a8_gemm_the_dispatch_runs_on_cublas_is_priced_and_named_as_cublas():
+    # Qwen2.5-7B's o_proj at batch 32 on the H200: act_quant + _scaled_mm predicted below autoopt's quant_gemm,
+    # so optimize() runs cuBLASLt there and the plan says so (the other three GEMMs stay autoopt's)
+    ops = _fp8_decode_ops("qwen2.5-7b", 32)
+    assert ops["o_proj"].source == "vendor" and ops["o_proj"].kernel == "torch._scaled_mm"
+    assert {ops[n].kernel for n in ("qkv_proj", "gate_up_proj", "down_proj")} == {"quant_gemm"}
+
+
+def test_at_batch_32_llama_3_8b_fp8_gemms_stay_on_autoopts_kernel():
+    # h200/quant_kernels_m32_graph.json: quant_gemm measured faster than act_quant + _scaled_mm on all four
+    assert {o.kernel for o in _fp8_decode_ops("llama-3-8b", 32).values() if o.name != "lm_head"} == {"quant_gemm"}

@@ -108,7 +108,8 @@ class OpChoice:
     predicted_us: float
     bound: str
     #: "rank" (template + cost model), "roofline" (no template kind for the op), "fit" (a kernel priced by its fit
-    #: to measured timings: decode attention), or where a measured
+    #: to measured timings: decode attention), "vendor" (cuBLASLt's W8A8 fp8 GEMM, which optimize()'s dispatch
+    #: runs where it is predicted faster than rank()'s config), or where a measured
     #: winner came from ("measured:memory" / "measured:store" / "measured:shipped": the results store)
     source: str
     config: Mapping[str, int] = field(default_factory=dict)
@@ -752,12 +753,15 @@ class _OpTime:
     """One op of one phase as one tensor-parallel rank runs it on ``device`` in ``mode``, with its
     predicted time per run."""
 
-    __slots__ = ("best", "bound", "device", "fit", "mode", "op", "phase", "us")
+    __slots__ = ("best", "bound", "device", "fit", "mode", "op", "phase", "us", "vendor")
 
     def __init__(self, *, phase: str, device: str, mode: _Mode, op: LayerOp, us: float, bound: str,
-                 best: Candidate | None, fit: Mapping[str, int] | None = None) -> None:
+                 best: Candidate | None, fit: Mapping[str, int] | None = None, vendor: bool = False) -> None:
         self.phase = phase
         self.fit = fit  # the launch config of an op priced by a fitted kernel model (decode attention)
+        # a W8A8 fp8 GEMM the dispatch runs on cuBLASLt (act_quant + torch._scaled_mm), predicted below rank()'s
+        # best config (``best`` is the config it beat)
+        self.vendor = vendor
         self.device = device  # its name
         self.mode = mode
         self.op = op
@@ -1090,6 +1094,13 @@ def _op_choice(t: _OpTime, occurrences: int) -> OpChoice:
                         bound=t.bound, source="fit", config=dict(t.fit), kernel="decode_attention",
                         reason="autoopt's split-key decode attention, the config optimize() launches, priced by "
                                "its fit to graph-replayed H200 timings (autoopt.kernels.attention)")
+    if t.vendor and t.best is not None:
+        return OpChoice(phase=t.phase, name=op.name, mode=mode.name, gpu=dev, kind=op.kind, shape=op.shape,
+                        dtype=dtype, occurrences=occurrences, kernel_class=op.kernel_class, predicted_us=t.us,
+                        bound=t.bound, source="vendor", kernel="torch._scaled_mm",
+                        reason=f"act_quant + torch._scaled_mm (cuBLASLt), as optimize()'s dispatch runs it: predicted "
+                               f"below {t.best.config.kernel} {t.best.config.describe()} "
+                               f"({t.best.predicted_us:.1f} us; autoopt.kernels.vendor)")
     if t.best is None:
         return OpChoice(phase=t.phase, name=op.name, mode=mode.name, gpu=dev, kind=op.kind, shape=op.shape,
                         dtype=dtype, occurrences=occurrences, kernel_class=op.kernel_class, predicted_us=t.us,
@@ -1269,6 +1280,10 @@ def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int, *, gra
             us, bound = best.predicted_us, best.bound
             if spec.is_matmul and mode.weight_ratio != 1.0:
                 us, bound = _weight_only_us(dev.gpu, spec, mode, us, bound, top)
+            vendor = _vendor_w8a8_us(dev.gpu, spec, best)
+            if vendor is not None and vendor < us:  # what optimize()'s dispatch runs instead (nn/dispatch.py)
+                return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, bound=bound, best=best,
+                               us=_launches_as_run(best, vendor, graphed), vendor=True)
             us = _launches_as_run(best, us, graphed)
             return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=bound, best=best)
     us, bound = _roofline(dev, op, mode.gemm_dtype if op.kernel_class == "gemm" else "bf16")
@@ -1371,6 +1386,18 @@ def _attention_glue(dev: Device, layer: Sequence[LayerOp], nkv: int, runtime: st
                  bytes=float(moved), kernel_class="rotary")
     return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us,
                    bound="latency" if kernels * per_kernel >= us else "memory", best=None)
+
+
+def _vendor_w8a8_us(gpu: GPUProfile, spec: OpSpec, best: Candidate) -> float | None:
+    """cuBLASLt's predicted time for a W8A8 ``fp8`` GEMM (autoopt.kernels.vendor), on the same basis as
+    rank()'s (a standalone launch), where optimize()'s dispatch compares the two: a GEMM (not the decode GEMV)
+    whose format quantizes activations; None elsewhere."""
+    fmt = spec.weight_format
+    if fmt is None or not fmt.quantizes_activations or spec.kind != "gemm" or best.breakdown.get("launch_in_graph"):
+        return None
+    from autoopt.kernels.vendor import predict_vendor_matmul
+
+    return predict_vendor_matmul(gpu, spec)
 
 
 def _launches_as_run(best: Candidate, us: float, graphed: bool) -> float:
