@@ -129,6 +129,19 @@ def test_the_harness_runs_end_to_end_on_the_cpu_and_writes_its_table(tmp_path):
     assert data["device"] == "cpu" and "test the code path" in data["notes"][0]
     assert data["hardware"]["gpus"][0]["name"] == "NVIDIA H100 80GB HBM3"  # what a re-score predicts on
     assert "batch 1: recommended" in proc.stdout
+    assert "batch 1: recommended" in proc.stderr  # each batch's line as it is measured
+
+
+@pytest.mark.slow
+def test_a_run_hands_on_the_table_so_far_after_each_batch_but_the_last():
+    import autoopt
+    from autoopt.regret.run import run_regret
+
+    seen = []
+    run = run_regret("llama-3-8b", autoopt.load_profile("h100-sxm"), device="cpu", batches=(1, 2),
+                     formats=("bf16",), layers=1, tiny=True, steps=1, on_progress=seen.append)
+    assert [len(p.workloads) for p in seen] == [1] and "partial: 1 of 2 batches" in seen[0].notes[-1]
+    assert len(run.workloads) == 2 and not any(n.startswith("partial") for n in run.notes)
 
 
 def test_the_cli_refuses_a_bad_batch_list_in_one_line():

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autoopt._files import write_atomic
 from autoopt.cli._common import FORMATS, UsageError, add_profile_arg, chosen_profile, emit
 
 if TYPE_CHECKING:
@@ -107,11 +108,18 @@ def _regret(args: argparse.Namespace) -> int:
     if device == "cuda" and args.gpus > torch.cuda.device_count():
         raise UsageError(f"check regret: --gpus {args.gpus} is more than this host's {torch.cuda.device_count()} "
                          "GPUs; expected 1 to that count")
+    def progress(partial: Any) -> None:  # the table so far after each batch: a run cut short keeps it
+        data = partial.to_dict()
+        if out is not None:
+            write_atomic(out, json.dumps(data, indent=2) + "\n")
+        print(next(line for line in reversed(_regret_table(data).splitlines()) if line.startswith("batch ")),
+              file=sys.stderr)
+
     run = run_regret(args.model, chosen_profile(args.profile), device=device, gpus=args.gpus, batches=batches,
-                     formats=formats, layers=args.layers, tiny=args.tiny, steps=args.steps)
+                     formats=formats, layers=args.layers, tiny=args.tiny, steps=args.steps, on_progress=progress)
     data = run.to_dict()
     if out is not None:
-        out.write_text(json.dumps(data, indent=2) + "\n")
+        write_atomic(out, json.dumps(data, indent=2) + "\n")
         print(f"wrote {out}", file=sys.stderr)
     emit(data, args.format, _regret_table(data))
     return 0

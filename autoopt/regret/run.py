@@ -321,8 +321,10 @@ def _workload(batch: int, rows: list[Measured], pick: Option | None, reason: str
 def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int = 1,
                batches: tuple[int, ...] = (1, 8, 32), formats: tuple[str, ...] | None = None,
                layers: int | None = None, tiny: bool = False, steps: int = 20,
-               on_workload: Callable[[Workload], None] | None = None) -> RegretRun:
-    """Enumerate, predict, measure and score every batch of ``batches`` for ``model`` on ``device``."""
+               on_progress: Callable[[RegretRun], None] | None = None) -> RegretRun:
+    """Enumerate, predict, measure and score every batch of ``batches`` for ``model`` on ``device``.
+    ``on_progress`` gets the run so far after each batch (a note says how many are left), so a run cut short
+    (a lent machine's time limit) keeps what it measured."""
     from autoopt.backend.software import versions
 
     t0 = time.time()
@@ -338,7 +340,13 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
                      "path, not the model")
     multi = [o for o in options if o.gpus > 1 and o.runnable]
     layouts = measure_layouts(model, multi, layers=layers, tiny=tiny, steps=steps) if multi else {}
-    workloads = []
+    workloads: list[Workload] = []
+    def so_far(more: list[str]) -> RegretRun:
+        return RegretRun(model=model, layers=layers, device=measuring,
+                         predicted_for=hardware.gpu.name if hardware.gpu else hardware.name,
+                         workloads=tuple(workloads), elapsed_s=time.time() - t0, notes=tuple(notes + more),
+                         env=versions(), hardware=hardware.to_dict())
+
     for batch in batches:
         predicted: dict[Option, float | None] = {}
         for opt in (o for o in options if o.batch == batch and o.runnable):
@@ -353,9 +361,8 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
                           steps=steps)
                 for o in options if o.batch == batch]
         workloads.append(_workload(batch, rows, pick, reason))
-        if on_workload is not None:
-            on_workload(workloads[-1])
-    return RegretRun(model=model, layers=layers, device=measuring,
-                     predicted_for=hardware.gpu.name if hardware.gpu else hardware.name,
-                     workloads=tuple(workloads), elapsed_s=time.time() - t0, notes=tuple(notes), env=versions(),
-                     hardware=hardware.to_dict())
+        left = len(batches) - len(workloads)
+        if on_progress is not None and left:
+            on_progress(so_far([f"partial: {left} of {len(batches)} batches not measured yet"]))
+    return so_far([])
+
