@@ -74,11 +74,11 @@ for s in "$@"; do
     glaunch)  stage glaunch sh -c "python3 benchmarks/probes/graph_launch.py --out '$R/graph_launch.json' && python3 benchmarks/probes/generate_host.py --formats int4 --out '$R/generate_host.json'" ;;
     # issue 27: the decode-graph call's host time inside generate(), split (signature, copies, replay) (~2 min)
     rhost)    stage rhost python3 benchmarks/probes/replay_host.py --out "$R/replay_host.json" ;;
-    # issue 27: autoopt's decode attention kernel (both mask loops) against the cuDNN SDPA transformers runs,
+    # issue 27: autoopt's decode attention kernel (every config of its grid) against the cuDNN SDPA transformers runs,
     # checked, graph-replayed, same process (~1 min)
     dattn)    stage dattn python3 benchmarks/probes/decode_attention_probe.py --out "$R/decode_attention_probe.json" ;;
     # issue 27: the decode attention's GPU tests: bf16 kernel, eager generate(), the traced launch under
-    # torch.compile (what lifts nn/attention.py's compile gate), the compiled decode graph (~1-2 min)
+    # torch.compile (the path compiled decode steps take), the compiled decode graph (~1-2 min)
     attngpu)  stage attngpu python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_attention.py ;;
     # issue 27: where int4's decode step goes, per kernel class, eager and compiled, full model (~80 s)
     qtrace)   stage qtrace python3 benchmarks/quant_trace.py --formats int4 --out "$R/quant_trace_int4.json" ;;

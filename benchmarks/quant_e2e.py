@@ -34,7 +34,10 @@ Per variant, in this order (the cheap numbers first, so a variant that fails lat
 - ``measured_peak_run_bytes``: the peak over all of the above.
 
 Beside them ``predicted_decode_step_ms`` (and ``_graphed``): ``recommend()``'s decode step for the same model
-(the same layer count), batch 1, 128 + new tokens of context, in the variant's format, runtime ``autoopt``.
+(the same layer count), batch 1, 128 + new tokens of context, in the variant's format, runtime ``autoopt``
+(a compiled step); ``predicted_graphed_decode_ms``: the step ``measured_graphed_decode_ms`` times (eager in one
+graph), as the regret harness prices it (2026-11-28 H200 run, ``h200/quant_e2e_attention.json``, re-priced
+offline: int4 3.72 against 3.48 ms measured, fp8 4.58 against 4.26; transformers' bf16 5.44 against 7.54).
 Every number's key says ``measured_`` or ``predicted_``. A failing variant records its error and the harness
 goes on; the JSON (device, driver, torch, triton, transformers, torchao versions, the copy bandwidth) is
 rewritten after every variant. ``--budget-s`` (default 345) skips a variant that would end after it (taken to last
@@ -232,8 +235,11 @@ def measure(model: Any, row: dict[str, Any], args: argparse.Namespace, reference
     return got
 
 
-def predicted(model: Any, profile: Any, fmt: str | None, new_tokens: int) -> dict[str, Any]:
-    """recommend()'s decode step for this model (its layer count) in ``fmt``, plain and CUDA-graphed."""
+def predicted(model: Any, profile: Any, fmt: str | None, new_tokens: int, impl: str,
+              graph_steps: int) -> dict[str, Any]:
+    """recommend()'s decode step for this model (its layer count) in ``fmt``, plain and CUDA-graphed (a compiled
+    step), and ``predicted_graphed_decode_ms``: the step ``measured_graphed_decode_ms`` times, an eager forward
+    in one graph (:func:`predicted_eager_graphed_ms`)."""
     from autoopt.planning.recommendation import recommend
 
     out: dict[str, Any] = {}
@@ -242,7 +248,30 @@ def predicted(model: Any, profile: Any, fmt: str | None, new_tokens: int) -> dic
                         weight_dtype=PLAN_NAMES.get(fmt or "bf16", fmt), max_devices=1, runtime="autoopt",
                         cuda_graphs=graphs)
         out[key] = round(rec.predicted["decode_step_us"] / 1e3, 4)
+    if impl in ("autoopt", "transformers"):  # torchao's kernels are not what recommend() prices
+        out["predicted_graphed_decode_ms"] = round(predicted_eager_graphed_ms(model, profile, fmt, impl,
+                                                                              graph_steps), 4)
     return out
+
+
+def predicted_eager_graphed_ms(model: Any, profile: Any, fmt: str | None, impl: str, steps: int) -> float:
+    """The graphed step as this harness captures it (eager forward, batch 1, a cache of PROMPT + ``steps`` +
+    slack keys): an optimize()d model's is the regret harness's price of that option (recommend()'s compiled
+    step plus what runs uncompiled, :func:`autoopt.regret.run.predicted_ms`); transformers' own is
+    ``runtime="transformers"``'s GPU time plus its uncompiled modules (``UNCOMPILED_TRANSFORMERS_LAYER_US``)."""
+    from autoopt.planning.catalog import parse_model
+    from autoopt.planning.recommendation import UNCOMPILED_TRANSFORMERS_LAYER_US, recommend
+    from autoopt.regret.options import Option
+    from autoopt.regret.run import predicted_ms
+
+    spec = parse_model(model)
+    if impl == "autoopt":
+        option = Option(weights=PLAN_NAMES.get(fmt or "bf16", fmt or "bf16"), cuda_graphs=True, batch=1)
+        return predicted_ms(profile, spec, option, steps=steps)
+    rec = recommend(profile, spec, batch=1, prompt_len=PROMPT, gen_len=steps, phase="decode", max_devices=1,
+                    runtime="transformers", cuda_graphs=True)
+    gpu = float(rec.predicted.get("decode_gpu_us", rec.predicted["decode_step_us"]))
+    return (gpu + spec.num_layers * UNCOMPILED_TRANSFORMERS_LAYER_US) / 1e3
 
 
 def run_variant(row: dict[str, Any], impl: str, fmt: str | None, args: argparse.Namespace, profile: Any,
@@ -254,7 +283,8 @@ def run_variant(row: dict[str, Any], impl: str, fmt: str | None, args: argparse.
 
     torch.cuda.reset_peak_memory_stats()
     model = build_model(MODEL, dtype="bf16", device="cuda", layers=args.layers)
-    row.update(step(row, "predicted", lambda: predicted(model, profile, fmt, args.new_tokens)) or {})
+    row.update(step(row, "predicted", lambda: predicted(model, profile, fmt, args.new_tokens, impl,
+                                                        args.graph_steps)) or {})
     quantize(model, impl, fmt, row)
     return measure(model, row, args, reference, prompts, copy_gbs)
 
