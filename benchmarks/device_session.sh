@@ -33,7 +33,8 @@ for s in "$@"; do
     fleet)    stage fleet sh -c "for i in 1 2; do python3 benchmarks/fleet_scaling.py --runs 0 all --top 10 --out \"$R/fleet_scaling_\$i.json\"; done; python3 benchmarks/fleet_scaling.py --cli tune --runs 0 all --trials 6 --out '$R/fleet_cli_tune.json'; python3 -m autoopt fleet --measure --format json > '$R/fleet.json'" ;;
     # issue 29 on 2 or 4 GPUs of one host: where transformers' tensor-parallel step goes, and the regret tables
     tptrace)  stage tptrace python3 -m torch.distributed.run --standalone --nproc_per_node "${GPUS:-2}" benchmarks/tp_trace.py --out "$R/tp_trace_${GPUS:-2}gpu.json" ;;
-    regret)   stage regret python3 -m autoopt check regret --model llama-3-8b --layers 8 --gpus "${GPUS:-1}" --out "$R/regret_${GPUS:-1}gpu_layers8.json" ;;
+    # (BUDGET=S: batch by batch, the GPU layouts too, no batch started that would end past S seconds)
+    regret)   stage regret python3 -m autoopt check regret --model llama-3-8b --layers 8 --gpus "${GPUS:-1}" ${BUDGET:+--budget-s "$BUDGET"} --out "$R/regret_${GPUS:-1}gpu_layers8.json" ;;
     # issue 28: int4 experts (vLLM's int4_w4a16) tuned on this GPU with autoopt's kernel
     moeint4)  stage moeint4 python3 -m autoopt export moe-configs --model mixtral-8x7b --tp 8 --dtype int4_w4a16 --tune --no-store --out "$R/moe_int4" ;;
     # issue 28: optimize() on the MoE models (bf16 experts, int4 and fp8 experts) against transformers' experts

@@ -144,6 +144,27 @@ def test_a_run_hands_on_the_table_so_far_after_each_batch_but_the_last():
     assert len(run.workloads) == 2 and not any(n.startswith("partial") for n in run.notes)
 
 
+@pytest.mark.slow
+def test_a_budget_starts_no_batch_the_slowest_so_far_says_would_end_past_it(monkeypatch):
+    import autoopt
+    from autoopt.regret import run as regret_run
+
+    clock = iter(range(0, 1000, 10))  # each read 10 s later: every batch takes 10 s, 10 s pass between them
+    monkeypatch.setattr(regret_run, "_clock", lambda: float(next(clock)))
+    run = regret_run.run_regret("llama-3-8b", autoopt.load_profile("h100-sxm"), device="cpu", batches=(1, 2, 4),
+                                formats=("bf16",), layers=1, tiny=True, steps=1, budget_s=45)
+    assert [w.batch for w in run.workloads] == [1, 2]
+    assert run.notes[-1].startswith("budget: batches 4 not measured")
+
+
+@pytest.mark.parametrize("budget", ["0", "nan", "100000"])
+def test_the_cli_refuses_a_budget_out_of_range_in_one_line(budget):
+    proc = subprocess.run([sys.executable, "-m", "autoopt", "check", "regret", "--budget-s", budget],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "--budget-s" in proc.stderr
+    assert "1 to 86400 seconds" in proc.stderr
+
+
 def test_the_cli_refuses_a_bad_batch_list_in_one_line():
     proc = subprocess.run([sys.executable, "-m", "autoopt", "check", "regret", "--batches", "0"],
                           capture_output=True, text=True, timeout=120)

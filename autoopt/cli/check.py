@@ -46,6 +46,8 @@ def register(sub: Subparsers) -> None:
                     "replica layouts too, each under torchrun (default 1)")
     sp.add_argument("--tiny", action="store_true", help="regret: a tiny model of the same family (CPU, CI)")
     sp.add_argument("--steps", type=int, default=20, help="regret: timed decode steps per option (default 20)")
+    sp.add_argument("--budget-s", dest="budget_s", type=float, help="regret: measure batch by batch (each GPU "
+                    "layout group too) and start no batch the slowest so far says would end past this many seconds")
     sp.add_argument("--format", choices=FORMATS[:2], default="table")
     sp.add_argument("--out", metavar="FILE", help="also write the result file (JSON)")
     sp.set_defaults(func=cmd_check)
@@ -99,6 +101,8 @@ def _regret(args: argparse.Namespace) -> int:
         raise UsageError(f"check regret: --steps {args.steps} is out of range; expected 1 to 10000")
     if args.layers is not None and not 1 <= args.layers <= 1000:
         raise UsageError(f"check regret: --layers {args.layers} is out of range; expected 1 to 1000")
+    if args.budget_s is not None and not 1 <= args.budget_s <= 86_400:  # also NaN
+        raise UsageError(f"check regret: --budget-s {args.budget_s:g} is out of range; expected 1 to 86400 seconds")
     out = Path(args.out) if args.out else None
     if out is not None and not out.resolve().parent.is_dir():
         raise UsageError(f"check regret: cannot write {args.out!r}: its folder does not exist")
@@ -116,7 +120,8 @@ def _regret(args: argparse.Namespace) -> int:
               file=sys.stderr)
 
     run = run_regret(args.model, chosen_profile(args.profile), device=device, gpus=args.gpus, batches=batches,
-                     formats=formats, layers=args.layers, tiny=args.tiny, steps=args.steps, on_progress=progress)
+                     formats=formats, layers=args.layers, tiny=args.tiny, steps=args.steps, on_progress=progress,
+                     budget_s=args.budget_s)
     data = run.to_dict()
     if out is not None:
         write_atomic(out, json.dumps(data, indent=2) + "\n")

@@ -318,16 +318,23 @@ def _workload(batch: int, rows: list[Measured], pick: Option | None, reason: str
                     best=best.option.label if best else None, regret=regret, rows=tuple(rows))
 
 
+#: the run's clock (seconds; a test steps it)
+_clock = time.monotonic
+
+
 def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int = 1,
                batches: tuple[int, ...] = (1, 8, 32), formats: tuple[str, ...] | None = None,
                layers: int | None = None, tiny: bool = False, steps: int = 20,
-               on_progress: Callable[[RegretRun], None] | None = None) -> RegretRun:
+               on_progress: Callable[[RegretRun], None] | None = None,
+               budget_s: float | None = None) -> RegretRun:
     """Enumerate, predict, measure and score every batch of ``batches`` for ``model`` on ``device``.
     ``on_progress`` gets the run so far after each batch (a note says how many are left), so a run cut short
-    (a lent machine's time limit) keeps what it measured."""
+    (a lent machine's time limit) keeps what it measured. ``budget_s``: measure batch by batch, the multi-GPU
+    layouts too (one torchrun group a batch instead of one for all), and start no batch that the slowest so far
+    says would end past the budget (the first always runs); the notes name the batches left out."""
     from autoopt.backend.software import versions
 
-    t0 = time.time()
+    t0 = _clock()
     cuda = device.startswith("cuda")
     gpu = hardware.gpu if cuda else None
     options = enumerate_options(gpu, gpus=gpus, batches=batches, formats=formats)
@@ -339,15 +346,25 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
         notes.append(f"predictions are for {planned}, measurements on {measuring}: their ratios test the code "
                      "path, not the model")
     multi = [o for o in options if o.gpus > 1 and o.runnable]
-    layouts = measure_layouts(model, multi, layers=layers, tiny=tiny, steps=steps) if multi else {}
+    layouts = measure_layouts(model, multi, layers=layers, tiny=tiny, steps=steps) if multi and budget_s is None \
+        else {}
     workloads: list[Workload] = []
+    slowest = 0.0
     def so_far(more: list[str]) -> RegretRun:
         return RegretRun(model=model, layers=layers, device=measuring,
                          predicted_for=hardware.gpu.name if hardware.gpu else hardware.name,
-                         workloads=tuple(workloads), elapsed_s=time.time() - t0, notes=tuple(notes + more),
+                         workloads=tuple(workloads), elapsed_s=_clock() - t0, notes=tuple(notes + more),
                          env=versions(), hardware=hardware.to_dict())
 
     for batch in batches:
+        started = _clock()
+        if workloads and started - t0 + slowest > (budget_s or math.inf):
+            notes.append(f"budget: batches {', '.join(map(str, batches[len(workloads):]))} not measured "
+                         f"({started - t0:.0f} s spent, the slowest batch took {slowest:.0f} s, budget {budget_s:g} s)")
+            break
+        mine = [o for o in multi if o.batch == batch]
+        if budget_s is not None and mine:
+            layouts = measure_layouts(model, mine, layers=layers, tiny=tiny, steps=steps)
         predicted: dict[Option, float | None] = {}
         for opt in (o for o in options if o.batch == batch and o.runnable):
             try:
@@ -361,6 +378,7 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
                           steps=steps)
                 for o in options if o.batch == batch]
         workloads.append(_workload(batch, rows, pick, reason))
+        slowest = max(slowest, _clock() - started)
         left = len(batches) - len(workloads)
         if on_progress is not None and left:
             on_progress(so_far([f"partial: {left} of {len(batches)} batches not measured yet"]))
