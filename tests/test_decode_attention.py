@@ -406,3 +406,21 @@ def test_the_choice_cache_stays_bounded_over_a_growing_cache(monkeypatch):
     for keys in range(1, 30):  # a dynamic cache: one more key every step
         attention.choice(torch.device("cpu"), batch=1, heads=8, kv_heads=2, keys=keys, head_dim=64)
     assert len(attention._CHOICES) <= 8
+
+
+def test_the_price_constants_are_the_fit_to_the_committed_probe(capsys):
+    # benchmarks/fit_decode_attention.py over h200/decode_attention_probe_loops.json (the shipped loop's 90 configs)
+    import json
+    import sys
+    from pathlib import Path
+
+    from autoopt.kernels import attention as price
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root))
+    from benchmarks import fit_decode_attention
+
+    assert fit_decode_attention.main([str(root / "benchmarks/results/h200/decode_attention_probe_loops.json")]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    assert {n: getattr(price, n) for n in fit_decode_attention.NAMES} == {n: fit[n] for n in fit_decode_attention.NAMES}
+    assert fit["configs"] == 90 and fit["ratio_min"] >= 0.8 and fit["ratio_max"] <= 1.22
