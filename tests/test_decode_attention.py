@@ -258,13 +258,20 @@ def test_a_model_whose_attention_code_is_its_own_keeps_it():
 on_gpu = pytest.mark.skipif(not torch.cuda.is_available() or dispatch.interpreter_active(), reason="needs a CUDA GPU")
 
 
+def gpu_qkv(batch, keys, seed):
+    """Llama-3-8B's heads (32 over 8 KV heads of 128) in bf16 on the GPU, and the generator for what else a test
+    draws."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, 32, 128, generator=g).bfloat16().cuda()
+    k, v = (torch.randn(batch, 8, keys, 128, generator=g).bfloat16().cuda() for _ in range(2))
+    return q, k, v, g
+
+
 @pytest.mark.gpu
 @on_gpu
 @pytest.mark.parametrize(("batch", "keys"), [(1, 192), (4, 1000), (32, 192)])
 def test_on_a_gpu_the_chosen_config_matches_float64_attention_in_bf16(batch, keys):
-    g = torch.Generator().manual_seed(batch)
-    q = torch.randn(batch, 32, 128, generator=g).bfloat16().cuda()
-    k, v = (torch.randn(batch, 8, keys, 128, generator=g).bfloat16().cuda() for _ in range(2))
+    q, k, v, g = gpu_qkv(batch, keys, seed=batch)
     lengths = torch.randint(keys // 2, keys + 1, (batch,), generator=g).cuda()
     mask = torch.arange(keys, device="cuda")[None, :] < lengths[:, None]
     c = attention.choice(q.device, batch=batch, heads=32, kv_heads=8, keys=keys, head_dim=128)
@@ -303,9 +310,7 @@ def _close(got, ref, tol=2e-2) -> bool:
 @on_gpu
 def test_on_a_gpu_the_traced_launch_compiles_into_inductors_graph_and_matches():
     # the launch torch.compile traces, its mask built in the compiled graph
-    g = torch.Generator().manual_seed(7)
-    q = torch.randn(4, 32, 128, generator=g).bfloat16().cuda()
-    k, v = (torch.randn(4, 8, 300, 128, generator=g).bfloat16().cuda() for _ in range(2))
+    q, k, v, _ = gpu_qkv(4, 300, seed=7)
     lengths = torch.tensor([300, 250, 17, 1], device="cuda")
 
     @torch.compile(fullgraph=True)
@@ -320,9 +325,7 @@ def test_on_a_gpu_the_traced_launch_compiles_into_inductors_graph_and_matches():
 @pytest.mark.gpu
 @on_gpu
 def test_on_a_gpu_the_kernel_matches_float64_attention_under_a_random_mask():
-    g = torch.Generator().manual_seed(8)
-    q = torch.randn(8, 32, 128, generator=g).bfloat16().cuda()
-    k, v = (torch.randn(8, 8, 1000, 128, generator=g).bfloat16().cuda() for _ in range(2))
+    q, k, v, g = gpu_qkv(8, 1000, seed=8)
     mask = torch.rand(8, 1000, generator=g).cuda() < 0.7
     out = decode_attention(q, k, v, mask, scale=128 ** -0.5, block_n=64, splits=4)
     assert err(out, reference(q, k, v, mask)) < 1e-2

@@ -508,20 +508,29 @@ def test_which_plans_decode_attention_on_autoopts_kernel(model, runtime, tp, run
     assert runs_decode_attention(get_model(model), runtime, tp=tp) is runs
 
 
-def _fp8_decode_ops(model, batch):
+def _decode_gemms(model, batch, weights="fp8"):
     rec = recommend(load_profile("h200"), model, batch=batch, prompt_len=128, gen_len=64, phase="decode",
-                    weight_dtype="fp8", cuda_graphs=True, runtime="autoopt", max_devices=1)
+                    weight_dtype=weights, cuda_graphs=True, runtime="autoopt", max_devices=1)
     return {o.name: o for o in rec.ops if o.phase == "decode" and o.kernel_class == "gemm"}
+
+
+@pytest.mark.parametrize("model", ["llama-3-8b", "qwen2.5-7b"])
+def test_the_plan_names_the_bf16_gemms_the_dispatch_runs_on_cublas(model):
+    # h200/quant_trace_{llama,qwen}_b32_layers8_scaled_mm.json (autoopt-bf16, batch 32): cuBLAS's nvjet kernels
+    # for qkv, gate_up, down and the LM head, autoopt's _gemm_kernel once a layer (o_proj)
+    kernels = {name: o.kernel for name, o in _decode_gemms(model, 32, "bf16").items()}
+    assert kernels == {"qkv_proj": "F.linear", "gate_up_proj": "F.linear", "down_proj": "F.linear",
+                       "o_proj": "gemm", "lm_head": "F.linear"}
 
 
 def test_a_w8a8_gemm_the_dispatch_runs_on_cublas_is_priced_and_named_as_cublas():
     # Qwen2.5-7B's o_proj at batch 32 on the H200: act_quant + _scaled_mm predicted below autoopt's quant_gemm,
     # so optimize() runs cuBLASLt there and the plan says so (the other three GEMMs stay autoopt's)
-    ops = _fp8_decode_ops("qwen2.5-7b", 32)
+    ops = _decode_gemms("qwen2.5-7b", 32)
     assert ops["o_proj"].source == "vendor" and ops["o_proj"].kernel == "torch._scaled_mm"
     assert {ops[n].kernel for n in ("qkv_proj", "gate_up_proj", "down_proj")} == {"quant_gemm"}
 
 
 def test_at_batch_32_llama_3_8b_fp8_gemms_stay_on_autoopts_kernel():
     # h200/quant_kernels_m32_graph.json: quant_gemm measured faster than act_quant + _scaled_mm on all four
-    assert {o.kernel for o in _fp8_decode_ops("llama-3-8b", 32).values() if o.name != "lm_head"} == {"quant_gemm"}
+    assert {o.kernel for o in _decode_gemms("llama-3-8b", 32).values() if o.name != "lm_head"} == {"quant_gemm"}

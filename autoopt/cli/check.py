@@ -112,12 +112,12 @@ def _regret(args: argparse.Namespace) -> int:
     if device == "cuda" and args.gpus > torch.cuda.device_count():
         raise UsageError(f"check regret: --gpus {args.gpus} is more than this host's {torch.cuda.device_count()} "
                          "GPUs; expected 1 to that count")
+
     def progress(partial: Any) -> None:  # the table so far after each batch: a run cut short keeps it
         data = partial.to_dict()
         if out is not None:
             write_atomic(out, json.dumps(data, indent=2) + "\n")
-        print(next(line for line in reversed(_regret_table(data).splitlines()) if line.startswith("batch ")),
-              file=sys.stderr)
+        print(_workload_line(data["workloads"][-1]), file=sys.stderr)
 
     run = run_regret(args.model, chosen_profile(args.profile), device=device, gpus=args.gpus, batches=batches,
                      formats=formats, layers=args.layers, tiny=args.tiny, steps=args.steps, on_progress=progress,
@@ -130,13 +130,17 @@ def _regret(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workload_line(w: dict[str, Any]) -> str:
+    regret = "-" if w["regret"] is None else f"{100 * w['regret']:.1f} %"
+    return (f"batch {w['batch']}: recommended {w['recommended'] or '-'} ({w['recommended_reason']}), "
+            f"measured best {w['measured_best']}, regret {regret}")
+
+
 def _regret_table(data: dict[str, Any]) -> str:
     lines = [f"{data['model']} ({data['layers'] or 'all'} layers) measured on {data['device']}, predicted for "
              f"{data['predicted_for']}"]
     for w in data["workloads"]:
-        regret = "-" if w["regret"] is None else f"{100 * w['regret']:.1f} %"
-        lines.append(f"batch {w['batch']}: recommended {w['recommended'] or '-'} ({w['recommended_reason']}), "
-                     f"measured best {w['measured_best']}, regret {regret}")
+        lines.append(_workload_line(w))
         for r in w["options"]:
             pred = "-" if r["predicted_ms"] is None else f"{r['predicted_ms']:.3f}"
             meas = "-" if r["measured_ms"] is None else f"{r['measured_ms']:.3f}"

@@ -108,8 +108,9 @@ class OpChoice:
     predicted_us: float
     bound: str
     #: "rank" (template + cost model), "roofline" (no template kind for the op), "fit" (a kernel priced by its fit
-    #: to measured timings: decode attention), "vendor" (cuBLASLt's W8A8 fp8 GEMM, which optimize()'s dispatch
-    #: runs where it is predicted faster than rank()'s config), or where a measured
+    #: to measured timings: decode attention), "vendor" (cuBLAS, F.linear or a W8A8 fp8 GEMM's act_quant +
+    #: torch._scaled_mm, which optimize()'s dispatch runs where it is predicted faster than rank()'s config), or
+    #: where a measured
     #: winner came from ("measured:memory" / "measured:store" / "measured:shipped": the results store)
     source: str
     config: Mapping[str, int] = field(default_factory=dict)
@@ -291,7 +292,7 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
                    include_cpu=True, shape=shape)
     costs = _layer_costs(spec, wl, fit, preference=preference, top=top, runtime=rt.name if rt else None)
     plan, alternative = _chain_plan(spec, wl, fit, costs, compare_wfc=compare_wfc)
-    head = _head_ops(spec, wl, fit, costs, plan, top=top)
+    head = _head_ops(spec, wl, fit, costs, plan, top=top, runtime=rt.name if rt else None)
     ops, impls = _op_choices(fit, costs, plan, head)
     if rt is not None and spec.is_moe:
         ops = _runtime_moe_ops(ops, spec, wl, fit, rt.name, moe_chooser)
@@ -759,8 +760,8 @@ class _OpTime:
                  best: Candidate | None, fit: Mapping[str, int] | None = None, vendor: bool = False) -> None:
         self.phase = phase
         self.fit = fit  # the launch config of an op priced by a fitted kernel model (decode attention)
-        # a W8A8 fp8 GEMM the dispatch runs on cuBLASLt (act_quant + torch._scaled_mm), predicted below rank()'s
-        # best config (``best`` is the config it beat)
+        # a matmul optimize()'s dispatch runs on cuBLAS, predicted below rank()'s best config (``best``, the config
+        # it beat)
         self.vendor = vendor
         self.device = device  # its name
         self.mode = mode
@@ -876,7 +877,8 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
             if own_attention and op.kind == "attention":
                 t = _decode_attention_time(p.name, dev, op, mode, spec.num_kv_heads, tp=tp, graphed=p.graphed)
             else:
-                t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed, quantized=True)
+                t = _op_time(p.name, dev, _shard(op, tp), mode, top, graphed=p.graphed, quantized=True,
+                             against_vendor=runtime in VENDOR_DISPATCH_RUNTIMES)
             if fused_add and op.kind == "add":
                 t = _fused_add(t, dev)
             us += t.us * t.op.count
@@ -891,6 +893,9 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
     return _LayerCost(ops=tuple(ops), phase_us=phase_us, request_us=request_us)
 
 
+#: runtimes whose matmuls run cuBLAS where it is predicted faster than rank()'s config (optimize()'s dispatch,
+#: autoopt.nn.dispatch: F.linear, or act_quant + torch._scaled_mm for a W8A8 fp8 GEMM; autoopt.kernels.vendor)
+VENDOR_DISPATCH_RUNTIMES = frozenset({"autoopt"})
 #: runtimes whose decode attention (one query token a row) is autoopt's split-key kernel where it takes the layer's
 #: heads: optimize() points transformers' attention at it (autoopt.nn.attention), so K/V are read once per KV head
 #: and transformers' repeat_kv copy is gone
@@ -1044,11 +1049,12 @@ def _cast_us(elems: float, bandwidth_gbs: float, a: _Mode, b: _Mode) -> float:
 
 # -- step 4: the head --------------------------------------------------------------------
 def _head_ops(spec: ModelSpec, wl: Workload, fit: _Fit, costs: _LayerCosts, plan: ChainSolution, *,
-              top: int) -> tuple[_OpTime, ...]:
+              top: int, runtime: str | None) -> tuple[_OpTime, ...]:
     """The final norm and LM head of every phase: outside the layer chain, so priced after it, on the
     last layer's device and in its mode."""
     dev, mode = fit.stage_of[-1], costs.modes[plan.assignment[-1]]
-    return tuple(_op_time(p.name, dev, _shard(op, fit.tp), mode, top, graphed=p.graphed)
+    return tuple(_op_time(p.name, dev, _shard(op, fit.tp), mode, top, graphed=p.graphed,
+                          against_vendor=runtime in VENDOR_DISPATCH_RUNTIMES)
                  for p in costs.phases for op in spec.head_ops(batch=wl.batch, q_len=p.q_len))
 
 
@@ -1095,12 +1101,13 @@ def _op_choice(t: _OpTime, occurrences: int) -> OpChoice:
                         reason="autoopt's split-key decode attention, the config optimize() launches, priced by "
                                "its fit to graph-replayed H200 timings (autoopt.kernels.attention)")
     if t.vendor and t.best is not None:
+        scaled = mode.weight is not None  # a W8A8 fp8 GEMM: the only quantized op with a cuBLAS path
         return OpChoice(phase=t.phase, name=op.name, mode=mode.name, gpu=dev, kind=op.kind, shape=op.shape,
                         dtype=dtype, occurrences=occurrences, kernel_class=op.kernel_class, predicted_us=t.us,
-                        bound=t.bound, source="vendor", kernel="torch._scaled_mm",
-                        reason=f"act_quant + torch._scaled_mm (cuBLASLt), as optimize()'s dispatch runs it: predicted "
-                               f"below {t.best.config.kernel} {t.best.config.describe()} "
-                               f"({t.best.predicted_us:.1f} us; autoopt.kernels.vendor)")
+                        bound=t.bound, source="vendor", kernel="torch._scaled_mm" if scaled else "F.linear",
+                        reason=f"{'act_quant + torch._scaled_mm' if scaled else 'F.linear'} (cuBLAS), as optimize()'s "
+                               f"dispatch runs it: predicted below {t.best.config.kernel} "
+                               f"{t.best.config.describe()} ({t.best.predicted_us:.1f} us; autoopt.kernels.vendor)")
     if t.best is None:
         return OpChoice(phase=t.phase, name=op.name, mode=mode.name, gpu=dev, kind=op.kind, shape=op.shape,
                         dtype=dtype, occurrences=occurrences, kernel_class=op.kernel_class, predicted_us=t.us,
@@ -1263,7 +1270,7 @@ def _totals(fit: _Fit, costs: _LayerCosts, plan: ChainSolution, head: tuple[_OpT
 
 
 def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int, *, graphed: bool = False,
-             quantized: bool = False) -> _OpTime:
+             quantized: bool = False, against_vendor: bool = False) -> _OpTime:
     """rank()'s best config where a template covers the op on this GPU (GEMMs at the mode's dtype, a layer
     GEMM (``quantized``) over the mode's quantized weight where it has one), else the roofline of the op's
     FLOPs and bytes. ``graphed``: the op runs inside a replayed CUDA graph,
@@ -1280,7 +1287,7 @@ def _op_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, top: int, *, gra
             us, bound = best.predicted_us, best.bound
             if spec.is_matmul and mode.weight_ratio != 1.0:
                 us, bound = _weight_only_us(dev.gpu, spec, mode, us, bound, top)
-            vendor = _vendor_w8a8_us(dev.gpu, spec, best)
+            vendor = _vendor_us(dev.gpu, spec) if against_vendor else None
             if vendor is not None and vendor < us:  # what optimize()'s dispatch runs instead (nn/dispatch.py)
                 return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, bound=bound, best=best,
                                us=_launches_as_run(best, vendor, graphed), vendor=True)
@@ -1388,13 +1395,10 @@ def _attention_glue(dev: Device, layer: Sequence[LayerOp], nkv: int, runtime: st
                    bound="latency" if kernels * per_kernel >= us else "memory", best=None)
 
 
-def _vendor_w8a8_us(gpu: GPUProfile, spec: OpSpec, best: Candidate) -> float | None:
-    """cuBLASLt's predicted time for a W8A8 ``fp8`` GEMM (autoopt.kernels.vendor), on the same basis as
-    rank()'s (a standalone launch), where optimize()'s dispatch compares the two: a GEMM (not the decode GEMV)
-    whose format quantizes activations; None elsewhere."""
-    fmt = spec.weight_format
-    if fmt is None or not fmt.quantizes_activations or spec.kind != "gemm" or best.breakdown.get("launch_in_graph"):
-        return None
+def _vendor_us(gpu: GPUProfile, spec: OpSpec) -> float | None:
+    """cuBLAS's predicted time for a matmul (:func:`~autoopt.kernels.vendor.predict_vendor_matmul`, on rank()'s
+    standalone-launch basis), None where it has no price; imported here so a plan for another runtime does not
+    load the cost model's modules at start-up."""
     from autoopt.kernels.vendor import predict_vendor_matmul
 
     return predict_vendor_matmul(gpu, spec)

@@ -350,6 +350,7 @@ def run_regret(model: str, hardware: HardwareProfile, *, device: str, gpus: int 
         else {}
     workloads: list[Workload] = []
     slowest = 0.0
+
     def so_far(more: list[str]) -> RegretRun:
         return RegretRun(model=model, layers=layers, device=measuring,
                          predicted_for=hardware.gpu.name if hardware.gpu else hardware.name,
