@@ -69,6 +69,26 @@ def nelder_mead(f: Callable[[list[float]], float], x0: Sequence[float], steps: i
     return [math.exp(v) for v in simplex[min(range(n + 1), key=values.__getitem__)]]
 
 
+#: the largest probe file read (the committed ones are under 100 KiB)
+MAX_PROBE_BYTES = 16 << 20
+
+
+def load_probe(path: Path) -> dict[str, Any]:
+    """A ``decode_attention_probe.py`` result, checked first (a regular JSON file of sane size with the heads and
+    timed rows of the kernel's configs); ValueError, one line naming the file, otherwise."""
+    from benchmarks.rescore_regret import checked_json
+
+    data = checked_json(path, MAX_PROBE_BYTES, "a decode_attention_probe.py result")
+    need = ("batch", "keys", "BLOCK_N", "splits", "us")
+    rows = data.get("rows") if isinstance(data, dict) else None
+    ok = isinstance(rows, list) and all(isinstance(data.get(k), int) for k in ("heads", "kv_heads", "head_dim"))
+    timed = [r for r in rows or () if isinstance(r, dict) and r.get("impl") == "decode_attention" and "us" in r]
+    if not ok or not timed or not all(all(k in r for k in need) for r in timed):
+        raise ValueError(f"{path}: not a decode_attention_probe.py result (expected heads, kv_heads, head_dim and "
+                         f"rows of impl 'decode_attention' with {', '.join(need)})")
+    return data
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("probe", help="a decode_attention_probe.py JSON")
@@ -77,7 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     import autoopt
     from autoopt.kernels import attention
 
-    data = json.loads(Path(args.probe).read_text())
+    try:
+        data = load_probe(Path(args.probe))
+    except ValueError as exc:
+        print(f"fit_decode_attention: {exc}", file=sys.stderr)
+        return 2
     shape = {"heads": data["heads"], "kv_heads": data["kv_heads"], "head_dim": data["head_dim"],
              "gbs": autoopt.load_profile(args.profile).gpus[0].bandwidth_gbs}
     # rows of the shipped loop only (an older probe timed a second loop under a "prepass" key)

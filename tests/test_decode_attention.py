@@ -427,3 +427,22 @@ def test_the_price_constants_are_the_fit_to_the_committed_probe(capsys):
     fit = json.loads(capsys.readouterr().out)
     assert {n: getattr(price, n) for n in fit_decode_attention.NAMES} == {n: fit[n] for n in fit_decode_attention.NAMES}
     assert fit["configs"] == 90 and fit["ratio_min"] >= 0.8 and fit["ratio_max"] <= 1.22
+
+
+@pytest.mark.parametrize(("text", "says"), [("not json", "not JSON"), ('{"rows": []}', "not a decode_attention_probe"),
+                                            (None, "regular file")])
+def test_the_fit_script_refuses_a_file_that_is_not_a_probe_in_one_line(tmp_path, capsys, text, says):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks import fit_decode_attention
+
+    path = tmp_path / "probe.json"
+    if text is None:
+        path.mkdir()  # a directory, not a regular file
+    else:
+        path.write_text(text)
+    assert fit_decode_attention.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fit_decode_attention: ") and says in err and err.count("\n") == 1
