@@ -34,6 +34,11 @@ def _sweep(model: str, tp: int, folder: Path, gpus: str | None) -> tuple[float, 
     return wall, files, run.stderr.strip()[-1200:]
 
 
+def _fleet_line(log: str) -> str | None:
+    """The CLI's ``autoopt: fleet: ...`` line (evaluations, each worker's busy and compiling seconds)."""
+    return next((line for line in log.splitlines() if line.startswith("autoopt: fleet:")), None)
+
+
 def _labels(files: dict[str, Any]) -> dict[str, list[str]]:
     return {name: sorted(k for k in body if k != "triton_version") for name, body in files.items()}
 
@@ -43,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="mixtral-8x7b")
     ap.add_argument("--tp", type=int, default=8)
+    ap.add_argument("--fleet-of-one", action="store_true", help="also sweep with --gpus 0 (the fleet's path, one GPU)")
     args = ap.parse_args(argv)
     import torch
 
@@ -53,14 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         one_s, one, one_log = _sweep(args.model, args.tp, Path(tmp) / "one", None)
         all_s, every, all_log = _sweep(args.model, args.tp, Path(tmp) / "all", "all")
+        fleet_one = _sweep(args.model, args.tp, Path(tmp) / "fleet_one", "0") if args.fleet_of_one else None
     same = sum(one[f][m] == every[f][m] for f in one if f in every for m in one[f] if m in every[f])
     result = {"env": env, "model": args.model, "tp": args.tp, "timing": "graph replay (do_bench_cudagraph)",
               "one_gpu_s": round(one_s, 1), "all_gpus_s": round(all_s, 1), "speedup": round(one_s / all_s, 2),
               "same_files": sorted(one) == sorted(every), "same_m_keys": _labels(one) == _labels(every),
-              "same_configs": same, "one": one, "all": every, "one_log_tail": one_log, "all_log_tail": all_log}
+              "same_configs": same, "one": one, "all": every, "one_log_tail": one_log, "all_log_tail": all_log,
+              "all_fleet_line": _fleet_line(all_log)}
+    if fleet_one is not None:  # the fleet's machinery on one GPU: its per-trial cost beside the in-process tuner's
+        result.update(fleet_one_s=round(fleet_one[0], 1), fleet_one_fleet_line=_fleet_line(fleet_one[2]),
+                      fleet_one_log_tail=fleet_one[2])
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("one_gpu_s", "all_gpus_s", "speedup", "same_files", "same_m_keys",
-                                             "same_configs")}))
+    print(json.dumps({k: result.get(k) for k in ("one_gpu_s", "all_gpus_s", "speedup", "same_files", "same_m_keys",
+                                                 "same_configs", "all_fleet_line", "fleet_one_s",
+                                                 "fleet_one_fleet_line")}))
     return 0
 
 

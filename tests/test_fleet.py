@@ -49,6 +49,40 @@ def test_two_cpu_workers_evaluate_every_item_once():
     assert stats.restarts == 0 and stats.duplicates_dropped == 0
 
 
+def test_pool_stats_sum_each_devices_evaluation_seconds_from_the_workers_answers():
+    items = _items(n_shapes=1, per_shape=2)
+    out, stats = run_pool(items, ["cpu0"], timeout_s=300)
+    assert stats.busy_s["cpu0"] == pytest.approx(sum(o.result["eval_s"] for o in out))
+    assert stats.compile_s == {}  # a CPU stand-in has no compile clock
+
+
+def test_pool_stats_utilisation_line_names_each_devices_busy_and_compiling_share():
+    from autoopt.fleet.pool import PoolStats
+
+    stats = PoolStats(per_device={"0": 0, "1": 0})
+    for device, result in (("0", {"eval_s": 3.0, "compile_s": 1.0}), ("0", {"eval_s": 2.0, "compile_s": 0.5}),
+                           ("1", {"eval_s": 4.0}), ("1", None), ("1", {"eval_s": True})):
+        stats.per_device[device] += 1
+        stats.add_seconds(device, result)
+    assert stats.busy_s == {"0": 5.0, "1": 4.0} and stats.compile_s == {"0": 1.5}
+    assert stats.utilisation(10.0) == ("5 evaluations in 10.0 s: 0 2 in 5.0 s (50 %, 1.5 s compiling); "
+                                       "1 3 in 4.0 s (40 %)")
+
+
+def test_a_gpu_workers_compile_clock_counts_the_seconds_spent_in_tritons_compiler(monkeypatch):
+    import time
+
+    import triton.compiler as tc
+
+    from autoopt.fleet.worker import _compile_clock
+
+    monkeypatch.setattr(tc, "compile", lambda *a, **k: time.sleep(0.05) or "kernel")
+    clock = _compile_clock()
+    assert clock is not None and clock() == 0.0
+    assert tc.compile("src", target=None) == "kernel"  # what a JIT launcher's bind calls
+    assert 0.05 <= clock() < 1.0
+
+
 def test_a_worker_killed_mid_sweep_loses_and_duplicates_nothing(tmp_path):
     items = _items()
     (tmp_path / "crash-once-32").touch()  # the first M=32 item kills its worker (SIGKILL)

@@ -85,6 +85,15 @@ def test_tune_on_two_fake_gpus_tries_the_serial_configs_with_the_serial_labels(m
     assert [len(t) for t in trials] == [3, 3] and [d["device"] for d in fleet["devices"]] == ["cpu0", "cpu1"]
 
 
+def test_fleet_tune_says_on_stderr_where_each_workers_seconds_went(monkeypatch, capsys):
+    monkeypatch.setenv(FAKE_ENV, "h100-sxm,h100-sxm")
+    assert main(["tune", "--suite", "tiny", "--trials", "2", "--format", "json", "--gpus", "0,1"]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)  # stdout stays the data
+    line = next(x for x in captured.err.splitlines() if x.startswith("autoopt: fleet: "))
+    assert line.startswith("autoopt: fleet: 4 evaluations in ") and "cpu0 " in line and "cpu1 " in line
+
+
 def test_fleet_tune_stores_each_trial_under_the_gpu_its_worker_detected(monkeypatch):
     """Heterogeneous GPUs are distinct devices: each kind is tuned, its rows keyed by its fingerprint."""
     from autoopt.fleet import jobs

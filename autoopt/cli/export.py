@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -189,6 +190,7 @@ def _tune_fleet(args: argparse.Namespace, shards: tuple[MoeShard, ...]) -> int:
     from autoopt.planning.moe_configs import rank_chooser
     from autoopt.tuning.moe_configs import tuned_entries
 
+    t0 = time.perf_counter()
     with jobs.open_fleet(mode="tune", gpus=args.gpus, ray=args.ray, profile=args.profile) as fleet:
         kinds = fleet.kinds()
         if len(kinds) != 1:
@@ -198,8 +200,10 @@ def _tune_fleet(args: argparse.Namespace, shards: tuple[MoeShard, ...]) -> int:
         chooser = rank_chooser(device.gpu)
 
         def measure(ops: list[tuple[str, OpSpec]]) -> Sequence[TunedOp]:
-            return jobs.tune(fleet, ops, budget_trials=args.trials, budget_s=args.seconds,
+            done = jobs.tune(fleet, ops, budget_trials=args.trials, budget_s=args.seconds,
                              use_store=not args.no_store)
+            print(f"autoopt: fleet: {fleet.pool.stats.utilisation(time.perf_counter() - t0)}", file=sys.stderr)
+            return done
 
         return _write(args, shards, device.gpu, device.profile or device.gpu.name,
                       lambda s: tuned_entries(s, measure, chooser))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +89,7 @@ def _tune_fleet(args: argparse.Namespace) -> int:
     from autoopt.fleet import jobs
 
     ops = _tune_ops(args, None)
+    t0 = time.perf_counter()
     with jobs.open_fleet(mode="tune", gpus=args.gpus, ray=args.ray, profile=args.profile) as fleet:
         progress = _TuneProgress(len(ops) * args.trials * len(fleet.kinds()), fmt=args.format)
         try:
@@ -95,6 +97,7 @@ def _tune_fleet(args: argparse.Namespace) -> int:
                              use_store=not args.no_store, on_trial=progress.trial)
         finally:
             progress.close()
+        print(f"autoopt: fleet: {fleet.pool.stats.utilisation(time.perf_counter() - t0)}", file=sys.stderr)
     data = {"profile": args.profile, "gpu": ", ".join(d[0].gpu.name for d in fleet.kinds().values()),
             "devices": [d.to_dict() for d in fleet.devices], "ops": [t.to_dict() for t in done]}
     if args.format != "jsonl":

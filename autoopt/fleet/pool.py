@@ -87,17 +87,42 @@ class Outcome:
 
 @dataclass(slots=True)
 class PoolStats:
-    """Counts over a run (for reports and the fault tests)."""
+    """Counts over a run (for reports and the fault tests), and where each worker's seconds went: ``busy_s``
+    sums its evaluations' own seconds (``eval_s``), ``compile_s`` the part of them spent in Triton's
+    compiler (a compile, or a load from Triton's disk cache; GPU workers only), so a sweep's wall time
+    splits into compiling, the rest of the evaluations, and waiting (start-up, the searches' turns)."""
 
     restarts: int = 0
     retries: int = 0
     timeouts: int = 0
     duplicates_dropped: int = 0
     per_device: dict[str, int] = field(default_factory=dict)
+    busy_s: dict[str, float] = field(default_factory=dict)
+    compile_s: dict[str, float] = field(default_factory=dict)
+
+    def add_seconds(self, device: str, result: Mapping[str, Any] | None) -> None:
+        """Count an answered evaluation's own seconds (its ``eval_s`` and ``compile_s``, where given)."""
+        for key, total in (("eval_s", self.busy_s), ("compile_s", self.compile_s)):
+            value = (result or {}).get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                total[device] = total.get(device, 0.0) + float(value)
+
+    def utilisation(self, wall_s: float) -> str:
+        """One line: evaluations, and per device its busy seconds (of them compiling) against ``wall_s``."""
+        n = sum(self.per_device.values())
+        parts = []
+        for device in sorted(self.per_device):
+            busy = self.busy_s.get(device, 0.0)
+            comp = f", {self.compile_s[device]:.1f} s compiling" if device in self.compile_s else ""
+            pct = 100.0 * busy / wall_s if wall_s > 0 else 0.0
+            parts.append(f"{device} {self.per_device[device]} in {busy:.1f} s ({pct:.0f} %{comp})")
+        return f"{n} evaluations in {wall_s:.1f} s: " + "; ".join(parts)
 
 
 class Dispatcher(Protocol):
     """What the fleet's jobs need of a pool (local processes or Ray actors)."""
+
+    stats: PoolStats
 
     def submit(self, item: Item) -> None: ...
 
@@ -174,6 +199,7 @@ def settle(outcomes: dict[int, Outcome], stats: PoolStats, on_outcome: Callable[
             return
         outcomes[o.item] = o
         stats.per_device[o.device] = stats.per_device.get(o.device, 0) + 1
+        stats.add_seconds(o.device, o.result)
         if on_outcome is not None:
             on_outcome(o)
     return finish

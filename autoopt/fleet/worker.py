@@ -40,6 +40,7 @@ def worker_main(device: str, conn: Any, evaluator: str) -> None:
     # stand-in sees none, so it predicts (or checks in the interpreter) even on a GPU host
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     os.environ["CUDA_VISIBLE_DEVICES"] = device if device.isdigit() else ""
+    compiling = _compile_clock() if device.isdigit() else None
     fn = load_evaluator(evaluator)
     while True:
         try:
@@ -49,15 +50,41 @@ def worker_main(device: str, conn: Any, evaluator: str) -> None:
         if task is None:
             return
         item_id, op, config, profile = task
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), compiling() if compiling else 0.0
         try:
             out = fn(op, config, device=device, profile=profile)
         except Exception as exc:  # the item failed, the worker lives on
             conn.send((device, item_id, False, f"{type(exc).__name__}: {exc}"))
             continue
         # the worker's own seconds for the item (compile, inputs, reference, timed runs): what the
-        # fleet's scaling reports split into work and waiting
-        conn.send((device, item_id, True, {**out, "eval_s": round(time.perf_counter() - t0, 4)}))
+        # fleet's scaling reports split into work and waiting (PoolStats.utilisation)
+        spent = {"eval_s": round(time.perf_counter() - t0, 4)}
+        if compiling:
+            spent["compile_s"] = round(compiling() - c0, 4)
+        conn.send((device, item_id, True, {**out, **spent}))
+
+
+def _compile_clock() -> Callable[[], float] | None:
+    """Count the seconds this process spends in ``triton.compiler.compile`` (a compile, or a load from
+    Triton's disk cache: JIT launchers look the function up there when they first bind a kernel), and
+    return the running total's reader; None without Triton. Installed before any kernel is bound."""
+    try:
+        import triton.compiler as tc
+    except ImportError:
+        return None
+    real = tc.compile
+    total = [0.0]
+
+    @functools.wraps(real)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            total[0] += time.perf_counter() - t0
+
+    tc.compile = timed
+    return lambda: total[0]
 
 
 def evaluate_item(op: Mapping[str, Any], config: Mapping[str, Any], *, device: str,
