@@ -189,6 +189,38 @@ def test_backlog_prefers_the_most_recent_warm_op_that_has_an_item():
     assert backlog.take(None, warm=[op_key(b), op_key(a)])[0].id == 1  # then b, before the costlier c
 
 
+def test_an_item_pinned_to_a_device_goes_only_to_that_worker_while_it_lives():
+    backlog = Backlog()
+    backlog.push(Item(id=0, op={}, config={}, cost=9.0, device="1"))
+    backlog.push(Item(id=1, op={}, config={}, cost=1.0))
+    assert backlog.take(None, device="0", live={"0", "1"})[0].id == 1  # not the costlier item pinned to 1
+    assert backlog.take(None, device="0", live={"0", "1"}) is None
+    assert backlog.take(None, device="0", live={"0"})[0].id == 0  # 1's worker is gone: any worker may
+
+
+def test_each_search_keeps_to_one_device_costliest_ops_first():
+    from autoopt.fleet.devices import Device
+    from autoopt.fleet.jobs import _Job, _lanes
+
+    gpu = load_profile("h100-sxm").gpu
+    devs = [Device(name=str(i), gpu=gpu) for i in range(2)]
+    ops = [OpSpec(kind="gemm", shape=(m, 512, 512), dtype="bf16") for m in (16, 4096, 256)]
+    jobs = [_Job(name=str(k), op=op, device=devs[0], width=1) for k, op in enumerate(ops)]
+    lanes = _lanes({devs[0].kind: devs}, jobs)
+    assert [pin for _, pin in lanes] == ["0", "1"]
+    assert list(lanes[0][0]) == [1, 2, 0] and lanes[0][0] is lanes[1][0]  # one queue, largest M first
+
+
+def test_a_search_whose_round_spans_gpus_keeps_to_none():
+    from autoopt.fleet.devices import Device
+    from autoopt.fleet.jobs import _Job, _lanes
+
+    gpu = load_profile("h100-sxm").gpu
+    devs = [Device(name=str(i), gpu=gpu) for i in range(4)]
+    job = _Job(name="one", op=OpSpec(kind="gemm", shape=(64, 512, 512), dtype="bf16"), device=devs[0], width=4)
+    assert [pin for _, pin in _lanes({devs[0].kind: devs}, [job])] == [None]
+
+
 def test_a_worker_remembers_its_last_ops_as_many_as_the_runner_caches():
     from autoopt.backend.runner import CACHE_OPS
     from autoopt.fleet.pool import WARM_OPS, remember

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -128,9 +129,10 @@ def run_items(pool: Dispatcher, items: Sequence[Item], on_outcome: Callable[[Out
     return done
 
 
-def _item(id_: int, op: OpSpec, config: KernelConfig, device: Device) -> Item:
+def _item(id_: int, op: OpSpec, config: KernelConfig, device: Device, pin: str | None = None) -> Item:
     o, c = op.to_dict(), config.to_dict()
-    return Item(id=id_, op=o, config=c, profile=device.profile, kind=device.kind, cost=estimated_cost(o, c))
+    return Item(id=id_, op=o, config=c, profile=device.profile, kind=device.kind, cost=estimated_cost(o, c),
+                device=pin)
 
 
 #: GPUs that workers reported, by device fingerprint (parsed once)
@@ -185,7 +187,8 @@ class _Exchange:
         self._waiting: dict[int, Future[Outcome]] = {}
         self._stopped: BaseException | None = None
 
-    def evaluate(self, op: OpSpec, configs: Sequence[KernelConfig], device: Device) -> list[Outcome]:
+    def evaluate(self, op: OpSpec, configs: Sequence[KernelConfig], device: Device,
+                 pin: str | None = None) -> list[Outcome]:
         futures = []
         with self._lock:
             if self._stopped is not None:
@@ -193,7 +196,7 @@ class _Exchange:
             for cfg in configs:
                 self._next += 1
                 futures.append(self._waiting.setdefault(self._next, Future()))
-                self._pool.submit(_item(self._next, op, cfg, device))
+                self._pool.submit(_item(self._next, op, cfg, device, pin))
         return [f.result() for f in futures]
 
     def pump(self, finished: Callable[[], bool]) -> None:
@@ -238,16 +241,49 @@ def tune(fleet: Fleet, ops: Sequence[tuple[str, OpSpec]], *, budget_trials: int 
                 on_trial(name, trial)
 
     store = open_default() if use_store else None
+    done: dict[int, TunedOp] = {}
+
+    def lane(queue: deque[int], pin: str | None) -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                k = queue.popleft()
+            done[k] = _tune_job(jobs[k], exchange, store, budget_trials, budget_s, report, pin)
+
     try:
-        with ThreadPoolExecutor(max_workers=_searches(len(jobs), len(fleet.devices))) as threads:
-            futures = [threads.submit(_tune_job, job, exchange, store, budget_trials, budget_s, report)
-                       for job in jobs]
+        lanes = _lanes(kinds, jobs)
+        with ThreadPoolExecutor(max_workers=len(lanes)) as threads:
+            futures = [threads.submit(lane, queue, pin) for queue, pin in lanes]
             exchange.pump(lambda: all(f.done() for f in futures))
-        return [f.result() for f in futures]
+        for f in futures:
+            f.result()
+        return [done[k] for k in range(len(jobs))]
     finally:
         if store is not None:
             store.close()
             refresh_snapshots(store.path)  # the next start-up reads the new winners without SQLite
+
+
+def _lanes(kinds: Mapping[str, list[Device]], jobs: Sequence[_Job]) -> list[tuple[deque[int], str | None]]:
+    """The searches that run at once, as (their kind's shared queue of job indices, the device they keep
+    to): per kind, :func:`_searches` of them, its costliest ops first (longest-processing-time-first at the
+    op level), each search kept on one device of the kind. On four H200s, Mixtral TP8's 18-op sweep with
+    any worker taking any search's next trial spent 108 s of evaluation against 63 s for the same trials on
+    one GPU: a trial that lands on a worker without its op's inputs and reference pays their set-up
+    (benchmarks/results/h200/moe_tune_scaling_fleet.json). A round that spans GPUs (fewer ops than devices)
+    is not kept to one."""
+    out: list[tuple[deque[int], str | None]] = []
+    for kind, devs in kinds.items():
+        mine = [k for k, j in enumerate(jobs) if j.device.kind == kind]
+        if not mine:
+            continue
+        mine.sort(key=lambda k: -estimated_cost(jobs[k].op.to_dict(), {}))
+        queue = deque(mine)
+        spans = jobs[mine[0]].width > 1
+        n = _searches(len(mine), len(devs))
+        out += [(queue, None if spans else devs[i % len(devs)].name) for i in range(n)]
+    return out
 
 
 def _searches(jobs: int, devices: int) -> int:
@@ -261,15 +297,16 @@ def _searches(jobs: int, devices: int) -> int:
 
 
 def _tune_job(job: _Job, exchange: _Exchange, store: Any, budget_trials: int, budget_s: float | None,
-              report: Callable[[str, Trial], None]) -> TunedOp:
-    """One op's search on one kind: proposals evaluated on the fleet, each trial kept as it lands."""
+              report: Callable[[str, Trial], None], pin: str | None = None) -> TunedOp:
+    """One op's search on one kind: proposals evaluated on the fleet (on device ``pin`` when given), each
+    trial kept as it lands."""
     gpu = job.device.gpu
     failed, previous = campaign.known(store, gpu, job.op)
     ran_on: dict[tuple[Any, ...], GPUProfile] = {}
 
     def evaluate_many(op: OpSpec, configs: Sequence[KernelConfig]) -> list[Result]:
         results = []
-        for cfg, o in zip(configs, exchange.evaluate(op, configs, job.device), strict=True):
+        for cfg, o in zip(configs, exchange.evaluate(op, configs, job.device, pin), strict=True):
             res, ran_on[cfg.key()] = _result(o, op, cfg, gpu)
             results.append(res)
         return results

@@ -37,7 +37,7 @@ import multiprocessing.connection as mp_connection
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -66,6 +66,9 @@ class Item:
     kind: str | None = None
     #: estimated seconds (:func:`autoopt.fleet.cost.estimated_cost`): the costliest waiting item goes first
     cost: float = 0.0
+    #: only this device's worker takes it while that worker lives (a search kept on one GPU, where its op's
+    #: inputs and reference are); None: any worker. The local pool honours it; a Ray pool does not
+    device: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,14 +166,17 @@ class Backlog:
         with self._lock:
             self._items.append((item, attempt, next(self._seq), key))
 
-    def take(self, kind: str | None, warm: Sequence[str] = ()) -> tuple[Item, int] | None:
-        """The next (item, attempt) for a worker of ``kind`` that holds the ops ``warm`` (their
-        :func:`op_key`, most recent last), or None when none may go to it: a retry first, then the
-        costliest item of the most recent warm op that has one, then the costliest of all. One pass
-        over the waiting items."""
+    def take(self, kind: str | None, warm: Sequence[str] = (), *, device: str | None = None,
+             live: Container[str] = ()) -> tuple[Item, int] | None:
+        """The next (item, attempt) for the worker of ``device`` (None: pins ignored), of ``kind``, that
+        holds the ops ``warm`` (their :func:`op_key`, most recent last), or None when none may go to it:
+        a retry first, then the costliest item of the most recent warm op that has one, then the costliest
+        of all. An item pinned to another device goes to it only while that device is not ``live``. One
+        pass over the waiting items."""
         rank = {key: i + 1 for i, key in enumerate(warm)}
         with self._lock:
-            fits = [e for e in self._items if e[0].kind is None or e[0].kind == kind]
+            fits = [e for e in self._items if (e[0].kind is None or e[0].kind == kind)
+                    and (device is None or e[0].device in (None, device) or e[0].device not in live)]
             if not fits:
                 return None
             best = max(fits, key=lambda e: (e[1] > 1, rank.get(e[3], 0), e[0].cost if e[1] == 1 else 0.0, -e[2]))
@@ -289,6 +295,8 @@ class LocalPool:
     def submit(self, item: Item) -> None:
         if item.kind is not None and item.kind not in self.kinds.values():
             raise AutooptError(f"fleet: no worker of kind {item.kind} for item {item.id}")
+        if item.device is not None and item.device not in self.kinds:
+            raise AutooptError(f"fleet: no worker of device {item.device} for item {item.id}")
         self._backlog.push(item)
         with self._wake_lock:
             if not self._wake_sent:
@@ -361,9 +369,10 @@ def drain(pool: Dispatcher, items: Sequence[Item], *, wait_s: float,
 
 def _assign(workers: dict[str, _Worker], kinds: Mapping[str, str | None], backlog: Backlog,
             attempts: dict[int, int], outcomes: Mapping[int, Outcome]) -> None:
+    live = {d for d, w in workers.items() if w.alive()}
     for device, w in workers.items():
         while w.item is None and w.alive():
-            taken = backlog.take(kinds[device], w.warm)
+            taken = backlog.take(kinds[device], w.warm, device=device, live=live)
             if taken is None:
                 break
             item, attempt = taken
