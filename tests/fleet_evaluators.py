@@ -64,6 +64,13 @@ def echo(op: dict[str, Any], config: dict[str, Any], *, device: str, profile: st
     return {"m": op["shape"][0], "stages": config["config"].get("num_stages")}
 
 
+def threads(op: dict[str, Any], config: dict[str, Any], *, device: str, profile: str | None = None) -> Any:
+    """The worker's own OMP_NUM_THREADS (its share of the host's cores)."""
+    import os
+
+    return {"omp": os.environ.get("OMP_NUM_THREADS")}
+
+
 def fake_measured(op: dict[str, Any], config: dict[str, Any], *, device: str, profile: str | None = None) -> Any:
     """A made-up measured time (the cost model's) instead of a run, so the tuner keeps rows in the store
     as it would on a GPU; the worker's GPU comes back with it, as from a real worker."""

@@ -56,6 +56,13 @@ def test_pool_stats_sum_each_devices_evaluation_seconds_from_the_workers_answers
     assert stats.compile_s == {}  # a CPU stand-in has no compile clock
 
 
+def test_each_worker_gets_its_share_of_the_hosts_cores_for_torchs_threads(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    items = [Item(id=k, op={"kind": "add", "shape": [4, 4]}, config={}) for k in range(2)]
+    out, _ = run_pool(items, ["cpu0", "cpu1"], evaluator="fleet_evaluators:threads", timeout_s=300)
+    assert {o.result["omp"] for o in out} == {str(max(1, (os.cpu_count() or 1) // 2))}
+
+
 def test_pool_stats_utilisation_line_names_each_devices_busy_and_compiling_share():
     from autoopt.fleet.pool import PoolStats
 

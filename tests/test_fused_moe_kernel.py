@@ -198,6 +198,16 @@ def test_registry_routing_is_a_softmax_top_k_never_zero():
     assert bool((ids[:, 0] != ids[:, 1]).all()) and inp["w13"].shape == (5, 64, 64) and inp["w2"].shape == (5, 64, 32)
 
 
+def test_the_ops_of_one_layer_at_every_m_share_its_experts_drawn_once():
+    small, large = (OpSpec(kind="fused_moe", shape=(m, 4, 2, 32, 64), dtype="fp16") for m in (3, 48))
+    a, b = registry.make_inputs(small, "cpu"), registry.make_inputs(large, "cpu")
+    assert b["w13"] is a["w13"] and b["w2"] is a["w2"] and a["x"].shape == (3, 64) and b["x"].shape == (48, 64)
+    other = registry.make_inputs(small, "cpu", seed=1)
+    assert not bool((other["w13"] == a["w13"]).all())
+    again = registry.make_inputs(small, "cpu")  # drawn again after another seed's: the same values
+    assert again["w13"] is not a["w13"] and bool((again["w13"] == a["w13"]).all())
+
+
 def test_torch_baseline_is_the_per_expert_loop():
     op = OpSpec(kind="fused_moe", shape=(5, 3, 2, 32, 48), dtype="fp16")
     inp = registry.make_inputs(op, "cpu")

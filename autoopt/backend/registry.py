@@ -220,13 +220,35 @@ def _quant_inputs(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
 def _moe_inputs(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
     """A fused-MoE layer: ``x`` (``hidden`` ``[M, K]``, or the activation ``[M*topk, N]`` for the down GEMM
     alone), experts ``w13`` ``[E, 2N, K]`` and ``w2`` ``[E, K, N]`` ~ N(0, 1/fan-in) (quantized per expert into
-    ``op.weight``'s format, scales ``w13_scale``/``w2_scale``), and a routing drawn as a router makes one:
-    softmax over random logits, its top-k (``topk_weights`` fp32, ``topk_ids`` int64)."""
+    ``op.weight``'s format, scales ``w13_scale``/``w2_scale``; drawn from ``seed + 1`` whatever M, and kept for
+    the next op of the same layer), and a routing drawn as a router makes one: softmax over random logits, its
+    top-k (``topk_weights`` fp32, ``topk_ids`` int64)."""
     import torch
 
-    m, e, topk, n, k = op.shape
+    m, _, topk, n, k = op.shape
     x = _randn((m * topk, n) if op.moe_gemm == "down" else (m, k), op.dtype, device, gen)
     out: dict[str, Any] = {"x": x, **_moe_routing(op, device, gen)}
+    key = (op.shape[1:], op.dtype, op.weight, str(device), gen.initial_seed())
+    if str(device) != "meta" and _MOE_EXPERTS.get("key") == key:
+        return {**out, **_MOE_EXPERTS["tensors"]}
+    experts = _moe_experts(op, device, torch.Generator(device="cpu").manual_seed(gen.initial_seed() + 1))
+    if str(device) != "meta":
+        _MOE_EXPERTS.update(key=key, tensors=experts)
+    return {**out, **experts}
+
+
+#: the last experts drawn (one layer's, on one device): a sweep over M (``export moe-configs --tune``: 18 ops of
+#: one layer) draws them once, not once an M. Mixtral TP8's experts are 176 M weights drawn on the CPU.
+_MOE_EXPERTS: dict[str, Any] = {}
+
+
+def _moe_experts(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
+    """The experts ``w13`` ``[E, 2N, K]`` and ``w2`` ``[E, K, N]`` of :func:`_moe_inputs`, from their own
+    generator (the same experts for every M)."""
+    import torch
+
+    _, e, _, n, k = op.shape
+    out: dict[str, Any] = {}
     fmt = op.weight_format
     for name, (rows, cols) in (("w13", (2 * n, k)), ("w2", (k, n))):
         if fmt is None:

@@ -34,6 +34,7 @@ import itertools
 import json
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
+import os
 import signal
 import threading
 import time
@@ -227,12 +228,12 @@ class _Worker:
     channel: a worker killed mid-write (SIGKILL, a segfault) can only break its own pipe, which goes
     with it, never a queue the other workers share (a shared queue's lock would stay held)."""
 
-    def __init__(self, ctx: Any, device: str, evaluator: str) -> None:
+    def __init__(self, ctx: Any, device: str, evaluator: str, threads: int = 0) -> None:
         from autoopt.fleet.worker import worker_main
 
-        self.device = device
+        self.device, self.threads = device, threads
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=worker_main, args=(device, child, evaluator), daemon=True,
+        self.proc = ctx.Process(target=worker_main, args=(device, child, evaluator, threads), daemon=True,
                                 name=f"autoopt-fleet-{device}")
         self.proc.start()
         child.close()
@@ -277,7 +278,10 @@ class LocalPool:
         self.outcomes: dict[int, Outcome] = {}
         self.stats = PoolStats(per_device={d: 0 for d in devices})
         self._ctx = mp.get_context("spawn")
-        self._workers = {d: _Worker(self._ctx, d, evaluator) for d in devices}
+        # each worker's share of the host's cores for torch's CPU work (drawing inputs, dtype conversions):
+        # every process's thread pool sized to all cores oversubscribes them when the workers set up at once
+        threads = max(1, (os.cpu_count() or 1) // len(devices))
+        self._workers = {d: _Worker(self._ctx, d, evaluator, threads) for d in devices}
         self._backlog = Backlog()
         self._attempts: dict[int, int] = {}
         self._restarts = {d: 0 for d in devices}
@@ -437,4 +441,4 @@ def _police(ctx: Any, workers: dict[str, _Worker], evaluator: str, backlog: Back
         stats.restarts += 1
         log.warning("fleet: restarting the worker of device %s (%s)", device, _exit_reason(w.proc.exitcode))
         w.conn.close()
-        workers[device] = _Worker(ctx, device, evaluator)
+        workers[device] = _Worker(ctx, device, evaluator, w.threads)

@@ -35,11 +35,13 @@ def load_evaluator(spec: str) -> Callable[..., Mapping[str, Any]]:
     return fn
 
 
-def worker_main(device: str, conn: Any, evaluator: str) -> None:
+def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0) -> None:
     # this worker sees one GPU, as cuda:0, numbered as NVML (and so detection) numbers them; a CPU
     # stand-in sees none, so it predicts (or checks in the interpreter) even on a GPU host
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     os.environ["CUDA_VISIBLE_DEVICES"] = device if device.isdigit() else ""
+    if threads > 0:  # its share of the host's cores for torch's CPU threads (set before torch loads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     compiling = _compile_clock() if device.isdigit() else None
     fn = load_evaluator(evaluator)
     while True:
