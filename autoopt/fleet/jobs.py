@@ -269,10 +269,10 @@ def _lanes(kinds: Mapping[str, list[Device]], jobs: Sequence[_Job]) -> list[tupl
     """The searches that run at once, as (their kind's shared queue of job indices, the device they keep
     to): per kind, :func:`_searches` of them, its costliest ops first (longest-processing-time-first at the
     op level), each search kept on one device of the kind. On four H200s, Mixtral TP8's 18-op sweep with
-    any worker taking any search's next trial spent 108 s of evaluation against 63 s for the same trials on
-    one GPU: a trial that lands on a worker without its op's inputs and reference pays their set-up
-    (benchmarks/results/h200/moe_tune_scaling_fleet.json). A round that spans GPUs (fewer ops than devices)
-    is not kept to one."""
+    any worker taking any search's next trial spent 108 s of evaluation (wall 48.0 s) against 63 s for the
+    same trials on one GPU: a trial that lands on a worker without its op's inputs and reference pays their
+    set-up. Kept to one device: 93 s (wall 34.4 s; benchmarks/results/h200/moe_tune_scaling_fleet.json,
+    moe_tune_scaling_pinned.json). A round that spans GPUs (fewer ops than devices) is not kept to one."""
     out: list[tuple[deque[int], str | None]] = []
     for kind, devs in kinds.items():
         mine = [k for k, j in enumerate(jobs) if j.device.kind == kind]
