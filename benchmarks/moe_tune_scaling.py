@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,8 +26,11 @@ def _sweep(model: str, tp: int, folder: Path, gpus: str | None) -> tuple[float, 
     """(wall seconds, {file name: its JSON}, the CLI's stderr tail) of one tuned export."""
     cmd = [sys.executable, "-m", "autoopt", "export", "moe-configs", "--model", model, "--tp", str(tp), "--tune",
            "--no-store", "--out", str(folder)] + (["--gpus", gpus] if gpus else [])
+    # each sweep compiles into its own empty Triton cache: a later sweep must not find the kernels an earlier
+    # one compiled (the first runs of this script shared ~/.triton/cache, so only the first sweep compiled)
+    env = {**os.environ, "TRITON_CACHE_DIR": str(folder.with_name(folder.name + "_triton_cache"))}
     t0 = time.perf_counter()
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     wall = time.perf_counter() - t0
     if run.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[2:])} exited {run.returncode}: {run.stderr.strip()[-600:]}")
@@ -62,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         fleet_one = _sweep(args.model, args.tp, Path(tmp) / "fleet_one", "0") if args.fleet_of_one else None
     same = sum(one[f][m] == every[f][m] for f in one if f in every for m in one[f] if m in every[f])
     result = {"env": env, "model": args.model, "tp": args.tp, "timing": "graph replay (do_bench_cudagraph)",
+              "triton_cache": "empty for each sweep",
               "one_gpu_s": round(one_s, 1), "all_gpus_s": round(all_s, 1), "speedup": round(one_s / all_s, 2),
               "same_files": sorted(one) == sorted(every), "same_m_keys": _labels(one) == _labels(every),
               "same_configs": same, "one": one, "all": every, "one_log_tail": one_log, "all_log_tail": all_log,
