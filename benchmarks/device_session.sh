@@ -36,7 +36,7 @@ for s in "$@"; do
     # (BUDGET=S: batch by batch, the GPU layouts too, no batch started that would end past S seconds)
     regret)   stage regret python3 -m autoopt check regret --model llama-3-8b --layers 8 --gpus "${GPUS:-1}" ${BATCHES:+--batches "$BATCHES"} ${BUDGET:+--budget-s "$BUDGET"} --out "$R/regret_${GPUS:-1}gpu_layers8${BATCHES:+_b${BATCHES//,/_}}.json" ;;
     # issue 28: export moe-configs --tune on one GPU, on all, and through the fleet on one (its per-trial cost)
-    moescale) TAIL=8 stage moescale python3 benchmarks/moe_tune_scaling.py --fleet-of-one --out "$R/moe_tune_scaling.json" ;;
+    moescale) TAIL=8 stage moescale python3 benchmarks/moe_tune_scaling.py --ahead --out "$R/moe_tune_scaling.json" ;;
     # issue 28: int4 experts (vLLM's int4_w4a16) tuned on this GPU with autoopt's kernel
     moeint4)  stage moeint4 python3 -m autoopt export moe-configs --model mixtral-8x7b --tp 8 --dtype int4_w4a16 --tune --no-store --out "$R/moe_int4" ;;
     # issue 28: optimize() on the MoE models (bf16 experts, int4 and fp8 experts) against transformers' experts

@@ -22,13 +22,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _sweep(model: str, tp: int, folder: Path, gpus: str | None) -> tuple[float, dict[str, Any], str]:
+def _sweep(model: str, tp: int, folder: Path, gpus: str | None, extra_env: dict[str, str] | None = None
+           ) -> tuple[float, dict[str, Any], str]:
     """(wall seconds, {file name: its JSON}, the CLI's stderr tail) of one tuned export."""
     cmd = [sys.executable, "-m", "autoopt", "export", "moe-configs", "--model", model, "--tp", str(tp), "--tune",
            "--no-store", "--out", str(folder)] + (["--gpus", gpus] if gpus else [])
     # each sweep compiles into its own empty Triton cache: a later sweep must not find the kernels an earlier
     # one compiled (the first runs of this script shared ~/.triton/cache, so only the first sweep compiled)
-    env = {**os.environ, "TRITON_CACHE_DIR": str(folder.with_name(folder.name + "_triton_cache"))}
+    env = {**os.environ, "TRITON_CACHE_DIR": str(folder.with_name(folder.name + "_triton_cache")), **(extra_env or {})}
     t0 = time.perf_counter()
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     wall = time.perf_counter() - t0
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="mixtral-8x7b")
     ap.add_argument("--tp", type=int, default=8)
+    ap.add_argument("--ahead", action="store_true", help="also sweep --gpus all with AUTOOPT_PRECOMPILE=1 (the "
+                    "fleet's searches compiling ahead)")
     ap.add_argument("--fleet-of-one", action="store_true", help="also sweep with --gpus 0 (the fleet's path, one GPU)")
     args = ap.parse_args(argv)
     import torch
@@ -64,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         one_s, one, one_log = _sweep(args.model, args.tp, Path(tmp) / "one", None)
         all_s, every, all_log = _sweep(args.model, args.tp, Path(tmp) / "all", "all")
         fleet_one = _sweep(args.model, args.tp, Path(tmp) / "fleet_one", "0") if args.fleet_of_one else None
+        ahead = (_sweep(args.model, args.tp, Path(tmp) / "ahead", "all", {"AUTOOPT_PRECOMPILE": "1"})
+                 if args.ahead else None)
     same = sum(one[f][m] == every[f][m] for f in one if f in every for m in one[f] if m in every[f])
     result = {"env": env, "model": args.model, "tp": args.tp, "timing": "graph replay (do_bench_cudagraph)",
               "triton_cache": "empty for each sweep",
@@ -71,12 +76,16 @@ def main(argv: list[str] | None = None) -> int:
               "same_files": sorted(one) == sorted(every), "same_m_keys": _labels(one) == _labels(every),
               "same_configs": same, "one": one, "all": every, "one_log_tail": one_log, "all_log_tail": all_log,
               "all_fleet_line": _fleet_line(all_log)}
+    if ahead is not None:  # the fleet's searches compiling ahead in the parent's pool (AUTOOPT_PRECOMPILE=1)
+        result.update(ahead_gpus_s=round(ahead[0], 1), ahead_speedup=round(one_s / ahead[0], 2),
+                      ahead_fleet_line=_fleet_line(ahead[2]), ahead_log_tail=ahead[2])
     if fleet_one is not None:  # the fleet's machinery on one GPU: its per-trial cost beside the in-process tuner's
         result.update(fleet_one_s=round(fleet_one[0], 1), fleet_one_fleet_line=_fleet_line(fleet_one[2]),
                       fleet_one_log_tail=fleet_one[2])
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result.get(k) for k in ("one_gpu_s", "all_gpus_s", "speedup", "same_files", "same_m_keys",
-                                                 "same_configs", "all_fleet_line", "fleet_one_s",
+                                                 "same_configs", "all_fleet_line", "ahead_gpus_s", "ahead_speedup",
+                                                 "ahead_fleet_line", "fleet_one_s",
                                                  "fleet_one_fleet_line")}))
     return 0
 

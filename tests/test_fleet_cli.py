@@ -221,6 +221,24 @@ def test_a_search_whose_round_spans_gpus_keeps_to_none():
     assert [pin for _, pin in _lanes({devs[0].kind: devs}, [job])] == [None]
 
 
+def test_fleet_searches_compile_ahead_only_where_autoopt_precompile_asks(monkeypatch):
+    from autoopt.fleet import jobs
+    from autoopt.tuning import precompile
+
+    class Pool:
+        def submit(self, op, configs):
+            return 0
+
+    pool = Pool()
+    monkeypatch.setattr(precompile, "default_precompiler", lambda: pool)
+    monkeypatch.delenv("AUTOOPT_PRECOMPILE", raising=False)
+    assert jobs._ahead() is False
+    monkeypatch.setenv("AUTOOPT_PRECOMPILE", "1")
+    assert jobs._ahead() == pool.submit
+    monkeypatch.setattr(precompile, "default_precompiler", lambda: None)  # no CUDA here: none to compile for
+    assert jobs._ahead() is False
+
+
 def test_a_worker_remembers_its_last_ops_as_many_as_the_runner_caches():
     from autoopt.backend.runner import CACHE_OPS
     from autoopt.fleet.pool import WARM_OPS, remember

@@ -18,6 +18,7 @@ row under the fingerprint of the GPU its worker detected.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -40,7 +41,7 @@ from autoopt.results.lookup import refresh_snapshots
 from autoopt.results.store import open_default
 from autoopt.tuning import campaign, tuner
 from autoopt.tuning.campaign import TunedOp
-from autoopt.tuning.tuner import Trial
+from autoopt.tuning.tuner import Prefetch, Trial
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Fleet", "FleetBenchRow", "bench", "open_fleet", "tune"]
 
@@ -315,9 +316,20 @@ def _tune_job(job: _Job, exchange: _Exchange, store: Any, budget_trials: int, bu
         campaign.keep(ran_on.get(trial.config.key(), gpu), job.op, trial, store)
         report(job.name, trial)
 
-    # No compile-ahead pool: with the one-GPU tuner's pool filling the Triton cache ahead of the workers,
-    # Mixtral TP8's 18-M sweep on four H100s took 49.6 s against 37.9 s without it (one H100: 76.9 and
-    # 79.0 s; benchmarks/results/h100/moe_tune_scaling_ahead.json, moe_tune_scaling_graphed.json).
     result = tuner.tune(gpu, job.op, budget_trials=budget_trials, budget_s=budget_s, failed=failed,
-                        on_trial=record, evaluate_many=evaluate_many, batch=job.width, prefetch=False)
+                        on_trial=record, evaluate_many=evaluate_many, batch=job.width, prefetch=_ahead())
     return TunedOp(name=job.name, result=result, previous_us=previous)
+
+
+def _ahead() -> Prefetch | bool:
+    """The compile-ahead pool's ``submit`` for a fleet's searches where ``AUTOOPT_PRECOMPILE=1`` asks for it,
+    else no compile-ahead. Off by default: with it, Mixtral TP8's 18-M sweep on four H100s took 49.6 s
+    against 37.9 s without (benchmarks/results/h100/moe_tune_scaling_ahead.json), but both fleet runs found
+    the kernels the one-GPU sweep before them had compiled; with an empty cache the four H200s' workers
+    spent 26-34 s of 42-51 s compiling (h200/moe_tune_scaling_cold.json). The cold A/B decides the default."""
+    if os.environ.get("AUTOOPT_PRECOMPILE") != "1":
+        return False
+    from autoopt.tuning.precompile import default_precompiler
+
+    pool = default_precompiler()
+    return pool.submit if pool is not None else False
