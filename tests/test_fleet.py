@@ -63,6 +63,14 @@ def test_each_worker_gets_its_share_of_the_hosts_cores_for_torchs_threads(monkey
     assert {o.result["omp"] for o in out} == {str(max(1, (os.cpu_count() or 1) // 2))}
 
 
+def test_an_item_pinned_to_a_device_the_pool_lacks_is_refused():
+    from autoopt.fleet import LocalPool
+
+    with LocalPool(["cpu0"], evaluator="fleet_evaluators:echo") as pool, \
+            pytest.raises(AutooptError, match="no worker of device cpu7 for item 0"):
+        pool.submit(Item(id=0, op={"kind": "add", "shape": [4, 4]}, config={}, device="cpu7"))
+
+
 def test_pool_stats_utilisation_line_names_each_devices_busy_and_compiling_share():
     from autoopt.fleet.pool import PoolStats
 

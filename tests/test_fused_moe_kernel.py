@@ -208,6 +208,18 @@ def test_the_ops_of_one_layer_at_every_m_share_its_experts_drawn_once():
     assert again["w13"] is not a["w13"] and bool((again["w13"] == a["w13"]).all())
 
 
+def test_experts_no_op_holds_any_more_are_not_kept():
+    import gc
+    import weakref
+
+    op = OpSpec(kind="fused_moe", shape=(3, 4, 2, 32, 64), dtype="fp16")
+    inputs = registry.make_inputs(op, "cpu", seed=7)
+    gone = weakref.ref(inputs["w13"])
+    del inputs
+    gc.collect()
+    assert gone() is None  # the registry held them only weakly
+
+
 def test_torch_baseline_is_the_per_expert_loop():
     op = OpSpec(kind="fused_moe", shape=(5, 3, 2, 32, 48), dtype="fp16")
     inp = registry.make_inputs(op, "cpu")

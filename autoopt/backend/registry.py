@@ -21,6 +21,7 @@ job. An optional ``bias`` ``[N]`` in the inputs is added by the quantized kernel
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -229,17 +230,21 @@ def _moe_inputs(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
     x = _randn((m * topk, n) if op.moe_gemm == "down" else (m, k), op.dtype, device, gen)
     out: dict[str, Any] = {"x": x, **_moe_routing(op, device, gen)}
     key = (op.shape[1:], op.dtype, op.weight, str(device), gen.initial_seed())
-    if str(device) != "meta" and _MOE_EXPERTS.get("key") == key:
-        return {**out, **_MOE_EXPERTS["tensors"]}
+    held = {name: ref() for name, ref in _MOE_EXPERTS.get(key, {}).items()}
+    if held and all(t is not None for t in held.values()):
+        return {**out, **held}
     experts = _moe_experts(op, device, torch.Generator(device="cpu").manual_seed(gen.initial_seed() + 1))
     if str(device) != "meta":
-        _MOE_EXPERTS.update(key=key, tensors=experts)
+        _MOE_EXPERTS.clear()
+        _MOE_EXPERTS[key] = {name: weakref.ref(t) for name, t in experts.items()}
     return {**out, **experts}
 
 
-#: the last experts drawn (one layer's, on one device): a sweep over M (``export moe-configs --tune``: 18 ops of
-#: one layer) draws them once, not once an M. Mixtral TP8's experts are 176 M weights drawn on the CPU.
-_MOE_EXPERTS: dict[str, Any] = {}
+#: the last experts drawn (one layer's, on one device), held weakly: while an op's inputs that hold them live
+#: (the runner keeps the last few ops'), the next op of the layer reuses them, so a sweep over M (``export
+#: moe-configs --tune``: 18 ops of one layer) draws them once, not once an M (Mixtral TP8's experts are 176 M
+#: weights drawn on the CPU); nothing is kept past the runner's own cache
+_MOE_EXPERTS: dict[tuple[Any, ...], dict[str, weakref.ref[Any]]] = {}
 
 
 def _moe_experts(op: OpSpec, device: Any, gen: Any) -> dict[str, Any]:
