@@ -35,8 +35,8 @@ for s in "$@"; do
     tptrace)  stage tptrace python3 -m torch.distributed.run --standalone --nproc_per_node "${GPUS:-2}" benchmarks/tp_trace.py --out "$R/tp_trace_${GPUS:-2}gpu.json" ;;
     # (BUDGET=S: batch by batch, the GPU layouts too, no batch started that would end past S seconds)
     regret)   stage regret python3 -m autoopt check regret --model llama-3-8b --layers 8 --gpus "${GPUS:-1}" ${BATCHES:+--batches "$BATCHES"} ${BUDGET:+--budget-s "$BUDGET"} --out "$R/regret_${GPUS:-1}gpu_layers8${BATCHES:+_b${BATCHES//,/_}}.json" ;;
-    # issue 28: export moe-configs --tune on one GPU, on all, and through the fleet on one (its per-trial cost)
-    moescale) TAIL=8 stage moescale python3 benchmarks/moe_tune_scaling.py --ahead --out "$R/moe_tune_scaling.json" ;;
+    # issue 28: export moe-configs --tune on one GPU, on all (compile-ahead pool of 8), on all with a pool of POOL
+    moescale) TAIL=8 stage moescale python3 benchmarks/moe_tune_scaling.py --pool "${POOL:-16}" --out "$R/moe_tune_scaling.json" ;;
     # issue 28: int4 experts (vLLM's int4_w4a16) tuned on this GPU with autoopt's kernel
     moeint4)  stage moeint4 python3 -m autoopt export moe-configs --model mixtral-8x7b --tp 8 --dtype int4_w4a16 --tune --no-store --out "$R/moe_int4" ;;
     # issue 28: optimize() on the MoE models (bf16 experts, int4 and fp8 experts) against transformers' experts
@@ -49,6 +49,12 @@ for s in "$@"; do
     # the same timed replayed from CUDA graphs over shifted routings (the M = 1 points otherwise time the host)
     # (--budget-s 400: the 2026-11-28 run of the default 520 ran past the call's 600 s in its last point)
     mrcg)     stage mrcg python3 benchmarks/moe_runtime_configs.py --vllm-src .vllm --graph --budget-s 400 ${CASES:+--cases "$CASES"} --out "$R/moe_runtime_configs_graph.json" ;;
+    # issue 29: NCCL all-reduce against message size on this host's GPUs (GPUS of them), graph-replayed (~30 s)
+    nccl)     stage nccl python3 -m torch.distributed.run --standalone --nproc_per_node "${GPUS:-2}" benchmarks/nccl_allreduce.py --out "$R/nccl_allreduce_tp${GPUS:-2}.json" ;;
+    # issue 27: where int4's 1 x 2048 prefill goes by kernel: bf16 + compile, int4 eager, int4 + compile (~4 min)
+    i4prefill) TAIL=60 stage i4prefill python3 benchmarks/e2e_prefill_profile.py --weights int4 --top 20 --out "$R/prefill_profile_int4.json" ;;
+    # the same into a fresh DynamicCache (model(ids)): optimize()'s causal_mask leaves SDPA causal under compile
+    i4prefillc) TAIL=60 stage i4prefillc python3 benchmarks/e2e_prefill_profile.py --weights int4 --use-cache --top 12 --out "$R/prefill_profile_int4_cache.json" ;;
     # issue 29: a second model and a fourth batch, toward 20 measured workloads
     regret2)  stage regret2 python3 -m autoopt check regret --model qwen2.5-7b --layers 8 --batches 1,8,16,32 --gpus "${GPUS:-1}" --out "$R/regret_qwen_${GPUS:-1}gpu_layers8.json" ;;
     # issue 29: where the batch-32 graphed step's time goes (predicted 0.62-0.70 of measured), eager and compiled

@@ -7,6 +7,9 @@ to enqueue one prefill, and the host-side ops with the most self CPU time.
 
     PYTHONPATH=. python benchmarks/e2e_prefill_profile.py --model llama-3-8b --batch 1 --seq 2048 \
         --out prefill_profile.json
+
+``--weights int4`` (or fp8, int8) quantizes in ``optimize()`` and profiles that model's prefill uncompiled as well
+as compiled (issue 27: int4's compiled prefill measured slower than its eager one).
 """
 
 from __future__ import annotations
@@ -80,18 +83,23 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--weights", default="bf16", help="optimize()'s weight format (default %(default)s)")
+    ap.add_argument("--use-cache", action="store_true", help="prefill into a fresh DynamicCache (a plain model(ids) "
+                    "call) instead of use_cache=False")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     model = build_model(args.model)
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device="cuda")
     result: dict = {"model": args.model, "batch": args.batch, "seq": args.seq, "device": torch.cuda.get_device_name(),
-                    "versions": _versions()}
-    for variant in ("compile", "optimize+compile"):
-        if variant == "optimize+compile":
-            autoopt.optimize(model)
-        fwd = _prefill_forward(model, compiled=True)
+                    "weights": args.weights, "use_cache": args.use_cache, "versions": _versions()}
+    variants = ["compile", "optimize+compile"] if args.weights == "bf16" else ["compile", "optimize", "optimize+compile"]
+    for variant in variants:
+        if variant.startswith("optimize") and "optimized" not in result:
+            autoopt.optimize(model, weights=args.weights)
+            result["optimized"] = True
+        fwd = _prefill_forward(model, compiled=variant.endswith("compile"))
         with torch.no_grad():
-            step = lambda f=fwd: f(input_ids=ids, use_cache=False)  # noqa: E731
+            step = lambda f=fwd: f(input_ids=ids, use_cache=args.use_cache)  # noqa: E731
             for _ in range(3):
                 step()
             ms = _median_ms(step, "cuda", 10)

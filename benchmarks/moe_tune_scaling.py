@@ -53,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--model", default="mixtral-8x7b")
     ap.add_argument("--tp", type=int, default=8)
-    ap.add_argument("--ahead", action="store_true", help="also sweep --gpus all with AUTOOPT_PRECOMPILE=1 (the "
-                    "fleet's searches compiling ahead)")
+    ap.add_argument("--no-ahead", action="store_true", help="also sweep --gpus all with AUTOOPT_PRECOMPILE=0 (no "
+                    "compile-ahead: each GPU worker compiles its own trials' kernels)")
+    ap.add_argument("--pool", type=int, default=0, help="also sweep --gpus all with AUTOOPT_PRECOMPILE_WORKERS=N "
+                    "(the compile-ahead pool's size)")
     ap.add_argument("--fleet-of-one", action="store_true", help="also sweep with --gpus 0 (the fleet's path, one GPU)")
     args = ap.parse_args(argv)
     import torch
@@ -67,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         one_s, one, one_log = _sweep(args.model, args.tp, Path(tmp) / "one", None)
         all_s, every, all_log = _sweep(args.model, args.tp, Path(tmp) / "all", "all")
         fleet_one = _sweep(args.model, args.tp, Path(tmp) / "fleet_one", "0") if args.fleet_of_one else None
-        ahead = (_sweep(args.model, args.tp, Path(tmp) / "ahead", "all", {"AUTOOPT_PRECOMPILE": "1"})
-                 if args.ahead else None)
+        no_ahead = (_sweep(args.model, args.tp, Path(tmp) / "no_ahead", "all", {"AUTOOPT_PRECOMPILE": "0"})
+                    if args.no_ahead else None)
+        pool = (_sweep(args.model, args.tp, Path(tmp) / "pool", "all", {"AUTOOPT_PRECOMPILE_WORKERS": str(args.pool)})
+                if args.pool else None)
     same = sum(one[f][m] == every[f][m] for f in one if f in every for m in one[f] if m in every[f])
     result = {"env": env, "model": args.model, "tp": args.tp, "timing": "graph replay (do_bench_cudagraph)",
               "triton_cache": "empty for each sweep",
@@ -76,16 +80,20 @@ def main(argv: list[str] | None = None) -> int:
               "same_files": sorted(one) == sorted(every), "same_m_keys": _labels(one) == _labels(every),
               "same_configs": same, "one": one, "all": every, "one_log_tail": one_log, "all_log_tail": all_log,
               "all_fleet_line": _fleet_line(all_log)}
-    if ahead is not None:  # the fleet's searches compiling ahead in the parent's pool (AUTOOPT_PRECOMPILE=1)
-        result.update(ahead_gpus_s=round(ahead[0], 1), ahead_speedup=round(one_s / ahead[0], 2),
-                      ahead_fleet_line=_fleet_line(ahead[2]), ahead_log_tail=ahead[2])
+    if no_ahead is not None:  # each GPU worker compiling its own trials' kernels (AUTOOPT_PRECOMPILE=0)
+        result.update(no_ahead_gpus_s=round(no_ahead[0], 1), no_ahead_speedup=round(one_s / no_ahead[0], 2),
+                      no_ahead_fleet_line=_fleet_line(no_ahead[2]), no_ahead_log_tail=no_ahead[2])
+    if pool is not None:  # the compile-ahead pool at another size
+        result.update(pool_workers=args.pool, pool_gpus_s=round(pool[0], 1), pool_speedup=round(one_s / pool[0], 2),
+                      pool_fleet_line=_fleet_line(pool[2]), pool_log_tail=pool[2])
     if fleet_one is not None:  # the fleet's machinery on one GPU: its per-trial cost beside the in-process tuner's
         result.update(fleet_one_s=round(fleet_one[0], 1), fleet_one_fleet_line=_fleet_line(fleet_one[2]),
                       fleet_one_log_tail=fleet_one[2])
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: result.get(k) for k in ("one_gpu_s", "all_gpus_s", "speedup", "same_files", "same_m_keys",
-                                                 "same_configs", "all_fleet_line", "ahead_gpus_s", "ahead_speedup",
-                                                 "ahead_fleet_line", "fleet_one_s",
+                                                 "same_configs", "all_fleet_line", "no_ahead_gpus_s",
+                                                 "no_ahead_speedup", "pool_workers", "pool_gpus_s", "pool_speedup",
+                                                 "pool_fleet_line", "fleet_one_s",
                                                  "fleet_one_fleet_line")}))
     return 0
 

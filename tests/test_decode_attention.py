@@ -245,6 +245,76 @@ def test_a_static_cache_generates_the_same_tokens_its_unfilled_slots_masked(monk
     assert len(masks) == 2 * 2 and all(m is not None and not m[1, :2].any() for m in masks) and not masks[0][0, -1]
 
 
+def _sdpa_calls(monkeypatch):
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kw):
+        calls.append((attn_mask is None, is_causal))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def _compiled_prompt(model, ids, attention_mask=None, use_cache=True):
+    torch._dynamo.reset()
+    forward = torch.compile(model.forward, backend="eager", dynamic=False, fullgraph=True)
+    with torch.no_grad():
+        return forward(input_ids=ids, attention_mask=attention_mask, use_cache=use_cache).logits
+
+
+@interpreted
+def test_under_torch_compile_an_unpadded_prompt_runs_sdpa_causal_without_a_mask(monkeypatch):
+    # model(ids): a prompt into a fresh cache, compiled whole (fullgraph: no graph break either)
+    model = tiny_llama().float()
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = model(input_ids=ids).logits
+    optimize(model, ops=["attention"], decode_graphs=False)
+    calls = _sdpa_calls(monkeypatch)
+    got = _compiled_prompt(model, ids)
+    assert calls == [(True, True)] * 2  # two layers, each causal SDPA with no [q, k] mask
+    assert float((got - ref).abs().max()) < 1e-4
+
+
+@interpreted
+def test_under_torch_compile_a_padding_mask_is_still_built(monkeypatch):
+    model = tiny_llama().float()
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(4))
+    pad = torch.ones_like(ids)
+    pad[1, :3] = 0
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=pad).logits
+    optimize(model, ops=["attention"], decode_graphs=False)
+    calls = _sdpa_calls(monkeypatch)
+    got = _compiled_prompt(model, ids, pad)
+    assert calls == [(False, False)] * 2
+    assert float((got[0] - ref[0]).abs().max()) < 1e-4 and float((got[1, 3:] - ref[1, 3:]).abs().max()) < 1e-4
+
+
+@interpreted
+def test_under_torch_compile_a_prompt_without_a_cache_keeps_transformers_mask(monkeypatch):
+    # use_cache=False: transformers checks the positions for packed sequences, which under tracing it cannot read,
+    # so its mask function is no longer the plain causal one and the [q, k] mask is built, as without optimize()
+    model = tiny_llama().float()
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(4))
+    optimize(model, ops=["attention"], decode_graphs=False)
+    calls = _sdpa_calls(monkeypatch)
+    _compiled_prompt(model, ids, use_cache=False)
+    assert calls == [(False, False)] * 2
+
+
+@pytest.mark.parametrize("change", [{"q_length": 1, "kv_length": 1}, {"kv_length": 12}, {"kv_offset": 3},
+                                    {"local_size": 4}, {"allow_is_causal_skip": False},
+                                    {"mask_function": lambda *a: True}])
+def test_a_mask_that_is_not_a_whole_unpadded_prompts_causal_one_is_transformers_own(change):
+    kw = dict(batch_size=1, q_length=9, kv_length=9, q_offset=0, kv_offset=0, attention_mask=None,
+              allow_is_causal_skip=True, device="cpu")
+    assert attention._plain_causal_prompt(kw)
+    assert not attention._plain_causal_prompt({**kw, **change})
+
+
 def test_a_model_whose_attention_code_is_its_own_keeps_it():
     # Falcon branches on the string "sdpa" itself: another name would change its path
     config = transformers.FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1, vocab_size=64,

@@ -221,7 +221,7 @@ def test_a_search_whose_round_spans_gpus_keeps_to_none():
     assert [pin for _, pin in _lanes({devs[0].kind: devs}, [job])] == [None]
 
 
-def test_fleet_searches_compile_ahead_only_where_autoopt_precompile_asks(monkeypatch):
+def test_fleet_searches_compile_ahead_unless_autoopt_precompile_is_0(monkeypatch):
     from autoopt.fleet import jobs
     from autoopt.tuning import precompile
 
@@ -232,9 +232,10 @@ def test_fleet_searches_compile_ahead_only_where_autoopt_precompile_asks(monkeyp
     pool = Pool()
     monkeypatch.setattr(precompile, "default_precompiler", lambda: pool)
     monkeypatch.delenv("AUTOOPT_PRECOMPILE", raising=False)
-    assert jobs._ahead() is False
-    monkeypatch.setenv("AUTOOPT_PRECOMPILE", "1")
     assert jobs._ahead() == pool.submit
+    monkeypatch.setenv("AUTOOPT_PRECOMPILE", "0")
+    assert jobs._ahead() is False
+    monkeypatch.delenv("AUTOOPT_PRECOMPILE")
     monkeypatch.setattr(precompile, "default_precompiler", lambda: None)  # no CUDA here: none to compile for
     assert jobs._ahead() is False
 

@@ -44,3 +44,15 @@ def test_a_failed_compile_is_a_reason_not_an_exception():
     bad = KernelConfig(kernel="no-such-kernel", params={"BLOCK_M": 16})
     reason = precompile._compile(OP.to_dict(), bad.to_dict())
     assert isinstance(reason, str) and ("no-such-kernel" in reason or "CUDA" in reason)
+
+
+def test_the_pool_is_half_the_cores_at_most_eight_unless_autoopt_precompile_workers_says(monkeypatch):
+    monkeypatch.delenv("AUTOOPT_PRECOMPILE_WORKERS", raising=False)
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 64)
+    assert Precompiler().workers == 8
+    monkeypatch.setattr(precompile.os, "cpu_count", lambda: 6)
+    assert Precompiler().workers == 3
+    monkeypatch.setenv("AUTOOPT_PRECOMPILE_WORKERS", "24")
+    assert Precompiler().workers == 24
+    monkeypatch.setenv("AUTOOPT_PRECOMPILE_WORKERS", "lots")  # not a positive integer: the default
+    assert Precompiler().workers == 3

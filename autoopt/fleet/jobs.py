@@ -322,12 +322,13 @@ def _tune_job(job: _Job, exchange: _Exchange, store: Any, budget_trials: int, bu
 
 
 def _ahead() -> Prefetch | bool:
-    """The compile-ahead pool's ``submit`` for a fleet's searches where ``AUTOOPT_PRECOMPILE=1`` asks for it,
-    else no compile-ahead. Off by default: with it, Mixtral TP8's 18-M sweep on four H100s took 49.6 s
-    against 37.9 s without (benchmarks/results/h100/moe_tune_scaling_ahead.json), but both fleet runs found
-    the kernels the one-GPU sweep before them had compiled; with an empty cache the four H200s' workers
-    spent 26-34 s of 42-51 s compiling (h200/moe_tune_scaling_cold.json). The cold A/B decides the default."""
-    if os.environ.get("AUTOOPT_PRECOMPILE") != "1":
+    """The compile-ahead pool's ``submit`` for a fleet's searches (``AUTOOPT_PRECOMPILE=0`` turns it off, as it
+    does on one GPU). Each GPU worker otherwise compiles its trials' kernels itself, serially, and every worker
+    compiles the kernels the others compile too: with an empty Triton cache Mixtral TP8's 18-M sweep took 86.4 s
+    on two H200s without it and 42.7 s with it, against 61.4 s on one GPU (whose tuner compiles ahead in the same
+    pool; h200/moe_tune_scaling_x2_cold.json, one call). The one run against it (H100, 49.6 s against 37.9 s,
+    h100/moe_tune_scaling_ahead.json) found the kernels already compiled."""
+    if os.environ.get("AUTOOPT_PRECOMPILE") == "0":
         return False
     from autoopt.tuning.precompile import default_precompiler
 

@@ -10,8 +10,9 @@ over 4096 keys; this module's kernel, which reads each KV head once, 8.7, 17.5 a
 day (``h200/regret_1gpu_layers8_run4.json``, ``_run3.json``; not a same-run pair).
 
 :func:`install` registers :data:`NAME` with transformers' ``AttentionInterface`` (this module's
-:func:`attention_forward`) and its ``AttentionMaskInterface`` (SDPA's boolean masks, unchanged), and points the
-model's config at it where the config said ``"sdpa"``. :func:`attention_forward` runs the kernel for one query
+:func:`attention_forward`) and its ``AttentionMaskInterface`` (:func:`causal_mask`: SDPA's boolean masks, but no
+mask for an unpadded prompt under ``torch.compile`` too, see there), and points the model's config at it where the
+config said ``"sdpa"``. :func:`attention_forward` runs the kernel for one query
 token a row (decode) on a CUDA device (or in fp16 under Triton's interpreter) in fp16/bf16, heads a whole number
 of groups, a power-of-two head size up to 256, a boolean mask or none, no dropout, softcap, sinks or position
 bias, static shapes, no grad (under torch.compile through :func:`traced_decode_attention`); anything else goes
@@ -32,7 +33,7 @@ from autoopt.kernels.attention import DecodeAttentionChoice, decode_attention_ch
 from autoopt.nn import dispatch
 from autoopt.nn.ops import _traced
 
-__all__ = ["NAME", "attention_forward", "decode_attention", "install", "installed", "runs_on",
+__all__ = ["NAME", "attention_forward", "causal_mask", "decode_attention", "install", "installed", "runs_on",
            "traced_decode_attention", "uninstall", "why_not"]
 
 #: the attention implementation name optimize() registers with transformers
@@ -54,13 +55,50 @@ def install(model: Any) -> bool:
     if not getattr(type(model), "_supports_attention_backend", False):
         return False
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(NAME, attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+    AttentionMaskInterface.register(NAME, causal_mask)
     model.__dict__[_ATTR] = config._attn_implementation
     config._attn_implementation = NAME  # transformers' setter passes it on to the sub-configs
     return True
+
+
+def causal_mask(*args: Any, **kwargs: Any) -> Tensor | None:
+    """transformers' ``sdpa_mask``, except that a causal prompt attending only to itself with no padding mask
+    (query length = key length > 1, static ``int`` lengths, no offset, window or custom mask function) gets no mask
+    under ``torch.compile`` either, so SDPA runs with ``is_causal=True``.
+
+    Why: transformers builds that mask whenever torch is tracing (with torch < 2.14 it cannot tell a compile from
+    an export, where a baked-in ``is_causal`` would be wrong for other lengths), and under a full [q, k] mask
+    SDPA cannot skip the masked half: on an H200 the 32 attention calls of Llama-3-8B's compiled 1 x 2048 prefill
+    took 8.63 ms with the mask against 2.68 ms causal, uncompiled, the same process
+    (``benchmarks/results/h200/prefill_profile_int4.json``). Only Python ``int`` lengths qualify: a compile with
+    dynamic shapes (or an export) sees symbolic ones and gets transformers' mask, as before. A forward with
+    ``use_cache=False`` keeps transformers' mask too: it then checks the positions for packed sequences, which it
+    cannot read while tracing, and hands over a mask function this does not take for the plain causal one."""
+    if not args and _plain_causal_prompt(kwargs):
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    out: Tensor | None = sdpa_mask(*args, **kwargs)
+    return out
+
+
+def _plain_causal_prompt(kw: dict[str, Any]) -> bool:
+    """Whether transformers' mask call ``kw`` is the causal mask of a whole unpadded prompt (see :func:`causal_mask`),
+    for the signatures of transformers 5.17 (``cache_position``) and 5.24 (``q_length``, ``q_offset``)."""
+    from transformers.masking_utils import causal_mask_function
+
+    q_len = kw.get("q_length")
+    if q_len is None and isinstance(kw.get("cache_position"), Tensor):
+        q_len = kw["cache_position"].shape[0]
+    kv_len, q_off, kv_off = kw.get("kv_length"), kw.get("q_offset", 0), kw.get("kv_offset", 0)
+    return (type(q_len) is int and type(kv_len) is int and q_len == kv_len > 1
+            and type(q_off) is int and q_off == 0 and type(kv_off) is int and kv_off == 0
+            and kw.get("attention_mask") is None and kw.get("local_size") is None
+            and kw.get("mask_function", causal_mask_function) is causal_mask_function
+            and kw.get("allow_is_causal_skip", True) is True)
 
 
 def runs_on(device: Any) -> bool:

@@ -30,8 +30,18 @@ log = get_logger(__name__)
 
 __all__ = ["Precompiler", "default_precompiler"]
 
-#: workers: half the host's cores (the tuner's process and the driver need the rest), at most 8.
+#: workers: half the host's cores (the tuner's process and the driver need the rest), at most 8 (or
+#: ``AUTOOPT_PRECOMPILE_WORKERS``: a fleet's searches on a large host may want more; unmeasured beyond 8).
 _MAX_WORKERS = 8
+
+
+def _workers() -> int:
+    """The pool's size: ``AUTOOPT_PRECOMPILE_WORKERS`` where set to a positive integer, else half the cores, at
+    most :data:`_MAX_WORKERS`, at least one."""
+    asked = os.environ.get("AUTOOPT_PRECOMPILE_WORKERS", "")
+    if asked.isdigit() and int(asked) > 0:
+        return int(asked)
+    return max(1, min(_MAX_WORKERS, (os.cpu_count() or 2) // 2))
 
 
 def _init_worker() -> None:
@@ -73,7 +83,7 @@ class Precompiler:
     """A pool of compile-only worker processes (spawned: CUDA cannot be forked)."""
 
     def __init__(self, workers: int | None = None) -> None:
-        self.workers = workers or max(1, min(_MAX_WORKERS, (os.cpu_count() or 2) // 2))
+        self.workers = workers or _workers()
         self._pool: ProcessPoolExecutor | None = None
         self._submitted: dict[tuple[Any, ...], Future[str | None]] = {}
         self._lock = threading.Lock()
