@@ -92,7 +92,7 @@ def main() -> int:
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.seq), device="cuda")
     result: dict = {"model": args.model, "batch": args.batch, "seq": args.seq, "device": torch.cuda.get_device_name(),
                     "weights": args.weights, "use_cache": args.use_cache, "versions": _versions()}
-    variants = ["compile", "optimize+compile"] if args.weights == "bf16" else ["compile", "optimize", "optimize+compile"]
+    variants = ["compile", *([] if args.weights == "bf16" else ["optimize"]), "optimize+compile"]
     for variant in variants:
         if variant.startswith("optimize") and "optimized" not in result:
             autoopt.optimize(model, weights=args.weights)

@@ -325,8 +325,9 @@ def _ahead() -> Prefetch | bool:
     """The compile-ahead pool's ``submit`` for a fleet's searches (``AUTOOPT_PRECOMPILE=0`` turns it off, as it
     does on one GPU). Each GPU worker otherwise compiles its trials' kernels itself, serially, and every worker
     compiles the kernels the others compile too: with an empty Triton cache Mixtral TP8's 18-M sweep took 86.4 s
-    on two H200s without it and 42.7 s with it, against 61.4 s on one GPU (whose tuner compiles ahead in the same
-    pool; h200/moe_tune_scaling_x2_cold.json, one call). The one run against it (H100, 49.6 s against 37.9 s,
+    on two H200s without it and 42.7 s with it, against 61.4 s on one GPU, whose tuner compiles ahead in the same
+    pool (h200/moe_tune_scaling_x2_cold.json, one call); again 43.5 against 61.7 s, with a pool of 16 instead of 8
+    45.0 s (_x2_ahead.json). The one run against it (H100, 49.6 s against 37.9 s,
     h100/moe_tune_scaling_ahead.json) found the kernels already compiled."""
     if os.environ.get("AUTOOPT_PRECOMPILE") == "0":
         return False
