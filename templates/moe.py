@@ -114,6 +114,16 @@ MOE_SINGLE_CTA_SLOWDOWN = 1.02
 #: 0.888 -> 0.944 (min 0.683 -> 0.865), the H100 runs' 0.946-0.971 -> 0.947-0.976 (none lower by more than
 #: 0.004).
 MOE_WGMMA_TWO_STAGE_SLOWDOWN = 1.06
+#: issue cost of this kernel's tile loads against the dense GEMM's 16-byte copies (``load_issue_us``, fitted on
+#: a GEMV): its A rows are gathered through the sorted token ids and every W and A load is a pointer load
+#: under a K-tail mask, so a thread spends more issue slots a copy; the wide tiles on few warps that need the
+#: most copies a thread (16 x 256 x 128 on 4 warps: 34 a K-iteration) measured slowest against the model below
+#: M = 256 (median residual +9.6 % on the H200, +3.1 % on the H100, against -0.3 % and -1.5 % for 16 x 64 x 128).
+#: Grid replay (benchmarks/replay_moe.py: measured time of the model's first config over the grid's best,
+#: geomean over (case, M) points) at 1 / 2.5 / 3 / 3.5 / 4: H200 graph-timed runs (fitted on these)
+#: 0.951 / 0.963 / 0.962 / 0.963 / 0.963, lowest point 0.771 -> 0.885 at 3; the H200 event-timed runs
+#: 0.949 / 0.958 / 0.954 / 0.954 / 0.953; the H100 runs (not used to choose) 0.951 / 0.955 / 0.957 / 0.958 / 0.952.
+MOE_LOAD_ISSUE_FACTOR = 3.0
 #: the binomial sums run over mean +- this many standard deviations (the tails beyond hold < 1e-30)
 _SD_WINDOW = 12.0
 
@@ -306,7 +316,7 @@ def _sm_us(x: _Ctx, g: _Gemm, blocks: int, rows_per_block: float, bm: int, bn: i
     # masked rows of a block are not fetched: only its real rows of A come through L2
     it_bytes = (min(bm, rows_per_block) * x.a_e + min(bn, g.n_out) * g.w_e) * bk
     t_l2 = it_bytes / (x.bw * c.l2_bw_ratio / sms) * 1e6
-    t_issue = it_bytes / (warps * x.lim.warp_size * 16) * c.load_issue_us
+    t_issue = it_bytes / (warps * x.lim.warp_size * 16) * c.load_issue_us * MOE_LOAD_ISSUE_FACTOR
     t_it = max(t_comp, t_l2, t_issue, alu_iter_us) + c.iter_overhead_us
     t_it_eff = max(t_it, (c.dram_latency_us + t_l2) / (max(stages - 1, 0.5) * conc))
     fills = -(-tiles_per_sm // conc) * c.dram_latency_us
