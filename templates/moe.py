@@ -124,6 +124,14 @@ MOE_WGMMA_TWO_STAGE_SLOWDOWN = 1.06
 #: 0.951 / 0.963 / 0.962 / 0.963 / 0.963, lowest point 0.771 -> 0.885 at 3; the H200 event-timed runs
 #: 0.949 / 0.958 / 0.954 / 0.954 / 0.953; the H100 runs (not used to choose) 0.951 / 0.955 / 0.957 / 0.958 / 0.952.
 MOE_LOAD_ISSUE_FACTOR = 3.0
+#: DRAM time of a GEMM whose CTA fills its SM alone (occupancy 1), against the model's stream: no sibling CTA
+#: streams while its pipeline fills and its epilogue stores. Below M = 256 such configs measured +5.6 % against
+#: the point's median residual on the H200 (graph-timed; occupancy 3-6: -3 to -9 %). With
+#: MOE_LOAD_ISSUE_FACTOR, grid replay (benchmarks/replay_moe.py) at 1 / 1.03 / 1.05 / 1.1 / 1.2, geomean:
+#: H200 graph-timed (fitted on these) 0.962 / 0.972 / 0.974 / 0.974 / 0.974, H200 event-timed 0.954 / 0.961 /
+#: 0.959 / 0.960 / 0.960, H100 (not used to choose) 0.957 / 0.967 / 0.966 / 0.967 / 0.967. Without the
+#: issue factor the same 1.05 lost on the H100's few-expert points (Mixtral at M = 64-256: 0.95 -> 0.94).
+MOE_SINGLE_CTA_DRAM_SLOWDOWN = 1.05
 #: the binomial sums run over mean +- this many standard deviations (the tails beyond hold < 1e-30)
 _SD_WINDOW = 12.0
 
@@ -419,6 +427,8 @@ def _cost(gpu: GPUProfile, op: OpSpec, config: KernelConfig, probs: Sequence[flo
         conc_grid = min(blocks * -(-g.n_out // bn), x.lim.sm_count * occ)
         moved, ra, rw = _dram_bytes(x, g, blocks_f, bm, bn, group, conc_grid, reuse=not bound)
         dram = moved / (x.bw * c.dram_efficiency) * 1e6 / run_efficiency(bn, bk, g.w_e, "nk", c)
+        if occ == 1:
+            dram *= MOE_SINGLE_CTA_DRAM_SLOWDOWN
         us = overlap_max(sm, dram, c.overlap_exponent) + c.launch_us
         total += us
         if detail:
