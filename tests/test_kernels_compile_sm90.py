@@ -81,7 +81,8 @@ def test_the_kernels_a_triton_op_launches_copy_into_inductors_module_as_valid_py
         from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code as copy
         from autoopt.backend.kernels.fused_moe import _fused_moe_kernel, _moe_align_kernel
         from autoopt.backend.kernels.gated import _gated_kernel
-        for kernel in (_fused_moe_kernel, _moe_align_kernel, _gated_kernel):
+        from autoopt.backend.kernels.norm import _rmsnorm_looped, _rmsnorm_single
+        for kernel in (_fused_moe_kernel, _moe_align_kernel, _gated_kernel, _rmsnorm_single, _rmsnorm_looped):
             source = copy(kernel)
             assert "\\\\" not in source, kernel.__name__
             compile(source, kernel.__name__, "exec")
@@ -90,4 +91,5 @@ def test_the_kernels_a_triton_op_launches_copy_into_inductors_module_as_valid_py
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=_env(), cwd=ROOT,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split()[::2] == ["_fused_moe_kernel", "_moe_align_kernel", "_gated_kernel"]
+    assert out.stdout.split()[::2] == ["_fused_moe_kernel", "_moe_align_kernel", "_gated_kernel", "_rmsnorm_single",
+                                       "_rmsnorm_looped"]

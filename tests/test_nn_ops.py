@@ -193,6 +193,17 @@ def test_the_swiglu_triton_op_runs_the_kernel_as_the_custom_op_does(lead):
     assert torch.equal(torch.ops.autoopt.swiglu_kernel(gu), torch.ops.autoopt.swiglu(gu))
 
 
+@pytest.mark.parametrize("shape", [(3, 48), (2, 5, 64), (7, 1000)], ids=lambda s: "x".join(map(str, s)))
+def test_the_rms_norm_triton_op_runs_the_kernel_as_the_custom_op_does(shape):
+    # torch.ops.autoopt.rms_norm_kernel is what torch.compile traces on a GPU; eagerly it launches the same kernel
+    x, w = rnd(*shape, scale=2), rnd(shape[-1])
+    assert torch.equal(torch.ops.autoopt.rms_norm_kernel(x, w, 1e-6), torch.ops.autoopt.rms_norm(x, w, 1e-6))
+
+
+def test_only_a_gpu_tensor_takes_the_rms_norm_triton_op():
+    assert not ops._rms_norm_triton_op_runs(rnd(4, 64))
+
+
 def test_only_a_gpu_tensor_takes_the_swiglu_triton_op():
     assert not ops._swiglu_triton_op_runs(rnd(4, 2 * 48)[:, :48])
 

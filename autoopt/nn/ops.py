@@ -753,7 +753,54 @@ def _rms_norm_traced(x: Tensor, eps: float, mask: tuple[bool, ...], *given: Tens
     rows = _rows(x)
     if _left_to_inductor(rows[0]) or _torch_chosen("rms_norm", "rmsnorm", rows, x.dtype, x.device):
         return F.rms_norm(x, (x.shape[-1],), weight, eps).to(x.dtype)
+    if weight is not None and _rms_norm_triton_op_runs(x):
+        traced: Tensor = torch.ops.autoopt.rms_norm_kernel(x, weight, eps)
+        return traced
     out: Tensor = torch.ops.autoopt.rms_norm(x, weight, eps)
+    return out
+
+
+#: the norm kernels the RMSNorm ``triton_op`` launches: one launch over rows (the split and cooperative ones
+#: allocate scratch and launch twice or spin on counters, and stay in the custom op)
+_ROW_RMS_KERNELS = ("rmsnorm_single", "rmsnorm_looped")
+
+
+def _rms_norm_triton_op_runs(x: Tensor) -> bool:
+    """At trace time (static shapes): whether the RMSNorm ``triton_op`` takes ``x``: a GPU tensor whose last dim
+    has unit stride and whose choice is one of :data:`_ROW_RMS_KERNELS`."""
+    if x.device.type != "cuda" or x.numel() == 0 or (x.dim() and x.stride(-1) != 1):
+        return False
+    choice = _static_choice("rms_norm", "rmsnorm", _rows(x), x.dtype, x.device)
+    return choice is not None and choice.fallback is None and choice.config is not None \
+        and choice.config.kernel in _ROW_RMS_KERNELS
+
+
+@torch.library.triton_op(f"{_LIB}::rms_norm_kernel", mutates_args=())
+def _rms_norm_kernel_op(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm where the compiled graph launches the norm kernel itself (a ``triton_op``, launched through
+    :func:`~autoopt.backend.kernels.traceable`), instead of the custom op's body in Python every call: under
+    torch.compile on an H200 that body took 94-189 us of host time a call at 2048 x 4096, 65 calls a Llama-3-8B
+    prefill (``benchmarks/results/h200/prefill_profile_int4*.json``), and a MoE prefill is bound by its host."""
+    import triton
+
+    from autoopt.backend.kernels import traceable
+    from autoopt.backend.kernels.norm import NORM_KERNELS
+
+    _check_norm("rms_norm", x, weight, None)
+    rows, n = _rows(x)
+    choice = choose("rms_norm", "rmsnorm", (rows, n), x.dtype, x.device)
+    if choice.config is None or choice.config.kernel not in _ROW_RMS_KERNELS or x.stride(-1) != 1:
+        return _rms_norm_impl(x, weight, eps)  # what the custom op runs
+    params = choice.config.params
+    fn, single = NORM_KERNELS[choice.config.kernel]
+    x2, w = x.reshape(rows, n), _unit(weight)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    o2 = out.view(rows, n)
+    per = params.get("ROWS_PER_PROGRAM", 1) if single else 1
+    # norm_prepare's launch (autoopt.backend.kernels.norm), through traceable; the bias slot is never read
+    traceable(fn)[(triton.cdiv(rows, per),)](x2, w, w, o2, rows, n, x2.stride(0), o2.stride(0), eps,
+                                             BLOCK_N=params["BLOCK_N"], ROWS=per,
+                                             num_warps=params.get("num_warps", 4))
     return out
 
 
