@@ -43,6 +43,8 @@ for s in "$@"; do
     moee2e)   TAIL=30 stage moee2e python3 benchmarks/moe_e2e.py --out "$R/moe_e2e.json" ;;
     # issue 28: where optimize()'s MoE prefill loses to grouped_mm (top kernels, host enqueue), bf16 only
     moeprefill) TAIL=30 stage moeprefill python3 benchmarks/moe_e2e.py --variants eager,grouped_mm,autoopt --trace-prefill --out "$R/moe_e2e_prefill_trace.json" ;;
+    # issue 28: the MoE prefill against grouped_mm after the RMSNorm triton_op, bf16, both models (~4 min)
+    moepre)   TAIL=30 stage moepre python3 benchmarks/moe_e2e.py --variants grouped_mm,autoopt --budget-s "${BUDGET:-200}" --out "$R/moe_e2e_rmsnorm_op.json" ;;
     # issue 28: the runtime's own kernel under each config set (carry .vllm; ~5-9 min: run it alone in a call).
     # CASES=4,5,6,7 runs the cases the 2026-11-27 run did not reach
     mrc)      stage mrc python3 benchmarks/moe_runtime_configs.py --vllm-src .vllm ${CASES:+--cases "$CASES"} --out "$R/moe_runtime_configs.json" ;;

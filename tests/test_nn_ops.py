@@ -772,3 +772,17 @@ def test_fake_tensors_count_as_traced():
         fake = mode.from_tensor(rnd(4))
         assert _tracing((fake,))
     assert _tracing((mode.from_tensor(rnd(4)),))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_on_a_gpu_a_compiled_prefill_norm_takes_the_triton_op_and_matches_torch(dtype):
+    x = torch.randn(2048, 4096, device="cuda", dtype=dtype)
+    w = torch.randn(4096, device="cuda", dtype=dtype)
+    assert ops._rms_norm_triton_op_runs(x)
+    compiled = torch.compile(lambda a, b: ann.rms_norm(a, b, 1e-6), fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        got = compiled(x, w)
+    ref = F.rms_norm(x.float(), (4096,), w.float(), 1e-6)
+    close(got, ref.to(dtype), TOL[dtype])
