@@ -516,3 +516,10 @@ def test_the_fit_script_refuses_a_file_that_is_not_a_probe_in_one_line(tmp_path,
     assert fit_decode_attention.main([str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fit_decode_attention: ") and says in err and err.count("\n") == 1
+
+
+def test_transformers_5_17s_mask_call_with_cache_positions_is_read_the_same():
+    # transformers 5.17 passes cache_position (the query's positions) where 5.24 passes q_length and q_offset
+    kw = dict(batch_size=1, cache_position=torch.arange(9), kv_length=9, kv_offset=0, attention_mask=None)
+    assert attention._plain_causal_prompt(kw)
+    assert not attention._plain_causal_prompt({**kw, "kv_length": 12})
