@@ -26,7 +26,8 @@ Per variant, in this order (the cheap numbers first, so a variant that fails lat
   less the embedding table, of which a step reads one row) at the measured copy bandwidth, over that step;
 - ``measured_prefill_1x2048_ms``: one eager forward over 1 x 2048 tokens (median of 3); with
   ``--compiled-prefill`` also ``measured_prefill_1x2048_compiled_ms``, the forward through ``torch.compile``
-  (static shapes, Inductor's default mode; median of 5 after its warm-up);
+  (static shapes, Inductor's default mode; median of 5 after its warm-up), and
+  ``measured_prefill_1x2048_compiled_cache_ms``, the same forward into a fresh DynamicCache (``model(ids)``);
 - ``measured_generate_ms_per_token``: three ``model.generate()`` runs of ``--new-tokens`` tokens, batch 1, greedy,
   with a static KV cache (transformers' ``StaticCache``, what ``cache_implementation="static"`` builds; built
   once so every length shares one compiled step) and transformers' own ``torch.compile`` of the decode step;
@@ -228,6 +229,11 @@ def measure(model: Any, row: dict[str, Any], args: argparse.Namespace, reference
                        lambda: _prefill_ms(forward, model.config.vocab_size, 1, 2048, "cuda", 5))
         if prefill:
             row["measured_prefill_1x2048_compiled_ms"] = round(prefill, 3)
+        # the same into a fresh cache (model(ids)): optimize()'s causal_mask leaves SDPA causal there
+        prefill = step(row, "prefill_compiled_cache",
+                       lambda: _prefill_ms(forward, model.config.vocab_size, 1, 2048, "cuda", 5, use_cache=True))
+        if prefill:
+            row["measured_prefill_1x2048_compiled_cache_ms"] = round(prefill, 3)
     timing = step(row, "generate", lambda: generate_ms_per_token(model, args.new_tokens, not args.no_compile))
     if timing:
         row.update(timing)

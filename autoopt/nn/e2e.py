@@ -84,15 +84,17 @@ def _median_ms(fn: Callable[[], Any], device: str, reps: int) -> float:
     return statistics.median(times)
 
 
-def _prefill_ms(forward: Callable[..., Any], vocab: int, batch: int, seq: int, device: str, reps: int) -> float:
-    """Median latency of one forward over ``batch x seq`` tokens (no cache; last-position logits only)."""
+def _prefill_ms(forward: Callable[..., Any], vocab: int, batch: int, seq: int, device: str, reps: int,
+                use_cache: bool = False) -> float:
+    """Median latency of one forward over ``batch x seq`` tokens (last-position logits only): no cache, or with
+    ``use_cache`` into a fresh DynamicCache each call (a plain ``model(ids)``, as a generation's first step)."""
     import torch
 
     ids = torch.randint(0, vocab, (batch, seq), device=device)
 
     def step() -> Any:
         with torch.inference_mode():
-            return forward(input_ids=ids, use_cache=False, logits_to_keep=1).logits
+            return forward(input_ids=ids, use_cache=use_cache, logits_to_keep=1).logits
     return _median_ms(step, device, reps)
 
 
