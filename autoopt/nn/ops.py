@@ -777,30 +777,20 @@ def _rms_norm_triton_op_runs(x: Tensor) -> bool:
 
 @torch.library.triton_op(f"{_LIB}::rms_norm_kernel", mutates_args=())
 def _rms_norm_kernel_op(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm where the compiled graph launches the norm kernel itself (a ``triton_op``, launched through
-    :func:`~autoopt.backend.kernels.traceable`), instead of the custom op's body in Python every call: under
+    """RMSNorm where the compiled graph launches the norm kernel itself (a ``triton_op``: ``norm_prepare`` launches
+    through :func:`~autoopt.backend.kernels.traceable`), instead of the custom op's body in Python every call: under
     torch.compile on an H200 that body took 94-189 us of host time a call at 2048 x 4096, 65 calls a Llama-3-8B
     prefill (``benchmarks/results/h200/prefill_profile_int4*.json``), and a MoE prefill is bound by its host."""
-    import triton
-
-    from autoopt.backend.kernels import traceable
-    from autoopt.backend.kernels.norm import NORM_KERNELS
+    from autoopt.backend.kernels.norm import norm_prepare
 
     _check_norm("rms_norm", x, weight, None)
     rows, n = _rows(x)
     choice = choose("rms_norm", "rmsnorm", (rows, n), x.dtype, x.device)
     if choice.config is None or choice.config.kernel not in _ROW_RMS_KERNELS or x.stride(-1) != 1:
         return _rms_norm_impl(x, weight, eps)  # what the custom op runs
-    params = choice.config.params
-    fn, single = NORM_KERNELS[choice.config.kernel]
-    x2, w = x.reshape(rows, n), _unit(weight)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    o2 = out.view(rows, n)
-    per = params.get("ROWS_PER_PROGRAM", 1) if single else 1
-    # norm_prepare's launch (autoopt.backend.kernels.norm), through traceable; the bias slot is never read
-    traceable(fn)[(triton.cdiv(rows, per),)](x2, w, w, o2, rows, n, x2.stride(0), o2.stride(0), eps,
-                                             BLOCK_N=params["BLOCK_N"], ROWS=per,
-                                             num_warps=params.get("num_warps", 4))
+    norm_prepare(choice.config.kernel, x.reshape(rows, n), _unit(weight), None, out.view(rows, n),
+                 dict(choice.config.params), eps=eps)()
     return out
 
 

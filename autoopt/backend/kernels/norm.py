@@ -32,6 +32,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from autoopt.backend.kernels import traceable
+
 log = logging.getLogger(__name__)
 
 __all__ = ["NORM_KERNELS", "norm_prepare"]
@@ -259,7 +261,7 @@ def norm_prepare(kernel: str, x: Any, weight: Any, bias: Any, out: Any, params: 
     b = bias if bias is not None else w
     warps = params.get("num_warps", 4)
 
-    def run() -> None:
-        fn[grid](x, w, b, out, rows, n, x.stride(0), out.stride(0), eps,
-                 BLOCK_N=block_n, ROWS=rows_per, num_warps=warps)
+    def run() -> None:  # through traceable: a torch.library.triton_op (autoopt.nn.ops) launches it under compile
+        traceable(fn)[grid](x, w, b, out, rows, n, x.stride(0), out.stride(0), eps,
+                            BLOCK_N=block_n, ROWS=rows_per, num_warps=warps)
     return run
