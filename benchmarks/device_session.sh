@@ -57,6 +57,12 @@ for s in "$@"; do
     i4prefill) TAIL=60 stage i4prefill python3 benchmarks/e2e_prefill_profile.py --weights int4 --top 20 --out "$R/prefill_profile_int4.json" ;;
     # the same into a fresh DynamicCache (model(ids)): optimize()'s causal_mask leaves SDPA causal under compile
     i4prefillc) TAIL=60 stage i4prefillc python3 benchmarks/e2e_prefill_profile.py --weights int4 --use-cache --top 12 --out "$R/prefill_profile_int4_cache.json" ;;
+    # issue 27: the prefill's dequantization pass alone per tile, this tree's kernel against OLD (an earlier text of
+    # quant_dequant.py, carried untracked) on int4, int8 too; then the kernel's GPU tests (~2 min)
+    dequant)  stage dequant python3 benchmarks/probes/dequant_probe.py ${OLD:+--old "$OLD"} --out "$R/dequant_probe.json"
+              stage dequanttests python3 -m pytest -q -p no:cacheprovider tests/test_quant_kernels.py -k dequant ;;
+    # issue 27: the dequantize + cuBLAS path in row chunks whose scratch stays in L2, against the whole matrix (~1 min)
+    dequantchunk) stage dequantchunk python3 benchmarks/probes/dequant_chunk_probe.py --out "$R/dequant_chunk_probe.json" ;;
     # issue 29: a second model and a fourth batch, toward 20 measured workloads
     regret2)  stage regret2 python3 -m autoopt check regret --model qwen2.5-7b --layers 8 --batches 1,8,16,32 --gpus "${GPUS:-1}" --out "$R/regret_qwen_${GPUS:-1}gpu_layers8.json" ;;
     # issue 29: where the batch-32 graphed step's time goes (predicted 0.62-0.70 of measured), eager and compiled

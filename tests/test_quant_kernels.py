@@ -275,14 +275,16 @@ def test_dequant_cublas_matches_the_dequantized_reference(spec, bk):
     assert_correct(OpSpec(kind="gemm", shape=(33, 100, 200), dtype="bf16", weight=spec), dequant_cfg(bk=bk))
 
 
-@pytest.mark.parametrize("spec", ["int4-asym", "fp8_block-wo"])
-def test_dequant_writes_dequantize_exactly_in_fp32(spec):
+@pytest.mark.parametrize("spec", ["int4", "int4-asym", "int4-g32", "fp8_block-wo"])
+@pytest.mark.parametrize("bk", [128, 256])
+def test_dequant_writes_dequantize_exactly_in_fp32(spec, bk):
+    # bk = 256 over int4's 128-groups (and 32-groups): each slice of a tile takes its own group's scale
     from autoopt.backend.kernels.quant_dequant import dequant_prepare
 
     w = torch.randn(130, 300, generator=torch.Generator().manual_seed(7)).bfloat16().to(DEVICE)
     q = quantize(w, spec)
     out = torch.full((130, 300), float("nan"), device=DEVICE)
-    dequant_prepare(q, out, dict(BLOCK_N=16, BLOCK_K=128, num_warps=2))()
+    dequant_prepare(q, out, dict(BLOCK_N=16, BLOCK_K=bk, num_warps=2))()
     assert torch.allclose(out, dequantize(q).to(DEVICE), rtol=1e-6, atol=0)
 
 
