@@ -9,7 +9,8 @@ only for the smaller one).
 
 - ``measured_decode_step_ms``: one decode step (compiled forward over a static cache, 128 tokens of
   context, greedy argmax) captured in one CUDA graph and replayed (``autoopt.nn.e2e._graphed_decode_ms``);
-- ``measured_prefill_ms``: median compiled forward over 1 x 2048 tokens;
+- ``measured_prefill_ms``: median compiled forward over 1 x 2048 tokens, timed only after the compiled forward's
+  logits matched the same model's eager ones on a seeded 1 x 2048 prompt (``compiled_vs_eager``);
 - ``logits_vs_eager``: last-position logits of 4 prompts against the eager-experts model's.
 
 ``autoopt`` is ``optimize(model, ops=OPS)`` (the MoE blocks included: they are off by default);
@@ -78,7 +79,7 @@ def trace_prefill(forward: Any, vocab: int) -> dict[str, Any]:
 def run_variant(name: str, variant: str, prompts: Any, ref: Any, trace: bool = False) -> tuple[dict[str, Any], Any]:
     import torch
 
-    from autoopt.nn.e2e import _graphed_decode_ms, _prefill_ms
+    from autoopt.nn.e2e import COMPILED_TOL, _graphed_decode_ms, _prefill_ms, compiled_vs_eager
 
     row: dict[str, Any] = {"variant": variant}
     model = build(name, variant)
@@ -100,6 +101,10 @@ def run_variant(name: str, variant: str, prompts: Any, ref: Any, trace: bool = F
                                   "top1_agreement": float((logits.argmax(-1) == ref.argmax(-1)).float().mean())}
     try:
         forward = torch.compile(model.forward, fullgraph=False, dynamic=False)
+        row["compiled_vs_eager"] = check = compiled_vs_eager(model, forward, model.config.vocab_size, 1, 2048, "cuda")
+        if not check["ok"]:
+            raise ValueError(f"the compiled prefill's logits differ from eager's by {check['rel_err']} (> "
+                             f"{COMPILED_TOL}): not timed")
         row["measured_prefill_ms"] = round(_prefill_ms(forward, model.config.vocab_size, 1, 2048, "cuda", 5), 3)
         if trace:
             row["prefill_trace"] = trace_prefill(forward, model.config.vocab_size)

@@ -27,7 +27,8 @@ Per variant, in this order (the cheap numbers first, so a variant that fails lat
 - ``measured_prefill_1x2048_ms``: one eager forward over 1 x 2048 tokens (median of 3); with
   ``--compiled-prefill`` also ``measured_prefill_1x2048_compiled_ms``, the forward through ``torch.compile``
   (static shapes, Inductor's default mode; median of 5 after its warm-up), and
-  ``measured_prefill_1x2048_compiled_cache_ms``, the same forward into a fresh DynamicCache (``model(ids)``);
+  ``measured_prefill_1x2048_compiled_cache_ms``, the same forward into a fresh DynamicCache (``model(ids)``); each
+  timed only after its logits matched the same model's eager ones (``compiled_vs_eager[_cache]``);
 - ``measured_generate_ms_per_token``: three ``model.generate()`` runs of ``--new-tokens`` tokens, batch 1, greedy,
   with a static KV cache (transformers' ``StaticCache``, what ``cache_implementation="static"`` builds; built
   once so every length shares one compiled step) and transformers' own ``torch.compile`` of the decode step;
@@ -198,6 +199,20 @@ def isolated(fn: Callable[[], Any]) -> tuple[Any, dict[str, Any] | None]:
         torch.cuda.empty_cache()
 
 
+def checked_prefill_ms(model: Any, forward: Any, row: dict[str, Any], *, use_cache: bool) -> float:
+    """The compiled 1 x 2048 prefill's median ms, timed only after its logits matched the same model's eager ones
+    (``compiled_vs_eager``, recorded in ``row``); else ``ValueError`` (``step`` records it, and no time)."""
+    from autoopt.nn.e2e import COMPILED_TOL, _prefill_ms, compiled_vs_eager
+
+    vocab = model.config.vocab_size
+    check = compiled_vs_eager(model, forward, vocab, 1, 2048, "cuda", use_cache=use_cache)
+    row[f"compiled_vs_eager{'_cache' if use_cache else ''}"] = check
+    if not check["ok"]:
+        raise ValueError(f"the compiled prefill's logits differ from eager's by {check['rel_err']} "
+                         f"(> {COMPILED_TOL}): not timed")
+    return _prefill_ms(forward, vocab, 1, 2048, "cuda", 5, use_cache=use_cache)
+
+
 def measure(model: Any, row: dict[str, Any], args: argparse.Namespace, reference: Any, prompts: Any,
             copy_gbs: float) -> Any:
     """Everything the module docstring lists, into ``row``; returns the variant's logits."""
@@ -225,13 +240,11 @@ def measure(model: Any, row: dict[str, Any], args: argparse.Namespace, reference
     if args.compiled_prefill:
         # static shapes, Inductor's default mode: as transformers + compile runs a prompt of this length
         forward = torch.compile(model.forward, dynamic=False)
-        prefill = step(row, "prefill_compiled",
-                       lambda: _prefill_ms(forward, model.config.vocab_size, 1, 2048, "cuda", 5))
+        prefill = step(row, "prefill_compiled", lambda: checked_prefill_ms(model, forward, row, use_cache=False))
         if prefill:
             row["measured_prefill_1x2048_compiled_ms"] = round(prefill, 3)
         # the same into a fresh cache (model(ids)): optimize()'s causal_mask leaves SDPA causal there
-        prefill = step(row, "prefill_compiled_cache",
-                       lambda: _prefill_ms(forward, model.config.vocab_size, 1, 2048, "cuda", 5, use_cache=True))
+        prefill = step(row, "prefill_compiled_cache", lambda: checked_prefill_ms(model, forward, row, use_cache=True))
         if prefill:
             row["measured_prefill_1x2048_compiled_cache_ms"] = round(prefill, 3)
     timing = step(row, "generate", lambda: generate_ms_per_token(model, args.new_tokens, not args.no_compile))

@@ -22,8 +22,8 @@ from autoopt._log import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["CACHE_SLACK", "PARTS", "VARIANTS", "CapturedStep", "build_model", "capture_decode_step", "decode_step_ms",
-           "eager_decode_step", "run"]
+__all__ = ["CACHE_SLACK", "COMPILED_TOL", "PARTS", "VARIANTS", "CapturedStep", "build_model", "capture_decode_step",
+           "compiled_vs_eager", "decode_step_ms", "eager_decode_step", "run"]
 
 VARIANTS = ("eager", "compile", "optimize", "optimize+compile")
 #: what run() measures per variant: prefill latency, decode through ``model.generate``, the kernel
@@ -82,6 +82,31 @@ def _median_ms(fn: Callable[[], Any], device: str, reps: int) -> float:
         _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+#: the largest relative error (last-position logits, Frobenius norm) a compiled forward may show against the same
+#: model's eager forward before a benchmark reports its time. A graph that lost a kernel's output runs, faster, and
+#: lands near 1 (2026-11-29, H200: a triton_op whose TMA-descriptor arguments torch 2.11's tracer could not map
+#: to tensors had its GEMM dropped, and with it every attention branch feeding it: a Qwen3-30B-A3B prefill "took"
+#: 7.1 ms against 10.5); rounding in another fusion order stays well below.
+COMPILED_TOL = 0.25
+
+
+def compiled_vs_eager(model: Any, forward: Callable[..., Any], vocab: int, batch: int, seq: int, device: str, *,
+                      use_cache: bool = False) -> dict[str, Any]:
+    """The compiled ``forward``'s last-position logits against ``model``'s eager forward on one seeded
+    ``batch x seq`` prompt (``use_cache`` as in :func:`_prefill_ms`; the first call compiles):
+    ``{"rel_err", "top1_agreement", "ok"}``, ``ok`` when ``rel_err <= COMPILED_TOL``."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, seq), generator=gen).to(device)
+    with torch.inference_mode():
+        ref = model.forward(input_ids=ids, use_cache=use_cache, logits_to_keep=1).logits[:, -1].float()
+        got = forward(input_ids=ids, use_cache=use_cache, logits_to_keep=1).logits[:, -1].float()
+    err = float((got - ref).norm() / ref.norm())
+    top1 = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
+    return {"rel_err": round(err, 5), "top1_agreement": top1, "ok": err <= COMPILED_TOL}
 
 
 def _prefill_ms(forward: Callable[..., Any], vocab: int, batch: int, seq: int, device: str, reps: int,
