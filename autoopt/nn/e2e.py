@@ -88,7 +88,9 @@ def _median_ms(fn: Callable[[], Any], device: str, reps: int) -> float:
 #: model's eager forward before a benchmark reports its time. A graph that lost a kernel's output runs, faster, and
 #: lands near 1 (2026-11-29, H200: a triton_op whose TMA-descriptor arguments torch 2.11's tracer could not map
 #: to tensors had its GEMM dropped, and with it every attention branch feeding it: a Qwen3-30B-A3B prefill "took"
-#: 7.1 ms against 10.5); rounding in another fusion order stays well below.
+#: 7.1 ms against 10.5); rounding in another fusion order stays well below (H200: int4 Llama-3-8B, 32 layers of
+#: random weights, 0.066; Qwen3-30B-A3B with 8 layers, 0.008: ``benchmarks/results/h200/compiled_check_int4.json``,
+#: ``moe_e2e_qwen_checked.json``).
 COMPILED_TOL = 0.25
 
 
