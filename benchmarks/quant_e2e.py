@@ -199,26 +199,12 @@ def isolated(fn: Callable[[], Any]) -> tuple[Any, dict[str, Any] | None]:
         torch.cuda.empty_cache()
 
 
-def checked_prefill_ms(model: Any, forward: Any, row: dict[str, Any], *, use_cache: bool) -> float:
-    """The compiled 1 x 2048 prefill's median ms, timed only after its logits matched the same model's eager ones
-    (``compiled_vs_eager``, recorded in ``row``); else ``ValueError`` (``step`` records it, and no time)."""
-    from autoopt.nn.e2e import COMPILED_TOL, _prefill_ms, compiled_vs_eager
-
-    vocab = model.config.vocab_size
-    check = compiled_vs_eager(model, forward, vocab, 1, 2048, "cuda", use_cache=use_cache)
-    row[f"compiled_vs_eager{'_cache' if use_cache else ''}"] = check
-    if not check["ok"]:
-        raise ValueError(f"the compiled prefill's logits differ from eager's by {check['rel_err']} "
-                         f"(> {COMPILED_TOL}): not timed")
-    return _prefill_ms(forward, vocab, 1, 2048, "cuda", 5, use_cache=use_cache)
-
-
 def measure(model: Any, row: dict[str, Any], args: argparse.Namespace, reference: Any, prompts: Any,
             copy_gbs: float) -> Any:
     """Everything the module docstring lists, into ``row``; returns the variant's logits."""
     import torch
 
-    from autoopt.nn.e2e import _graphed_decode_ms, _prefill_ms
+    from autoopt.nn.e2e import _graphed_decode_ms, _prefill_ms, checked_prefill_ms
 
     gc.collect()
     row["measured_weight_bytes"] = int(torch.cuda.memory_allocated())
@@ -240,13 +226,13 @@ def measure(model: Any, row: dict[str, Any], args: argparse.Namespace, reference
     if args.compiled_prefill:
         # static shapes, Inductor's default mode: as transformers + compile runs a prompt of this length
         forward = torch.compile(model.forward, dynamic=False)
-        prefill = step(row, "prefill_compiled", lambda: checked_prefill_ms(model, forward, row, use_cache=False))
-        if prefill:
-            row["measured_prefill_1x2048_compiled_ms"] = round(prefill, 3)
         # the same into a fresh cache (model(ids)): optimize()'s causal_mask leaves SDPA causal there
-        prefill = step(row, "prefill_compiled_cache", lambda: checked_prefill_ms(model, forward, row, use_cache=True))
-        if prefill:
-            row["measured_prefill_1x2048_compiled_cache_ms"] = round(prefill, 3)
+        for use_cache, tail in ((False, ""), (True, "_cache")):
+            got_ms = step(row, f"prefill_compiled{tail}",
+                          partial(checked_prefill_ms, model, forward, 1, 2048, "cuda", 5, use_cache=use_cache))
+            if got_ms:
+                row[f"measured_prefill_1x2048_compiled{tail}_ms"] = round(got_ms[0], 3)
+                row[f"compiled_vs_eager{tail}"] = got_ms[1]
     timing = step(row, "generate", lambda: generate_ms_per_token(model, args.new_tokens, not args.no_compile))
     if timing:
         row.update(timing)

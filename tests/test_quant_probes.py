@@ -64,3 +64,22 @@ def test_a_step_variant_is_undone_when_its_block_ends():
     with applied("run80"):
         assert constants().dram_run_bytes == 80.0
     assert ops._left_to_inductor is left and constants().dram_run_bytes == 50.0
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--old", "/dev/urandom"], "not a regular file"),
+    (["--old", "README.md"], "expected a .py file"),
+    (["--old", "benchmarks/probes/probe_kit.py"], "defines no dequant_prepare()"),
+    (["--old", "no/such/file.py"], "cannot read it"),
+    (["--formats", "int5"], "unknown weight format 'int5'"),
+    (["--formats", "int4,fp8"], "fp8 quantizes activations"),
+])
+def test_the_dequant_probe_refuses_a_bad_argument_in_one_line(argv, why):
+    proc = _run("benchmarks/probes/dequant_probe.py", "--out", "x.json", *argv)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and why in proc.stderr
+
+
+def test_the_dequant_probe_takes_an_earlier_text_of_the_module():
+    from benchmarks.probes.dequant_probe import old_problem
+
+    assert old_problem(str(ROOT / "autoopt/backend/kernels/quant_dequant.py")) is None

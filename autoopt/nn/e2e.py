@@ -23,7 +23,7 @@ from autoopt._log import get_logger
 log = get_logger(__name__)
 
 __all__ = ["CACHE_SLACK", "COMPILED_TOL", "PARTS", "VARIANTS", "CapturedStep", "build_model", "capture_decode_step",
-           "compiled_vs_eager", "decode_step_ms", "eager_decode_step", "run"]
+           "checked_prefill_ms", "compiled_vs_eager", "decode_step_ms", "eager_decode_step", "run"]
 
 VARIANTS = ("eager", "compile", "optimize", "optimize+compile")
 #: what run() measures per variant: prefill latency, decode through ``model.generate``, the kernel
@@ -97,8 +97,8 @@ COMPILED_TOL = 0.25
 def compiled_vs_eager(model: Any, forward: Callable[..., Any], vocab: int, batch: int, seq: int, device: str, *,
                       use_cache: bool = False) -> dict[str, Any]:
     """The compiled ``forward``'s last-position logits against ``model``'s eager forward on one seeded
-    ``batch x seq`` prompt (``use_cache`` as in :func:`_prefill_ms`; the first call compiles):
-    ``{"rel_err", "top1_agreement", "ok"}``, ``ok`` when ``rel_err <= COMPILED_TOL``."""
+    ``batch x seq`` prompt (``use_cache`` as in :func:`_prefill_ms`; the first call compiles): :func:`_agreement`'s
+    numbers and ``ok``, when ``rel_err <= COMPILED_TOL`` with no NaN."""
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -106,9 +106,20 @@ def compiled_vs_eager(model: Any, forward: Callable[..., Any], vocab: int, batch
     with torch.inference_mode():
         ref = model.forward(input_ids=ids, use_cache=use_cache, logits_to_keep=1).logits[:, -1].float()
         got = forward(input_ids=ids, use_cache=use_cache, logits_to_keep=1).logits[:, -1].float()
-    err = float((got - ref).norm() / ref.norm())
-    top1 = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
-    return {"rel_err": round(err, 5), "top1_agreement": top1, "ok": err <= COMPILED_TOL}
+    check: dict[str, Any] = _agreement(ref, got)
+    check["ok"] = check["rel_err"] <= COMPILED_TOL and not check["nan"]
+    return check
+
+
+def checked_prefill_ms(model: Any, forward: Callable[..., Any], batch: int, seq: int, device: str, reps: int, *,
+                       use_cache: bool = False) -> tuple[float, dict[str, Any]]:
+    """(the compiled ``forward``'s median prefill ms, its :func:`compiled_vs_eager` check), timed only when the
+    check passed; else ``ValueError`` saying by how much the logits differ (a benchmark records it, no time)."""
+    check = compiled_vs_eager(model, forward, model.config.vocab_size, batch, seq, device, use_cache=use_cache)
+    if not check["ok"]:
+        raise ValueError(f"the compiled prefill's logits differ from eager's by {check['rel_err']:.4g} (> "
+                         f"{COMPILED_TOL}; NaN: {check['nan']}): not timed")
+    return _prefill_ms(forward, model.config.vocab_size, batch, seq, device, reps, use_cache=use_cache), check
 
 
 def _prefill_ms(forward: Callable[..., Any], vocab: int, batch: int, seq: int, device: str, reps: int,

@@ -36,6 +36,48 @@ GRID = [(bn, bk, w) for bn in (8, 16, 32, 64) for bk in (128, 256, 512, 1024) fo
         if 16 <= bn * bk // (32 * w) <= 64]
 
 
+#: the largest module text ``--old`` reads (the module is ~8 KB)
+MAX_OLD_BYTES = 1 << 20
+
+
+def old_problem(path: str) -> str | None:
+    """Why ``--old`` cannot be an earlier text of the dequantization module (None: it can): a regular ``.py`` file
+    of at most 1 MiB, UTF-8, defining ``dequant_prepare`` (never a device or pipe, whose read would not end)."""
+    import stat
+
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        return f"--old {path}: cannot read it ({exc.strerror or exc})"
+    if not stat.S_ISREG(st.st_mode):
+        return f"--old {path}: not a regular file; expected a .py text of autoopt/backend/kernels/quant_dequant.py"
+    if p.suffix != ".py" or st.st_size > MAX_OLD_BYTES:
+        return f"--old {path}: expected a .py file of at most {MAX_OLD_BYTES} bytes, got {st.st_size} bytes"
+    try:
+        text = p.read_bytes()[:MAX_OLD_BYTES + 1].decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"--old {path}: not UTF-8 text ({exc})"
+    if "def dequant_prepare(" not in text:
+        return f"--old {path}: defines no dequant_prepare(); expected a text of quant_dequant.py"
+    return None
+
+
+def formats_problem(formats: list[str]) -> str | None:
+    """Why ``--formats`` names something this probe cannot time (None: it can): weight-only formats only."""
+    from autoopt.errors import OpError
+    from autoopt.kernels.quant import parse_weight
+
+    for spec in formats:
+        try:
+            fmt = parse_weight(spec)
+        except OpError as exc:
+            return f"--formats: {exc}"
+        if fmt.quantizes_activations:
+            return f"--formats: {spec} quantizes activations; the dequantization pass serves weight-only formats"
+    return None
+
+
 def _module(path: str) -> Any:
     """An earlier text of the dequantization module, loaded under its own name."""
     spec = importlib.util.spec_from_file_location("quant_dequant_old", path)
@@ -115,14 +157,22 @@ def linear_rows(name: str, n: int, k: int, spec: str, kernels: dict[str, Any], r
     return row
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--formats", default="int4,int8")
     ap.add_argument("--old", help="an earlier text of autoopt/backend/kernels/quant_dequant.py, timed beside")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    formats = [f for f in args.formats.split(",") if f]
+    problem = formats_problem(formats) or (old_problem(args.old) if args.old else None)
+    if problem:
+        print(f"dequant_probe: {problem}", file=sys.stderr)
+        return 2
+    from benchmarks.probes.model_kit import no_cuda
 
+    if no_cuda("dequant_probe", "the dequantization pass"):
+        return 2
     from autoopt.backend.kernels import quant_dequant
     from benchmarks.hw_limit import copy_gbs, environment
 
@@ -132,7 +182,7 @@ def main() -> int:
     copy = copy_gbs()
     report: dict[str, Any] = {"what": __doc__.splitlines()[0], "env": environment(), "measured_copy_gbs": copy,
                               "grid": GRID, "rows": []}
-    for spec in args.formats.split(","):
+    for spec in formats:
         for name, n, k in LINEARS:
             row = linear_rows(name, n, k, spec, kernels, args.reps, copy)
             report["rows"].append(row)
