@@ -39,6 +39,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def measured_ms(row: dict[str, Any]) -> float:
+    """A row's measured step: the least of its timed blocks where the run kept them (the harness's statistic
+    since 2026-11-29, :data:`autoopt.nn.e2e.EAGER_BLOCKS`; runs before it reported their median), else the
+    run's own ``measured_ms``."""
+    blocks = row.get("measured_blocks_ms")
+    return float(min(blocks)) if blocks else float(row["measured_ms"])
+
+
 def rescore(data: dict[str, Any], profile: str) -> dict[str, Any]:
     """The run's workloads with predictions, pick and regret from this commit's model."""
     from autoopt.regret.options import Option
@@ -48,7 +56,7 @@ def rescore(data: dict[str, Any], profile: str) -> dict[str, Any]:
     spec = model_spec(data["model"], data["layers"])
     workloads, logs, graphed = [], [], []
     for w in data["workloads"]:
-        measured = {Option.from_dict(r["option"]): r["measured_ms"] for r in w["options"]
+        measured = {Option.from_dict(r["option"]): measured_ms(r) for r in w["options"]
                     if r["measured_ms"] is not None}
         predicted = {o: predicted_ms(hw, spec, o) for o in measured}
         pick, reason = recommended(hw, spec, w["batch"], predicted)
@@ -67,7 +75,8 @@ def rescore(data: dict[str, Any], profile: str) -> dict[str, Any]:
                           "regret": None if regret is None else round(regret, 4),
                           "regret_in_the_run": w.get("regret"), "options": rows})
     regrets = [w["regret"] for w in workloads if w["regret"] is not None]
-    return {"label": "re-scored: measured_ms from the run, predicted_ms / recommended from this commit's model",
+    return {"label": "re-scored: measured_ms from the run (an uncompiled row's least block where it kept its "
+                     "blocks), predicted_ms / recommended from this commit's model",
             "run": {k: data.get(k) for k in ("model", "layers", "device", "env", "elapsed_s")},
             "profile": profile, "commit": _commit(),
             "regret": {"n": len(regrets), "max": max(regrets) if regrets else None,

@@ -235,16 +235,19 @@ def _graphed_decode_ms(model: Any, batch: int, prompt: int, steps: int, compiled
     return start.elapsed_time(end) / (steps - 1)
 
 
-#: eager decode steps are timed in this many blocks, this many seconds apart, and the median block reported: a
+#: eager decode steps are timed in this many blocks, this many seconds apart, and the least block reported: a
 #: lent host's Python runs 1.3-1.9x slower in phases of a second or more (12-40 % of 20-step blocks on an H100
-#: host, h100/eager_host_noise_p{1,2}.json), and one block can land inside one
+#: host, h100/eager_host_noise_p{1,2}.json; unchanged with the garbage collector off or the process pinned, so
+#: the slowing comes from outside it), and a median of five still landed in one: on one H200 host, 2026-11-29,
+#: the blocks of one option ran 9.6-18.6 ms and the median moved with them (h200/regret_*_run7.json, _run4):
+#: as timeit's documentation argues, the least time is the code's own and the rest interference
 EAGER_BLOCKS, EAGER_BLOCK_PAUSE_S = 5, 0.5
 
 
 def decode_step_ms(model: Any, batch: int, prompt: int, steps: int, *, graphed: bool,
                    blocks: int | None = None, blocks_ms: list[float] | None = None) -> float:
     """Time of one decode step (forward over a static cache + greedy argmax) at ``batch``: replayed from one
-    CUDA graph (``graphed``, CUDA only), else the median over ``blocks`` (default :data:`EAGER_BLOCKS` on a GPU,
+    CUDA graph (``graphed``, CUDA only), else the least over ``blocks`` (default :data:`EAGER_BLOCKS` on a GPU,
     one on a CPU, whose run checks the path, not the timing) of :func:`_eager_block`, each block's time also
     appended to ``blocks_ms`` when given (the host's phases show in their spread)."""
     if blocks is not None and (type(blocks) is not int or blocks < 1):
@@ -262,7 +265,7 @@ def decode_step_ms(model: Any, batch: int, prompt: int, steps: int, *, graphed: 
         times.append(_eager_block(model, batch, prompt, steps, device))
     if blocks_ms is not None:
         blocks_ms.extend(times)
-    return statistics.median(times)
+    return min(times)
 
 
 def _eager_block(model: Any, batch: int, prompt: int, steps: int, device: str) -> float:

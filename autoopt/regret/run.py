@@ -40,8 +40,9 @@ GLUE_FIT_KEYS = 192
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Measured:
     """One option: predicted and measured decode step in ms (None with ``why`` where not available); an
-    uncompiled one-GPU step keeps each timed block (``measured_ms`` is their median): the lent hosts' Python
-    runs in phases up to 1.9x apart, which the blocks' spread shows."""
+    uncompiled one-GPU step keeps each timed block (``measured_ms`` is the least,
+    :data:`autoopt.nn.e2e.EAGER_BLOCKS`): the lent hosts' Python runs in phases up to 1.9x apart, which the
+    blocks' spread shows."""
 
     option: Option
     predicted_ms: float | None = None
