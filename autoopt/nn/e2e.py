@@ -22,8 +22,9 @@ from autoopt._log import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["CACHE_SLACK", "COMPILED_TOL", "PARTS", "VARIANTS", "CapturedStep", "build_model", "capture_decode_step",
-           "checked_prefill_ms", "compiled_vs_eager", "decode_step_ms", "eager_decode_step", "run"]
+__all__ = ["CACHE_SLACK", "COMPILED_TOL", "NOISE_CAP", "NOISE_FACTOR", "PARTS", "VARIANTS", "CapturedStep",
+           "build_model", "capture_decode_step", "checked_prefill_ms", "compiled_vs_eager", "decode_step_ms",
+           "eager_decode_step", "eager_noise", "run", "ulp_nudged"]
 
 VARIANTS = ("eager", "compile", "optimize", "optimize+compile")
 #: what run() measures per variant: prefill latency, decode through ``model.generate``, the kernel
@@ -92,13 +93,23 @@ def _median_ms(fn: Callable[[], Any], device: str, reps: int) -> float:
 #: random weights, 0.066; Qwen3-30B-A3B with 8 layers, 0.008: ``benchmarks/results/h200/compiled_check_int4.json``,
 #: ``moe_e2e_qwen_checked.json``).
 COMPILED_TOL = 0.25
+#: past COMPILED_TOL a compiled forward still passes within this many times the model's own noise: how far eager's
+#: logits move when every input embedding moves by one last bit (:func:`eager_noise`). W8A8 fp8 quantizes every
+#: activation to 3 mantissa bits per token, so a last-bit difference anywhere (another kernel's rounding) moves
+#: codes, and 32 random layers amplify it: on the H200 (2026-11-29, ``h200/quant_e2e_check_fp8_failed.json``) fp8
+#: Llama-3-8B's compiled prefill differed from eager by 0.384 where bf16's did by 0.073
+NOISE_FACTOR = 2.0
+#: a model whose own noise reaches this says nothing about a forward: only COMPILED_TOL applies (a forward that
+#: lost its output lands near 1)
+NOISE_CAP = 0.5
 
 
 def compiled_vs_eager(model: Any, forward: Callable[..., Any], vocab: int, batch: int, seq: int, device: str, *,
                       use_cache: bool = False) -> dict[str, Any]:
     """The compiled ``forward``'s last-position logits against ``model``'s eager forward on one seeded
     ``batch x seq`` prompt (``use_cache`` as in :func:`_prefill_ms`; the first call compiles): :func:`_agreement`'s
-    numbers and ``ok``, when ``rel_err <= COMPILED_TOL`` with no NaN."""
+    numbers and ``ok``: no NaN, and ``rel_err <= COMPILED_TOL`` or, past it, within ``NOISE_FACTOR`` times the
+    model's own noise (``eager_noise_rel_err``, measured only then) where that noise is under ``NOISE_CAP``."""
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -107,8 +118,36 @@ def compiled_vs_eager(model: Any, forward: Callable[..., Any], vocab: int, batch
         ref = model.forward(input_ids=ids, use_cache=use_cache, logits_to_keep=1).logits[:, -1].float()
         got = forward(input_ids=ids, use_cache=use_cache, logits_to_keep=1).logits[:, -1].float()
     check: dict[str, Any] = _agreement(ref, got)
-    check["ok"] = check["rel_err"] <= COMPILED_TOL and not check["nan"]
+    within = check["rel_err"] <= COMPILED_TOL
+    if not within and not check["nan"]:
+        noise = eager_noise(model, ids, ref, use_cache=use_cache)
+        check["eager_noise_rel_err"] = noise
+        within = noise < NOISE_CAP and check["rel_err"] <= NOISE_FACTOR * noise
+    check["ok"] = within and not check["nan"]
     return check
+
+
+def eager_noise(model: Any, ids: Any, ref: Any, *, use_cache: bool = False) -> float:
+    """Relative error of eager's last-position logits when each input embedding of ``ids`` moves by one last bit
+    (up or down, seeded) against ``ref``, eager's logits for ``ids``: how much this model amplifies rounding."""
+    import torch
+
+    with torch.inference_mode():
+        emb = model.get_input_embeddings()(ids)
+        out = model.forward(inputs_embeds=ulp_nudged(emb), use_cache=use_cache, logits_to_keep=1)
+    return float(_agreement(ref, out.logits[:, -1].float())["rel_err"])
+
+
+def ulp_nudged(t: Any, seed: int = 0) -> Any:
+    """``t`` (a 16- or 32-bit float tensor) with every nonzero element moved to a neighbouring representable value,
+    up or down in magnitude at random (its bit pattern plus or minus one)."""
+    import torch
+
+    ints = {2: torch.int16, 4: torch.int32}[t.element_size()]
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    step = (torch.randint(0, 2, t.shape, generator=gen) * 2 - 1).to(device=t.device, dtype=ints)
+    bits = t.contiguous().view(ints)
+    return torch.where(t != 0, (bits + step).view(t.dtype), t)
 
 
 def checked_prefill_ms(model: Any, forward: Callable[..., Any], batch: int, seq: int, device: str, reps: int, *,
@@ -117,8 +156,11 @@ def checked_prefill_ms(model: Any, forward: Callable[..., Any], batch: int, seq:
     check passed; else ``ValueError`` saying by how much the logits differ (a benchmark records it, no time)."""
     check = compiled_vs_eager(model, forward, model.config.vocab_size, batch, seq, device, use_cache=use_cache)
     if not check["ok"]:
+        noise = check.get("eager_noise_rel_err")
+        allowed = f"{COMPILED_TOL}" if noise is None else (f"{COMPILED_TOL} and {NOISE_FACTOR} x the model's own "
+                                                           f"noise {noise:.4g}")
         raise ValueError(f"the compiled prefill's logits differ from eager's by {check['rel_err']:.4g} (> "
-                         f"{COMPILED_TOL}; NaN: {check['nan']}): not timed")
+                         f"{allowed}; NaN: {check['nan']}): not timed")
     return _prefill_ms(forward, model.config.vocab_size, batch, seq, device, reps, use_cache=use_cache), check
 
 
