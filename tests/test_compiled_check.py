@@ -48,8 +48,8 @@ def test_a_prefill_that_lost_its_output_is_not_timed(model):
     def broken(**kw):
         out = model.forward(**kw)
         return _with_logits(out, torch.zeros_like(out.logits))
-    with pytest.raises(ValueError, match=r"differ from eager's by 1 \(> 0.25 and 2.0 x the model's own noise "
-                                         r"[0-9.e-]+; NaN: False\): not timed"):
+    with pytest.raises(ValueError, match=r"differ from eager's by 1 \(> 0.25, and past it > 2.0 x the model's own "
+                                         r"noise [0-9.e-]+ or > 0.75; NaN: False\): not timed"):
         checked_prefill_ms(model, broken, 1, 16, "cpu", 1)
 
 
@@ -89,14 +89,14 @@ def test_past_the_tolerance_a_forward_beyond_twice_the_models_own_noise_fails_sa
     def off(**kw):
         out = model.forward(**kw)
         return _with_logits(out, out.logits * 1.3)
-    with pytest.raises(ValueError, match=r"by 0\.3 .*2\.0 x the model's own noise 0\.1"):
+    with pytest.raises(ValueError, match=r"by 0\.3 .*> 2\.0 x the model's own noise 0\.1 or > 0\.75"):
         checked_prefill_ms(model, off, 1, 16, "cpu", 1)
 
 
-def test_a_model_too_noisy_to_judge_by_leaves_only_the_fixed_tolerance(model, monkeypatch):
+def test_however_noisy_the_model_a_forward_that_lost_its_output_fails(model, monkeypatch):
     from autoopt.nn import e2e
 
-    monkeypatch.setattr(e2e, "eager_noise", lambda *a, **k: e2e.NOISE_CAP)
+    monkeypatch.setattr(e2e, "eager_noise", lambda *a, **k: 0.9)
 
     def lost(**kw):
         out = model.forward(**kw)
@@ -119,3 +119,18 @@ def test_a_tiny_fp32_models_own_noise_is_small_and_positive(model):
     with torch.inference_mode():
         ref = model.forward(input_ids=ids, logits_to_keep=1).logits[:, -1].float()
     assert 0 < eager_noise(model, ids, ref) < 1e-3
+
+
+def test_a_forward_inside_a_noisy_models_noise_passes_up_to_the_cap(model, monkeypatch):
+    # fp8 Llama-3-8B on the H200: compiled 0.384 from eager, eager 0.531 from its own last-bit nudge
+    from autoopt.nn import e2e
+
+    monkeypatch.setattr(e2e, "eager_noise", lambda *a, **k: 0.531)
+
+    def scaled(f):
+        def fwd(**kw):
+            out = model.forward(**kw)
+            return _with_logits(out, out.logits * f)
+        return fwd
+    assert compiled_vs_eager(model, scaled(1.384), model.config.vocab_size, 1, 16, "cpu")["ok"]
+    assert not compiled_vs_eager(model, scaled(1.8), model.config.vocab_size, 1, 16, "cpu")["ok"]

@@ -97,11 +97,11 @@ COMPILED_TOL = 0.25
 #: logits move when every input embedding moves by one last bit (:func:`eager_noise`). W8A8 fp8 quantizes every
 #: activation to 3 mantissa bits per token, so a last-bit difference anywhere (another kernel's rounding) moves
 #: codes, and 32 random layers amplify it: on the H200 (2026-11-29, ``h200/quant_e2e_check_fp8_failed.json``) fp8
-#: Llama-3-8B's compiled prefill differed from eager by 0.384 where bf16's did by 0.073
+#: Llama-3-8B's compiled prefill differed from eager by 0.384 where bf16's did by 0.073, and the nudge alone moved
+#: eager's fp8 logits by 0.531 (``h200/quant_e2e_fp8_noise.json``)
 NOISE_FACTOR = 2.0
-#: a model whose own noise reaches this says nothing about a forward: only COMPILED_TOL applies (a forward that
-#: lost its output lands near 1)
-NOISE_CAP = 0.5
+#: no noise lets a forward past this: one that lost its output lands at 1 (zero logits), however noisy the model
+NOISE_CAP = 0.75
 
 
 def compiled_vs_eager(model: Any, forward: Callable[..., Any], vocab: int, batch: int, seq: int, device: str, *,
@@ -109,7 +109,7 @@ def compiled_vs_eager(model: Any, forward: Callable[..., Any], vocab: int, batch
     """The compiled ``forward``'s last-position logits against ``model``'s eager forward on one seeded
     ``batch x seq`` prompt (``use_cache`` as in :func:`_prefill_ms`; the first call compiles): :func:`_agreement`'s
     numbers and ``ok``: no NaN, and ``rel_err <= COMPILED_TOL`` or, past it, within ``NOISE_FACTOR`` times the
-    model's own noise (``eager_noise_rel_err``, measured only then) where that noise is under ``NOISE_CAP``."""
+    model's own noise (``eager_noise_rel_err``, measured only then) and at most ``NOISE_CAP``."""
     import torch
 
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -122,7 +122,7 @@ def compiled_vs_eager(model: Any, forward: Callable[..., Any], vocab: int, batch
     if not within and not check["nan"]:
         noise = eager_noise(model, ids, ref, use_cache=use_cache)
         check["eager_noise_rel_err"] = noise
-        within = noise < NOISE_CAP and check["rel_err"] <= NOISE_FACTOR * noise
+        within = check["rel_err"] <= min(NOISE_FACTOR * noise, NOISE_CAP)
     check["ok"] = within and not check["nan"]
     return check
 
@@ -157,8 +157,8 @@ def checked_prefill_ms(model: Any, forward: Callable[..., Any], batch: int, seq:
     check = compiled_vs_eager(model, forward, model.config.vocab_size, batch, seq, device, use_cache=use_cache)
     if not check["ok"]:
         noise = check.get("eager_noise_rel_err")
-        allowed = f"{COMPILED_TOL}" if noise is None else (f"{COMPILED_TOL} and {NOISE_FACTOR} x the model's own "
-                                                           f"noise {noise:.4g}")
+        allowed = f"{COMPILED_TOL}" if noise is None else (f"{COMPILED_TOL}, and past it > {NOISE_FACTOR} x the "
+                                                           f"model's own noise {noise:.4g} or > {NOISE_CAP}")
         raise ValueError(f"the compiled prefill's logits differ from eager's by {check['rel_err']:.4g} (> "
                          f"{allowed}; NaN: {check['nan']}): not timed")
     return _prefill_ms(forward, model.config.vocab_size, batch, seq, device, reps, use_cache=use_cache), check
