@@ -83,3 +83,22 @@ def test_the_dequant_probe_takes_an_earlier_text_of_the_module():
     from benchmarks.probes.dequant_probe import old_problem
 
     assert old_problem(str(ROOT / "autoopt/backend/kernels/quant_dequant.py")) is None
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--layers", "0"], "--layers 0"),
+    (["--rounds", "5000"], "--rounds 5000"),
+])
+def test_the_fused_chain_probe_refuses_a_bad_count_in_one_line(argv, why):
+    proc = _run("benchmarks/probes/fused_chain_probe.py", "--out", "x.json", *argv)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and why in proc.stderr and "1 to 4096" in proc.stderr
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="needs torch")
+def test_the_fused_chain_probe_says_it_needs_a_gpu_in_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the probe runs")
+    proc = _run("benchmarks/probes/fused_chain_probe.py", "--out", "x.json")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "needs a CUDA GPU" in proc.stderr
