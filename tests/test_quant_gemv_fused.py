@@ -24,10 +24,13 @@ def _interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def _setup(n: int, seed: int = 0):
+FORMATS = ["int4", "int4-asym", "int8", "fp8", "fp8_block"]
+
+
+def _setup(n: int, seed: int = 0, spec: str = "int4"):
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn((n, K), generator=gen) * K ** -0.5
-    q = quantize(w.bfloat16(), "int4")
+    q = quantize(w.bfloat16(), spec)
     x = (torch.randn((1, K), generator=gen) * 3).bfloat16()
     g = (1 + 0.5 * torch.randn(K, generator=gen)).bfloat16()
     return q, dequantize(q).float(), x, g
@@ -44,31 +47,35 @@ def _rmsnorm(x, g, eps=1e-6):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * g.double()).float()
 
 
-def test_the_norm_prologue_computes_the_linear_of_the_normed_row():
-    q, w, x, g = _setup(100)
+@pytest.mark.parametrize("spec", FORMATS)
+def test_the_norm_prologue_computes_the_linear_of_the_normed_row(spec):
+    q, w, x, g = _setup(100, spec=spec)
     out = torch.empty((1, 100), dtype=torch.bfloat16)
     quant_gemv_prepare(x, q, out, CFG, norm_weight=g, eps=1e-6)()
     assert _rel(out, _rmsnorm(x, g) @ w.t()) < TOL
 
 
-def test_the_gated_epilogue_writes_silu_of_the_gate_rows_times_the_up_rows():
-    q, w, x, _ = _setup(2 * 40)
+@pytest.mark.parametrize("spec", FORMATS)
+def test_the_gated_epilogue_writes_silu_of_the_gate_rows_times_the_up_rows(spec):
+    q, w, x, _ = _setup(2 * 40, spec=spec)
     out = torch.empty((1, 40), dtype=torch.bfloat16)
     quant_gemv_prepare(x, q, out, CFG, gated=True)()
     h = x.float() @ w.t()
     assert _rel(out, torch.nn.functional.silu(h[:, :40]) * h[:, 40:]) < TOL
 
 
-def test_the_residual_epilogue_adds_the_residual_stream():
-    q, w, x, _ = _setup(100)
+@pytest.mark.parametrize("spec", FORMATS)
+def test_the_residual_epilogue_adds_the_residual_stream(spec):
+    q, w, x, _ = _setup(100, spec=spec)
     r = torch.randn((1, 100)).bfloat16()
     out = torch.empty((1, 100), dtype=torch.bfloat16)
     quant_gemv_prepare(x, q, out, CFG, residual=r)()
     assert _rel(out, r.float() + x.float() @ w.t()) < TOL
 
 
-def test_norm_and_gated_together_are_the_mlps_first_half():
-    q, w, x, g = _setup(2 * 48)
+@pytest.mark.parametrize("spec", FORMATS)
+def test_norm_and_gated_together_are_the_mlps_first_half(spec):
+    q, w, x, g = _setup(2 * 48, spec=spec)
     out = torch.empty((1, 48), dtype=torch.bfloat16)
     quant_gemv_prepare(x, q, out, CFG, norm_weight=g, gated=True)()
     h = _rmsnorm(x, g) @ w.t()

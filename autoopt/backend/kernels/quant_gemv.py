@@ -30,14 +30,15 @@ in the sm_90 SASS); the per-row loop stays register-fed: staged, fp8 ran 3-9 % s
 elementwise accumulation took int4's best configs from 14.3 / 11.8 / 40.8 / 28.8 to 13.0 / 11.4 / 35.2 /
 27.7 us (Llama-3-8B qkv / o / gate_up / down at M = 1, same run: ``int4_gemv_ab.json``).
 
-Fusions for a decode layer (int4, M = 1, ``quant_gemv_prepare(norm_weight=, gated=, residual=)``): RMSNorm in the
-prologue (each program sums the squares of x's whole row, L2-resident, and scales its outputs by ``1/rms``, which
+Fusions for a decode layer (M = 1, every format, ``quant_gemv_prepare(norm_weight=, gated=, residual=)``): RMSNorm
+in the prologue (each program sums the squares of x's whole row, L2-resident, and scales its outputs by ``1/rms``, which
 factors out of ``W (x g / rms)``; ``x g`` rounds to x's type as the norm's output would), SwiGLU in the epilogue (a
 program holds the gate rows and the up rows of its outputs) and the residual add. On a graphed 32-layer Llama-3-8B
 decode chain on the H200 (five launches a layer against twelve) they took the step from 2.558 to 2.246 ms, and 2.570
 to 2.267 in a second run (``benchmarks/probes/fused_chain_probe.py``, ``h200/fused_chain_int4*.json``; each fused
-GEMV within 2.4-4.0e-3 of its separate ops in float64). ``optimize()`` does not call them yet: a transformers model
-runs its norms and adds in the decoder layer's own forward.
+GEMV within 2.4-4.0e-3 of its separate ops in float64; the other formats' fused paths are so far checked under the
+interpreter only). ``optimize()`` does not call them yet: a transformers model runs its norms and adds in the decoder
+layer's own forward.
 
 ``BLOCK_M > 1`` (and ``BLOCK_M = 16`` at M = 1 for symmetric int4): ``tl.dot`` with M padded to 16 (the MMA
 minimum; padded rows are masked loads); int4 codes become ``q - 8`` in the dot's 16-bit type by a few lines of
@@ -296,6 +297,14 @@ def coded_tile_dot(acc, x, wb, s_ptr, offs_wn, stride_sn, byte0,  # type: ignore
     return out
 
 
+@triton.jit
+def times_norm_weight(x, g_ptr, offs, K, XT: tl.constexpr):  # type: ignore[no-untyped-def]
+    """``x * g[offs]`` rounded to ``XT`` (x's type), as an RMSNorm's output is before its ``1/rms`` (which the fused
+    GEMV applies to its outputs); ``g`` past K is 0."""
+    g = tl.load(g_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
+    return (x.to(tl.float32) * g).to(XT)
+
+
 #: two bf16 pairs multiplied lane by lane (the low and high 32 bits of an int64 word of four bf16)
 _BF16_WORD_MUL = tl.constexpr("mul.rn.bf16x2 $0, $2, $4; mul.rn.bf16x2 $1, $3, $5;")
 
@@ -359,6 +368,8 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                     b = tl.load(w_rows[:, None] + offs_k[None, :], mask=offs_k[None, :] < K, other=0,
                                 eviction_policy="evict_first")
                     x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+                if NORM:
+                    x = times_norm_weight(x, g_ptr, offs_k, K, x_ptr.dtype.element_ty).to(tl.float32)
                 v = b.to(tl.int32)
                 if FMT == 2:  # uint8 view: 1 + (q + 128) / 256
                     f = ((v << 15) ^ 0x3FC00000).to(tl.float32, bitcast=True)
@@ -432,11 +443,9 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                     else:
                         x_lo = tl.load(x_ptr + k_lo, mask=k_lo < K, other=0.0)
                         x_hi = tl.load(x_ptr + k_hi, mask=k_hi < K, other=0.0)
-                    if NORM:  # x g rounded to x's type, as the norm's output would be (without its rstd)
-                        g_lo = tl.load(g_ptr + k_lo, mask=k_lo < K, other=0.0).to(tl.float32)
-                        g_hi = tl.load(g_ptr + k_hi, mask=k_hi < K, other=0.0).to(tl.float32)
-                        x_lo = (x_lo.to(tl.float32) * g_lo).to(x_ptr.dtype.element_ty)
-                        x_hi = (x_hi.to(tl.float32) * g_hi).to(x_ptr.dtype.element_ty)
+                    if NORM:
+                        x_lo = times_norm_weight(x_lo, g_ptr, k_lo, K, x_ptr.dtype.element_ty)
+                        x_hi = times_norm_weight(x_hi, g_ptr, k_hi, K, x_ptr.dtype.element_ty)
                     s_ptrs = s_ptr + offs_wn[:, None] * stride_sn + grp[None, :]
                     s = tl.load(s_ptrs, mask=g_ok[None, :], other=0.0).to(tl.float32)
                     acc3 += s[:, :, None] * int4_pair_dot(b, x_lo[None, :, :], x_hi[None, :, :], one_bits,
@@ -450,6 +459,8 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                         x = tl.load(x_ptr + pb).to(tl.float32)
                     else:
                         x = tl.load(x_ptr + pb, mask=pb < K, other=0.0).to(tl.float32)
+                    if NORM:
+                        x = times_norm_weight(x, g_ptr, pb, K, x_ptr.dtype.element_ty).to(tl.float32)
                     s_ptrs = s_ptr + (offs_wn // G)[:, None] * stride_sn + grp[None, :]
                     s = tl.load(s_ptrs, mask=g_ok[None, :], other=0.0).to(tl.float32)
                     acc3 += s[:, :, None] * (e4m3_bits_scaled(b.to(tl.int32)) * x[None, :, :])
@@ -566,13 +577,13 @@ def _words_fit(x: Any, w: Any, qw: Any, bk: int, even: bool) -> bool:
 
 def _fusion_problem(x: Any, qw: Any, out: Any, params: dict[str, int], norm_weight: Any, gated: bool,
                     residual: Any) -> str | None:
-    """Why this GEMV cannot take the asked fusions (None: it can). Prototype scope: int4 at M = 1 on the FMA
-    path; the gated and residual epilogues at split-K 1 (each program writes its own outputs)."""
+    """Why this GEMV cannot take the asked fusions (None: it can): M = 1 on the FMA path, any format; the gated and
+    residual epilogues at split-K 1 (each program writes its own outputs)."""
     fused = norm_weight is not None or gated or residual is not None
     if not fused:
         return None
-    if qw.fmt.name != "int4" or x.shape[0] != 1 or params["BLOCK_M"] != 1:
-        return "the fused prologue/epilogues serve int4 at M = 1 on the FMA path (BLOCK_M 1)"
+    if x.shape[0] != 1 or params["BLOCK_M"] != 1:
+        return "the fused prologue/epilogues serve M = 1 on the FMA path (BLOCK_M 1)"
     if (gated or residual is not None) and params.get("SPLIT_K", 1) != 1:
         return "the gated and residual epilogues need SPLIT_K 1"
     if gated and (qw.n % 2 or params["BLOCK_N"] % 2 or out.shape[1] != qw.n // 2):
@@ -591,7 +602,7 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
     """Bind a config to tensors; returns a no-argument launcher (split-K workspace allocated here).
 
     ``x`` ``[M, K]`` (bf16/fp16, unit stride along K), ``qw`` a :class:`~autoopt.backend.quant.QuantizedWeight`
-    of ``[N, K]``, ``out`` ``[M, N]`` (unit stride along N), ``bias`` ``[N]`` or None. Fusions (int4, M = 1):
+    of ``[N, K]``, ``out`` ``[M, N]`` (unit stride along N), ``bias`` ``[N]`` or None. Fusions (M = 1):
     ``norm_weight`` (``[K]``) makes it ``rmsnorm(x, eps) * g`` times W (x is the norm's input); ``gated`` reads W
     as ``[gate; up]`` and writes ``silu(gate) * up`` (``out`` ``[1, N/2]``); ``residual`` adds a ``[1, N]``
     tensor to the output."""
