@@ -35,15 +35,18 @@ from typing import ClassVar, TypeAlias
 __all__ = ["ONE_BY_ONE", "OPS", "QKV", "Context", "DenseMatch", "GatedMLPMatch", "Inner", "Match", "MoEMatch",
            "NoMatch", "NormMatch", "PlainMLPMatch", "QKVMatch", "QuantLinearMatch", "Replacing"]
 
-#: what ``ops=`` can name: the kinds of module optimize() replaces (quantized linears are ``linear``s), and
-#: ``attention``: a transformers model's SDPA at decode on autoopt's kernel (:mod:`autoopt.nn.attention`).
-OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv", "moe", "attention")
+#: what ``ops=`` can name: the kinds of module optimize() replaces (quantized linears are ``linear``s),
+#: ``attention``: a transformers model's SDPA at decode on autoopt's kernel (:mod:`autoopt.nn.attention`), and
+#: ``decode_layer``: a quantized decoder layer's one-token step as five fused kernels (:mod:`autoopt.nn.decode_layer`).
+OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv", "moe", "attention", "decode_layer")
 #: what optimize() replaces when ``ops=`` is not given: all but ``moe``. On an H100 the fused-MoE path decodes
 #: faster than transformers' own grouped_mm experts under torch.compile but prefills slower (Qwen3-30B-A3B, 8
 #: layers: decode step 1.026 vs 1.260 ms, prefill 1 x 2048 13.6 vs 10.0 ms; Mixtral-8x7B, 4 layers: 1.408 vs
 #: 1.691 ms and 15.6 vs 14.2 ms; benchmarks/results/h100/moe_e2e_prefill_trace_tritonop.json, after the
 #: triton_op; moe_e2e.json before it), so it is asked for by name until its prefill measures faster too.
-DEFAULT_OPS = tuple(op for op in OPS if op != "moe")
+#: ``decode_layer`` is asked for by name too until a model's generate() has measured it (its kernels: an H200 chain of
+#: them 1.14x the separate ones, benchmarks/results/h200/fused_chain_int4.json).
+DEFAULT_OPS = tuple(op for op in OPS if op not in ("moe", "decode_layer"))
 MOE_OFF = ("moe is not in the default ops: on an H100 the fused-MoE path decodes faster than transformers' "
            "grouped_mm experts but prefills slower (benchmarks/results/h100/moe_e2e.json); ops=[..., 'moe'] runs it")
 #: the child names of the projections one fused GEMM can serve, in the order attention code calls them.

@@ -91,6 +91,7 @@ from autoopt.errors import OpError, RestoreError, WeightFormatError
 from autoopt.nn import _moe, dispatch
 from autoopt.nn import attention as attention_runner
 from autoopt.nn import decode_graphs as decode_graph_runners
+from autoopt.nn import decode_layer as decode_layers
 from autoopt.nn.build import build
 from autoopt.nn.compare import quant_bound, sample, tolerance
 from autoopt.nn.match import (
@@ -839,7 +840,8 @@ def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] 
     file); None keeps :mod:`autoopt.nn.dispatch`'s (the detected GPU, or a stand-in under Triton's
     interpreter). It is process-wide: it also applies to other models' autoopt ops.
     ``ops``: the kinds to replace, a subset of :data:`OPS` (by default :data:`DEFAULT_OPS`: all but ``moe``, which
-    measured slower than transformers' grouped_mm experts); without ``linear`` the gated MLP's two GEMMs and a plain
+    measured slower than transformers' grouped_mm experts, and ``decode_layer``, not yet measured in a model);
+    without ``linear`` the gated MLP's two GEMMs and a plain
     MLP's fc2 run through torch (its fc1 + activation GEMM is the ``plain_mlp`` op itself). ``check``: compare each
     distinct replacement with its original on a sample first, keeping the original on a mismatch (and, for a
     quantized replacement over its format's bound, the 16-bit weight). ``keep_original``: leave the original weights
@@ -877,6 +879,12 @@ def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] 
         walk.notes.append(f"attention: one query token a row (decode) runs autoopt's decode-attention kernel "
                           f"(K/V read once per KV head), other calls transformers' SDPA (attn_implementation "
                           f"{attention_runner.NAME!r}; ops= without 'attention' keeps SDPA)")
+    if "decode_layer" in ops_set:
+        fused = decode_layers.install(root)
+        walk.notes.append(f"decode_layer: {fused} decoder layers run a one-token step as five fused kernels "
+                          "(norms, SwiGLU and residual adds inside the quantized GEMVs)" if fused else
+                          "decode_layer: no decoder layer could fuse (it needs quantized q/k/v, o, gate_up and "
+                          "down, autoopt RMSNorms and a known layer class)")
     if decode_graphs and device.type == "cuda" and decode_graph_runners.install(root):
         walk.notes.append("generate(): the compiled decode step replays from autoopt's CUDA graphs "
                           "(decode_graphs=False keeps transformers' own)")
@@ -899,6 +907,7 @@ def _restorer(patches: list[tuple[Any, str, Any]], root: nn.Module) -> Callable[
         if (m := model()) is not None:
             decode_graph_runners.uninstall(m)
             attention_runner.uninstall(m)
+            decode_layers.uninstall(m)
         return count
     return restore_all
 
@@ -924,4 +933,5 @@ def restore(model: nn.Module) -> int:
         parent._modules[name] = rep.restore_original()
     decode_graph_runners.uninstall(root)
     attention_runner.uninstall(root)
+    decode_layers.uninstall(root)
     return len(found)

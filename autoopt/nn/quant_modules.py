@@ -114,8 +114,32 @@ class QuantLinear(nn.Module):
         w, s, z = self.packed()
         return _ops.quant_linear(x, w, s, z, self.bias, weight=self.weight_format, k=self.in_features)
 
+    def fused(self, x: torch.Tensor, *, norm: nn.Module | None = None, gated: bool = False,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+        """This linear with a decode layer's neighbours in one kernel (:func:`autoopt.nn.fused_linear.
+        quant_linear_fused`): ``norm`` (an :class:`~autoopt.nn.modules.AutooptRMSNorm` whose input x is),
+        ``gated`` (SwiGLU over ``[gate; up]``), ``residual`` (added)."""
+        from autoopt.nn.fused_linear import quant_linear_fused
+
+        w, s, z = self.packed()
+        eps = 1e-6 if norm is None else norm_eps(norm, x.dtype)
+        g = None if norm is None else norm.weight
+        assert g is None or isinstance(g, torch.Tensor)
+        return quant_linear_fused(x, w, s, z, self.bias, weight=self.weight_format, k=self.in_features,
+                                  norm_weight=g, eps=eps, gated=gated, residual=residual)
+
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}, {self.weight_format}, bias={self.bias is not None}"
+
+
+def norm_eps(norm: nn.Module, dtype: torch.dtype) -> float:
+    """An :class:`~autoopt.nn.modules.AutooptRMSNorm`'s epsilon as its forward uses it (its dtype's when None)."""
+    eps = norm.__dict__.get("_eps")
+    return float(eps) if eps is not None else float(torch.finfo(dtype).eps)
+
+
+#: the attributes a fused decode layer (:mod:`autoopt.nn.decode_layer`) sets on a module for its next call only
+ARMED_NORM, ARMED_RESIDUAL = "_autoopt_armed_norm", "_autoopt_armed_residual"
 
 
 class QuantReplacement(Replacement):
@@ -174,6 +198,12 @@ class AutooptQuantLinear(QuantReplacement, QuantLinear):
         """The packed weight, while the original 16-bit one is kept beside it (``keep_original=True``)."""
         return self.packed_bytes() if self.freed is None and self.sixteen_bit() else 0
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        residual = self.__dict__.pop(ARMED_RESIDUAL, None)
+        if residual is not None:  # a fused decode layer's o_proj: the residual add in its epilogue
+            return self.fused(x, residual=residual)
+        return QuantLinear.forward(self, x)
+
 
 class AutooptQuantGatedMLP(QuantReplacement, nn.Module):
     """``down(act(gate(x)) * up(x))`` with gate and up as one quantized GEMM (the ``gate_up`` child, a
@@ -212,6 +242,13 @@ class AutooptQuantGatedMLP(QuantReplacement, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down_proj(gated_activation(self.gate_up(x), self.activation))
         return out
+
+    def fused_decode(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+        """``x + mlp(norm(x))`` in two kernels: norm, gate_up and SwiGLU in one, down and the residual add in the
+        other (a :class:`~autoopt.nn.decode_layer` step; down is a :class:`QuantLinear` there)."""
+        down = self.down_proj
+        assert isinstance(down, QuantLinear) and self.activation == "silu"
+        return down.fused(self.gate_up.fused(x, norm=norm, gated=True), residual=x)
 
     def extra_repr(self) -> str:
         return (f"gate_up {self.gate_up.in_features}->2x{self.intermediate} {self.gate_up.weight_format}, "
@@ -252,6 +289,9 @@ class AutooptQuantQKV(QKVOwner, QuantReplacement, nn.Module):
         return self.qkv.packed_bytes() if self.freed is None else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self.__dict__.pop(ARMED_NORM, None)
+        if norm is not None:  # a fused decode layer handed x before its norm (autoopt.nn.decode_layer)
+            return self.stash(x, self.qkv.fused(x, norm=norm))
         return self.stash(x, self.qkv(x))
 
     def extra_repr(self) -> str:
