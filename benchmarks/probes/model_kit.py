@@ -19,11 +19,11 @@ def no_cuda(probe: str, what: str) -> bool:
     return True
 
 
-def optimized_llama(fmt: str, layers: int | None) -> tuple[Any, Any]:
+def optimized_llama(fmt: str, layers: int | None, ops: tuple[str, ...] | None = None) -> tuple[Any, Any]:
     """Llama-3-8B's architecture (``layers`` decoder layers, default all) in bf16 on the GPU, optimize()d with
-    ``weights=fmt``: (the model, optimize()'s report)."""
+    ``weights=fmt`` (and ``ops``, default optimize()'s): (the model, optimize()'s report)."""
     from autoopt.nn.e2e import build_model
     from autoopt.nn.optimize import optimize
 
     model = build_model(MODEL, dtype="bf16", device="cuda", layers=layers)
-    return model, optimize(model, weights=fmt)
+    return model, optimize(model, weights=fmt, ops=ops)

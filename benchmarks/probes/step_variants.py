@@ -8,6 +8,8 @@ Variants (``--variants``, comma separated; each builds, optimizes and compiles i
 - ``autoopt_norm``: a decode step's RMSNorm stays autoopt's Triton kernel under torch.compile, as before
   ``INDUCTOR_NORM_MAX_ROWS`` (Inductor then cannot fuse the residual add into it: two kernels where Inductor's own
   norm is one);
+- ``decode_layer``: ``optimize(ops=[..., "decode_layer"])``, each decoder layer's one-token step as five fused
+  kernels (its norms, SwiGLU and residual adds inside the quantized GEMVs: ``autoopt.nn.decode_layer``);
 - ``run80``: the cost model's ``dram_run_bytes`` at 80 (was 50) while optimize() picks its configs: the
   longer contiguous weight runs the H200 graph grid measured faster for the int4 decode GEMV
   (``h200/quant_kernels_fmagrid_graph.json``: BLOCK_K 512 against 256 at equal tile bytes, ~1.2x).
@@ -41,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.probes.model_kit import MODEL, no_cuda, optimized_llama
 
 PROMPT = 128
-VARIANTS = ("base", "autoopt_norm", "run80")
+VARIANTS = ("base", "autoopt_norm", "run80", "decode_layer")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,11 +85,13 @@ def applied(variant: str) -> Iterator[None]:
 
 def run_variant(fmt: str, variant: str, args: argparse.Namespace) -> dict[str, Any]:
     from autoopt.nn.e2e import _graphed_decode_ms
+    from autoopt.nn.match import DEFAULT_OPS
     from benchmarks.quant_e2e import generate_ms_per_token
 
     row: dict[str, Any] = {"format": fmt, "variant": variant, "label": "measured"}
     with applied(variant):
-        model, report = optimized_llama(fmt, args.layers)
+        ops = (*DEFAULT_OPS, "decode_layer") if variant == "decode_layer" else None
+        model, report = optimized_llama(fmt, args.layers, ops)
         row["optimize_counts"] = report.counts()
         row["measured_graphed_compiled_step_ms"] = round(
             _graphed_decode_ms(model, 1, PROMPT, 64, compiled=True), 4)
