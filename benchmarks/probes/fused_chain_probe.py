@@ -210,36 +210,6 @@ def make_fused_chain(layers: list[dict[str, Any]], cfgs: dict[str, dict[str, int
     return step
 
 
-def capture(step: Any) -> Any:
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # compiles every kernel variant outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
-    return g
-
-
-def time_graph(g: Any, replays: int) -> float:
-    """Median ms of one replay over ``replays`` (events around each)."""
-    import torch
-
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -257,6 +227,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("fused_chain_probe: needs a CUDA GPU", file=sys.stderr)
         return 2
+    from autoopt.backend.runner import captured, replayed_us
     from benchmarks.hw_limit import environment
 
     t0 = time.perf_counter()
@@ -272,7 +243,7 @@ def main() -> int:
     outs = {}
     for name, make, c in (("plain", make_chain, cfgs), ("fused", make_fused_chain, fcfgs)):
         x0 = x_init.clone()
-        g = capture(make(layers, c, x0, kv, norm_w))
+        g = captured(make(layers, c, x0, kv, norm_w), warmups=1)
         x0.copy_(x_init)
         g.replay()
         torch.cuda.synchronize()
@@ -280,7 +251,7 @@ def main() -> int:
         variants[name] = {"graph": g, "times": [], "configs": c}
     for _ in range(args.rounds):
         for v in variants.values():
-            v["times"].append(time_graph(v["graph"], args.replays))
+            v["times"].append(replayed_us(v["graph"], 1, samples=args.replays) / 1e3)
     base = statistics.median(variants["plain"]["times"])
     rows = []
     for name, v in variants.items():
