@@ -30,6 +30,8 @@ from autoopt.nn.modules import AutooptRMSNorm
 from autoopt.nn.quant_modules import (
     ARMED_NORM,
     ARMED_RESIDUAL,
+    ArmableQuantLinear,
+    ArmableQuantQKV,
     AutooptQuantGatedMLP,
     AutooptQuantLinear,
     AutooptQuantQKV,
@@ -88,11 +90,20 @@ def _fused_forward(self: Any, hidden_states: torch.Tensor, *args: Any, **kwargs:
     return self.mlp.fused_decode(h, self.post_attention_layernorm)
 
 
+#: the class each armed part takes while its layer is fused, and the class it goes back to
+_ARMABLE = {AutooptQuantQKV: ArmableQuantQKV, AutooptQuantLinear: ArmableQuantLinear}
+_PLAIN = {v: k for k, v in _ARMABLE.items()}
+
+
 def install(root: nn.Module) -> int:
-    """Give every eligible decoder layer under ``root`` the fused decode forward; returns how many."""
+    """Give every eligible decoder layer under ``root`` the fused decode forward (its q_proj and o_proj the classes
+    that take what the forward hands them); returns how many."""
     count = 0
-    for module in root.modules():
+    for module in list(root.modules()):
         if why_not(module) is None and _MARK not in module.__dict__:
+            attn: Any = module.self_attn
+            for part in (attn.q_proj, attn.o_proj):
+                part.__class__ = _ARMABLE.get(type(part), type(part))
             module.__dict__["forward"] = types.MethodType(_fused_forward, module)
             module.__dict__[_MARK] = True
             count += 1
@@ -105,9 +116,11 @@ def installed(root: nn.Module) -> int:
 
 
 def uninstall(root: nn.Module) -> int:
-    """Give the layers back their class's forward; returns how many."""
+    """Give the layers back their class's forward (and their q_proj and o_proj their classes); returns how many."""
     count = 0
-    for module in root.modules():
+    for module in list(root.modules()):
+        if type(module) in _PLAIN:
+            module.__class__ = _PLAIN[type(module)]
         if module.__dict__.pop(_MARK, None):
             module.__dict__.pop("forward", None)
             count += 1

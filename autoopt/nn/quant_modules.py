@@ -198,9 +198,16 @@ class AutooptQuantLinear(QuantReplacement, QuantLinear):
         """The packed weight, while the original 16-bit one is kept beside it (``keep_original=True``)."""
         return self.packed_bytes() if self.freed is None and self.sixteen_bit() else 0
 
+
+
+class ArmableQuantLinear(AutooptQuantLinear):
+    """An :class:`AutooptQuantLinear` under a fused decode layer (:mod:`autoopt.nn.decode_layer` sets the class on
+    install and puts it back on uninstall): a residual handed to it for its next call is added in its epilogue.
+    The default path's class has no such check, so nothing changes where no layer is fused."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         residual = self.__dict__.pop(ARMED_RESIDUAL, None)
-        if residual is not None:  # a fused decode layer's o_proj: the residual add in its epilogue
+        if residual is not None:
             return self.fused(x, residual=residual)
         return QuantLinear.forward(self, x)
 
@@ -289,15 +296,23 @@ class AutooptQuantQKV(QKVOwner, QuantReplacement, nn.Module):
         return self.qkv.packed_bytes() if self.freed is None else 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        norm = self.__dict__.pop(ARMED_NORM, None)
-        if norm is not None:  # a fused decode layer handed x before its norm (autoopt.nn.decode_layer)
-            return self.stash(x, self.qkv.fused(x, norm=norm))
         return self.stash(x, self.qkv(x))
 
     def extra_repr(self) -> str:
         k, v = self.parts
         return (f"qkv {self.in_features}->{self.out_features}+{k.out_features}+{v.out_features}, "
                 f"{self.qkv.weight_format}")
+
+
+class ArmableQuantQKV(AutooptQuantQKV):
+    """An :class:`AutooptQuantQKV` under a fused decode layer (as :class:`ArmableQuantLinear`): a norm handed to it
+    for its next call means x is that norm's input, and the norm runs in the GEMV's prologue."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self.__dict__.pop(ARMED_NORM, None)
+        if norm is not None:
+            return self.stash(x, self.qkv.fused(x, norm=norm))
+        return self.stash(x, self.qkv(x))
 
 
 class AutooptQuantQKVPart(QuantReplacement, nn.Module):
