@@ -185,3 +185,14 @@ def test_the_fused_op_without_a_kernel_is_torchs_separate_ops():
                                           norm_weight=g, eps=1e-6, gated=True, residual=r.expand(2, 1, 32))
     want = fused_linear.fused_reference(x.expand(2, 1, 128), qw, None, g, 1e-6, True, r.expand(2, 1, 32))
     assert got.shape == (2, 1, 32) and torch.equal(got, want)
+
+
+def test_a_fused_call_the_kernel_cannot_take_runs_the_separate_ops_instead_of_failing():
+    from autoopt.backend.quant import quantize
+
+    gen = torch.Generator().manual_seed(0)
+    qw = quantize((torch.randn((64, 128), generator=gen) * 0.1).bfloat16(), "int4")
+    x = torch.randn((1, 1, 128), generator=gen).bfloat16()
+    g32 = torch.rand(128, generator=gen) + 0.5  # fp32: the kernel takes the norm weight in x's dtype only
+    got = fused_linear.quant_linear_fused(x, qw.qweight, qw.scales, weight=qw.fmt.spec, k=128, norm_weight=g32)
+    assert torch.equal(got, fused_linear.fused_reference(x, qw, None, g32, 1e-6, False, None))

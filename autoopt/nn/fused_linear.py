@@ -63,7 +63,7 @@ def fused_params(params: dict[str, int], *, epilogue: bool) -> dict[str, int]:
 
 def _impl(x: Tensor, qweight: Tensor, scales: Tensor, offsets: Tensor | None, bias: Tensor | None,
           norm_weight: Tensor | None, residual: Tensor | None, weight: str, k: int, eps: float, gated: bool) -> Tensor:
-    from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
+    from autoopt.backend.kernels.quant_gemv import fusion_problem, quant_gemv_prepare
 
     _check_quant_linear(x, qweight, scales, offsets, bias, weight, k)
     qw = _packed(qweight, scales, offsets, weight, k)
@@ -79,6 +79,9 @@ def _impl(x: Tensor, qweight: Tensor, scales: Tensor, offsets: Tensor | None, bi
     out = torch.empty((1, n_out), dtype=x.dtype, device=x.device)
     a = x.reshape(1, k).contiguous()
     r = None if residual is None else residual.reshape(1, n_out).contiguous()
+    why = fusion_problem(a, qw, out, params, norm_weight, gated, r)
+    if why is not None:  # a config or operand the fused kernel cannot take: the separate ops, not an error
+        return _fallback(OP, why, lambda: fused_reference(x, qw, bias, norm_weight, eps, gated, residual))
     quant_gemv_prepare(a, qw, out, params, bias=bias, norm_weight=norm_weight, eps=eps, gated=gated, residual=r)()
     return out.view(*x.shape[:-1], n_out)
 

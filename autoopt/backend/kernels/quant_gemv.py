@@ -60,8 +60,9 @@ import triton.language as tl
 from autoopt.backend.kernels import interpreter_active
 from autoopt.backend.kernels.gemm import splitk_reduce_prepare
 
-__all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "int4_as_float", "int4_pair_dot",
-           "int4_tile_dot", "int4_unpack16", "int4_word_dot", "quant_gemv_prepare", "row_tiles", "weight_views"]
+__all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "fusion_problem", "int4_as_float",
+           "int4_pair_dot", "int4_tile_dot", "int4_unpack16", "int4_word_dot", "quant_gemv_prepare", "row_tiles",
+           "weight_views"]
 
 #: the kernels' FMT constexpr per format name
 FMT_CODES = {"fp8": 0, "fp8_block": 1, "int8": 2, "int4": 3}
@@ -575,7 +576,7 @@ def _words_fit(x: Any, w: Any, qw: Any, bk: int, even: bool) -> bool:
             and w.stride(0) % 4 == 0 and w.data_ptr() % 4 == 0 and x.data_ptr() % 8 == 0)
 
 
-def _fusion_problem(x: Any, qw: Any, out: Any, params: dict[str, int], norm_weight: Any, gated: bool,
+def fusion_problem(x: Any, qw: Any, out: Any, params: dict[str, int], norm_weight: Any, gated: bool,
                     residual: Any) -> str | None:
     """Why this GEMV cannot take the asked fusions (None: it can): M = 1 on the FMA path, any format; the gated and
     residual epilogues at split-K 1 (each program writes its own outputs)."""
@@ -608,7 +609,7 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
     tensor to the output."""
     import torch
 
-    why = _fusion_problem(x, qw, out, params, norm_weight, gated, residual)
+    why = fusion_problem(x, qw, out, params, norm_weight, gated, residual)
     if why is not None:
         raise ValueError(f"quant gemv fusion: {why}")
     m, k = x.shape
