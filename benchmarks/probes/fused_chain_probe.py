@@ -1,10 +1,11 @@
-"""What the int4 decode GEMV's fusions buy in a decode step (issue 27: the int4 step's share of its weight-read
+"""What the decode GEMV's fusions buy in a decode step (issue 27: the int4 step's share of its weight-read
 floor is bound by its launches): a Llama-3-8B decode chain at batch 1 built from the kernels a step runs, captured in
 one CUDA graph, two ways, same process:
 
 - ``plain``: per layer RMSNorm, the fused qkv GEMV, attention over a ``--keys`` cache (SDPA, GQA), the o GEMV, the
   residual add, RMSNorm, the gate_up GEMV, SwiGLU, the down GEMV (split-K where chosen) and the residual add, every
-  GEMV on autoopt's int4-g128 kernel with the config ``optimize()`` would choose (``autoopt.nn.dispatch.choose``);
+  GEMV on autoopt's kernel for ``--format`` (int4-g128 by default; fp8, int8) with the config ``optimize()`` would
+  choose (``autoopt.nn.dispatch.choose``);
 - ``fused``: RMSNorm in the qkv and gate_up GEMVs' prologue, SwiGLU in gate_up's epilogue, the residual adds in o's
   and down's (``quant_gemv_prepare(norm_weight=, gated=, residual=)``; split-K 1 where an epilogue fuses).
 
@@ -14,6 +15,7 @@ recorded (rounding differs: the fused norm rounds x g once). Timed: graph replay
 ``--rounds`` rounds, the median of each. Labelled measured.
 
     PYTHONPATH=. python benchmarks/probes/fused_chain_probe.py --out $OUT/fused_chain_int4.json
+    PYTHONPATH=. python benchmarks/probes/fused_chain_probe.py --format fp8 --out $OUT/fused_chain_fp8.json
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM = 4096, 14336, 32, 8, 128
 SHAPES = {"qkv": (6144, HIDDEN), "o": (HIDDEN, HIDDEN), "gate_up": (2 * INTER, HIDDEN), "down": (HIDDEN, INTER)}
 ORDER = ("qkv", "o", "gate_up", "down")
+#: the weight formats whose decode GEMV takes the fusions (M = 1, the FMA path)
+FORMATS = ("int4", "int4-asym", "int8", "fp8", "fp8_block")
 #: the kernel's output against the float64 reference (the module tests' bound)
 REL_TOL = 8e-3
 
@@ -217,10 +221,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--keys", type=int, default=192)
+    ap.add_argument("--format", default="int4", help="weight format: int4, int4-asym, int8, fp8, fp8_block")
     args = ap.parse_args()
-    bad = [f"--{k} {v}" for k, v in vars(args).items() if k != "out" and not (type(v) is int and 1 <= v <= 4096)]
+    bad = [f"--{k} {v}" for k, v in vars(args).items()
+           if k not in ("out", "format") and not (type(v) is int and 1 <= v <= 4096)]
+    if args.format not in FORMATS:
+        bad.append(f"--format {args.format!r} (one of {', '.join(FORMATS)})")
     if bad:
-        print(f"fused_chain_probe: {', '.join(bad)}: each takes a whole number from 1 to 4096", file=sys.stderr)
+        print(f"fused_chain_probe: {', '.join(bad)}: counts take a whole number from 1 to 4096", file=sys.stderr)
         return 2
     import torch
 
@@ -231,7 +239,7 @@ def main() -> int:
     from benchmarks.hw_limit import environment
 
     t0 = time.perf_counter()
-    layers = build_layers(args.layers, "int4")
+    layers = build_layers(args.layers, args.format)
     cfgs = configs(layers[0])
     errs = check_kernels(layers[0], cfgs)
     fcfgs = fused_configs(cfgs)
@@ -261,7 +269,7 @@ def main() -> int:
         print(json.dumps(rows[-1]), flush=True)
     chain_err = float((outs["fused"].float() - outs["plain"].float()).norm() / outs["plain"].float().norm())
     result = {"env": environment(), "label": "measured (CUDA-graph replay of the chain, median of rounds of medians)",
-              "format": "int4", "layers": args.layers, "keys": args.keys,
+              "format": args.format, "layers": args.layers, "keys": args.keys,
               "measured_rel_err_vs_reference": errs, "measured_fused_rel_err_vs_separate_ops": fused_errs,
               "fused_chain_rel_err_vs_plain": chain_err, "rows": rows,
               "elapsed_s": round(time.perf_counter() - t0, 1)}
