@@ -318,13 +318,15 @@ def test_the_paired_bf16_decode_is_left_to_gpus_with_bf16x2_fmas(monkeypatch):
     # target's compile (tests/_compile_sm90.py), which takes the PTX
     from autoopt.backend.kernels import quant_gemv
 
-    quant_gemv._bf16x2.cache_clear()
+    quant_gemv._sm_at_least.cache_clear()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: {0: (7, 5), 1: (9, 0)}[index])
     try:
-        assert (quant_gemv._bf16x2("cuda", 0), quant_gemv._bf16x2("cuda", 1), quant_gemv._bf16x2("cpu", None)) == \
-            (False, True, True)
+        assert [quant_gemv._sm_at_least(*dev, 8) for dev in (("cuda", 0), ("cuda", 1), ("cpu", None))] == \
+            [False, True, True]
+        # the word path's norm fusion multiplies bf16 pairs: sm_90
+        assert [quant_gemv._sm_at_least("cuda", i, 9) for i in (0, 1)] == [False, True]
     finally:
-        quant_gemv._bf16x2.cache_clear()
+        quant_gemv._sm_at_least.cache_clear()
 
 
 # -- which int4 decodes take the word path (int4_word_dot) ------------------------------------------------------

@@ -41,7 +41,7 @@ def fused_reference(x: Tensor, qw: Any, bias: Tensor | None, norm_weight: Tensor
     return y if residual is None else residual + y
 
 
-def _why_not_kernel(x: Tensor, qw: Any, m: int, choice: Any) -> str | None:
+def _why_not_kernel(m: int, choice: Any) -> str | None:
     if m != 1:
         return f"{m} rows (the fused GEMV serves one token)"
     if choice.config is None:
@@ -71,7 +71,7 @@ def _impl(x: Tensor, qweight: Tensor, scales: Tensor, offsets: Tensor | None, bi
     n_out = qw.n // 2 if gated else qw.n
     choice = choose("quant_linear", matmul_kind(max(m, 1)), (max(m, 1), qw.n, k), x.dtype, x.device,
                     weight=qw.fmt.spec)
-    why = _why_not_kernel(x, qw, m, choice)
+    why = _why_not_kernel(m, choice)
     if why is not None:
         return _fallback(OP, why, lambda: fused_reference(x, qw, bias, norm_weight, eps, gated, residual))
     assert choice.config is not None  # _why_not_kernel said so

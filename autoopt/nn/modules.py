@@ -292,10 +292,14 @@ class AutooptRMSNorm(Replacement, nn.Module):
         self._refresh()
         return self
 
+    def eps_for(self, dtype: torch.dtype) -> float:
+        """The epsilon this norm adds for inputs of ``dtype``: the original's, else the dtype's machine epsilon (as
+        the original computes it)."""
+        return float(self._eps) if self._eps is not None else float(torch.finfo(dtype).eps)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        eps = self._eps if self._eps is not None else torch.finfo(x.dtype).eps
         w = self.weight_plus_one if self.unit_offset else self.weight
-        return _ops.rms_norm(x, w, eps)
+        return _ops.rms_norm(x, w, self.eps_for(x.dtype))
 
     def extra_bytes(self) -> int:
         b = self.weight_plus_one

@@ -35,7 +35,7 @@ from torch import nn
 from autoopt.errors import RestoreError
 from autoopt.nn import _moe
 from autoopt.nn import ops as _ops
-from autoopt.nn.modules import QKVOwner, Replacement, _param, gated_activation
+from autoopt.nn.modules import AutooptRMSNorm, QKVOwner, Replacement, _param, gated_activation
 
 __all__ = ["AutooptQuantGatedMLP", "AutooptQuantLinear", "AutooptQuantMoEExperts", "AutooptQuantQKV",
            "AutooptQuantQKVPart", "QuantLinear", "QuantReplacement", "pack_experts", "pack_rows"]
@@ -114,7 +114,7 @@ class QuantLinear(nn.Module):
         w, s, z = self.packed()
         return _ops.quant_linear(x, w, s, z, self.bias, weight=self.weight_format, k=self.in_features)
 
-    def fused(self, x: torch.Tensor, *, norm: nn.Module | None = None, gated: bool = False,
+    def fused(self, x: torch.Tensor, *, norm: AutooptRMSNorm | None = None, gated: bool = False,
               residual: torch.Tensor | None = None) -> torch.Tensor:
         """This linear with a decode layer's neighbours in one kernel (:func:`autoopt.nn.fused_linear.
         quant_linear_fused`): ``norm`` (an :class:`~autoopt.nn.modules.AutooptRMSNorm` whose input x is),
@@ -122,20 +122,12 @@ class QuantLinear(nn.Module):
         from autoopt.nn.fused_linear import quant_linear_fused
 
         w, s, z = self.packed()
-        eps = 1e-6 if norm is None else norm_eps(norm, x.dtype)
-        g = None if norm is None else norm.weight
-        assert g is None or isinstance(g, torch.Tensor)
         return quant_linear_fused(x, w, s, z, self.bias, weight=self.weight_format, k=self.in_features,
-                                  norm_weight=g, eps=eps, gated=gated, residual=residual)
+                                  norm_weight=None if norm is None else norm.weight,
+                                  eps=1e-6 if norm is None else norm.eps_for(x.dtype), gated=gated, residual=residual)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}->{self.out_features}, {self.weight_format}, bias={self.bias is not None}"
-
-
-def norm_eps(norm: nn.Module, dtype: torch.dtype) -> float:
-    """An :class:`~autoopt.nn.modules.AutooptRMSNorm`'s epsilon as its forward uses it (its dtype's when None)."""
-    eps = norm.__dict__.get("_eps")
-    return float(eps) if eps is not None else float(torch.finfo(dtype).eps)
 
 
 #: the attributes a fused decode layer (:mod:`autoopt.nn.decode_layer`) sets on a module for its next call only
@@ -250,7 +242,7 @@ class AutooptQuantGatedMLP(QuantReplacement, nn.Module):
         out: torch.Tensor = self.down_proj(gated_activation(self.gate_up(x), self.activation))
         return out
 
-    def fused_decode(self, x: torch.Tensor, norm: nn.Module) -> torch.Tensor:
+    def fused_decode(self, x: torch.Tensor, norm: AutooptRMSNorm) -> torch.Tensor:
         """``x + mlp(norm(x))`` in two kernels: norm, gate_up and SwiGLU in one, down and the residual add in the
         other (a :class:`~autoopt.nn.decode_layer` step; down is a :class:`QuantLinear` there)."""
         down = self.down_proj

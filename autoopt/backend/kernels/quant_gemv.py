@@ -546,25 +546,16 @@ def weight_views(qw: Any, *, fma: bool) -> tuple[Any, Any, Any]:
 
 
 @functools.cache
-def _bf16x2(device_type: str, index: int | None) -> bool:
-    """Whether a CUDA device has paired bf16 FMAs (``fma.rn.bf16x2``: sm_80+), which :func:`int4_pair_dot`'s
-    PTX needs; before that the exact fp32 decode runs. Tensors elsewhere are bound for a named target's
+def _sm_at_least(device_type: str, index: int | None, major: int) -> bool:
+    """Whether a CUDA device's compute capability is at least ``major``: paired bf16 FMAs (``fma.rn.bf16x2``,
+    :func:`int4_pair_dot`'s PTX) need sm_80, paired bf16 multiplies (``mul.rn.bf16x2``, the word path's norm
+    fusion) sm_90; without them the exact fp32 decode runs. Tensors elsewhere are bound for a named target's
     compile (``tests/_compile_sm90.py``), which takes the PTX."""
     if device_type != "cuda":
         return True
     import torch
 
-    return torch.cuda.get_device_capability(index)[0] >= 8
-
-
-@functools.cache
-def _bf16_mul(device_type: str, index: int | None) -> bool:
-    """Whether paired bf16 multiplies (``mul.rn.bf16x2``, which the word path's norm fusion uses) exist: sm_90+."""
-    if device_type != "cuda":
-        return True
-    import torch
-
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    return torch.cuda.get_device_capability(index)[0] >= major
 
 
 def _words_fit(x: Any, w: Any, qw: Any, bk: int, even: bool) -> bool:
@@ -631,12 +622,12 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
     w, s, z = weight_views(qw, fma=bm == 1)
     ng = s.shape[1] if s.dim() == 2 else 1
     dot_f16 = x.dtype == torch.float16 or interpreter_active()
-    paired = not dot_f16 and not interpreter_active() and _bf16x2(x.device.type, x.device.index)
+    paired = not dot_f16 and not interpreter_active() and _sm_at_least(x.device.type, x.device.index, 8)
     meta = dict(FMT=FMT_CODES[f.name], G=g, HAS_Z=qw.offsets is not None, HAS_BIAS=bias is not None,
                 BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT_M=max(16, bm), EVEN_W=even_w, EVEN_X=even_x,
                 DOT_F16=dot_f16, ASM=not interpreter_active(),
                 PAIRED=paired, WORDS=paired and bm == 1 and _words_fit(x, w, qw, bk, even_w and even_x)
-                and (norm_weight is None or _bf16_mul(x.device.type, x.device.index)),
+                and (norm_weight is None or _sm_at_least(x.device.type, x.device.index, 9)),
                 NORM=norm_weight is not None, GATED=gated, RES=residual is not None,
                 STAGES=params.get("num_stages", 2),
                 num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 2))
