@@ -16,8 +16,7 @@ transformers = pytest.importorskip("transformers")
 from autoopt.nn import decode_layer, dispatch, fused_linear  # noqa: E402
 from autoopt.nn.optimize import optimize, restore  # noqa: E402
 from autoopt.nn.quant_modules import (  # noqa: E402
-    ARMED_NORM,
-    ARMED_RESIDUAL,
+    ARMED,
     ArmableQuantLinear,
     ArmableQuantQKV,
     AutooptQuantLinear,
@@ -134,6 +133,7 @@ def test_the_default_ops_leave_the_layers_alone():
     attn = model.model.layers[0].self_attn
     assert decode_layer.installed(model) == 0
     assert (type(attn.q_proj), type(attn.o_proj)) == (AutooptQuantQKV, AutooptQuantLinear)
+    assert ARMED not in attn.q_proj.__dict__ and ARMED not in attn.o_proj.__dict__
 
 
 def test_only_a_fused_layers_parts_take_what_its_forward_hands_them_and_uninstall_puts_them_back():
@@ -143,6 +143,7 @@ def test_only_a_fused_layers_parts_take_what_its_forward_hands_them_and_uninstal
     assert (type(attn.q_proj), type(attn.o_proj)) == (ArmableQuantQKV, ArmableQuantLinear)
     assert decode_layer.uninstall(model) == 2
     assert (type(attn.q_proj), type(attn.o_proj)) == (AutooptQuantQKV, AutooptQuantLinear)
+    assert ARMED not in attn.q_proj.__dict__ and ARMED not in attn.o_proj.__dict__
 
 
 def test_a_failed_attention_call_leaves_nothing_armed(monkeypatch):
@@ -156,8 +157,8 @@ def test_a_failed_attention_call_leaves_nothing_armed(monkeypatch):
     x = torch.randn((1, 1, 128)).bfloat16()
     with torch.no_grad(), pytest.raises(RuntimeError, match="attention failed"):
         layer(x, position_embeddings=(torch.ones(1, 1, 32), torch.zeros(1, 1, 32)))
-    assert ARMED_NORM not in layer.self_attn.q_proj.__dict__
-    assert ARMED_RESIDUAL not in layer.self_attn.o_proj.__dict__
+    assert getattr(layer.self_attn.q_proj, ARMED) == []
+    assert getattr(layer.self_attn.o_proj, ARMED) == []
 
 
 def test_the_fused_decode_step_traces_under_torch_compile(monkeypatch):
@@ -167,7 +168,7 @@ def test_the_fused_decode_step_traces_under_torch_compile(monkeypatch):
     optimize(model, ops=OPS, weights="int4")
     eager = decode_logits(model)
     torch._dynamo.reset()
-    model.forward = torch.compile(model.forward, backend="eager")
+    model.forward = torch.compile(model.forward, backend="eager", fullgraph=True)
     calls = _spy_fused_launches(monkeypatch)
     assert rel(decode_logits(model), eager) < TOL
     assert len(calls) == 8
@@ -196,3 +197,24 @@ def test_a_fused_call_the_kernel_cannot_take_runs_the_separate_ops_instead_of_fa
     g32 = torch.rand(128, generator=gen) + 0.5  # fp32: the kernel takes the norm weight in x's dtype only
     got = fused_linear.quant_linear_fused(x, qw.qweight, qw.scales, weight=qw.fmt.spec, k=128, norm_weight=g32)
     assert torch.equal(got, fused_linear.fused_reference(x, qw, None, g32, 1e-6, False, None))
+
+
+def test_the_benchmark_check_passes_the_fused_step_and_leaves_the_layers_fused():
+    from autoopt.nn.e2e import decode_layer_vs_unfused
+
+    model = build()
+    optimize(model, ops=OPS, weights="int4")
+    check = decode_layer_vs_unfused(model, prompt=6)
+    assert check["ok"] and check["fused_layers"] == 2 and check["rel_err"] < TOL
+    assert decode_layer.installed(model) == 2
+
+
+def test_the_benchmark_check_fails_a_fused_step_that_lost_its_mlp(monkeypatch):
+    from autoopt.nn.e2e import decode_layer_vs_unfused
+    from autoopt.nn.quant_modules import AutooptQuantGatedMLP
+
+    model = build()
+    optimize(model, ops=OPS, weights="int4")
+    monkeypatch.setattr(AutooptQuantGatedMLP, "fused_decode", lambda self, x, norm: torch.zeros_like(x))
+    check = decode_layer_vs_unfused(model, prompt=6)
+    assert not check["ok"] and check["rel_err"] > 0.25

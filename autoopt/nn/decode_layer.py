@@ -12,9 +12,11 @@ A layer is fused only where its forward is known to be that pattern (:data:`LAYE
 code, not structure) and its parts are optimize()'s quantized replacements: RMSNorms without Gemma's unit offset,
 the fused quantized q/k/v, a quantized o_proj, a quantized gated MLP with SiLU and a quantized down projection.
 
-Measured on a graphed 32-layer Llama-3-8B int4 decode chain built from the same kernels (H200): 2.558 -> 2.246 ms
-(``benchmarks/results/h200/fused_chain_int4.json``). Not yet measured through a model's ``generate()``, so not in
-the default ops.
+Measured (H200, Llama-3-8B int4, 2026-11-29): a graphed 32-layer chain of these kernels alone ran 1.13x the
+separate ones (``benchmarks/results/h200/fused_chain_int4*.json``), but in the model, where the compiled default
+already fuses Inductor's add + norm, the compiled step replayed from a CUDA graph took 2.859 ms against the
+default's 2.691 (``h200/quant_trace_decode_layer_sk1.json``): the fused GEMVs cost more than the launches they save
+(the norm prologue re-reads x per program; down runs at split-K 1). So not in the default ops.
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ from torch import nn
 from autoopt.backend.kernels import interpreter_active
 from autoopt.nn.modules import AutooptRMSNorm
 from autoopt.nn.quant_modules import (
-    ARMED_NORM,
-    ARMED_RESIDUAL,
+    ARMED,
     ArmableQuantLinear,
     ArmableQuantQKV,
     AutooptQuantGatedMLP,
@@ -79,13 +80,13 @@ def _fused_forward(self: Any, hidden_states: torch.Tensor, *args: Any, **kwargs:
         return type(self).forward(self, hidden_states, *args, **kwargs)
     attn = self.self_attn
     q_proj, o_proj = attn.q_proj, attn.o_proj
-    q_proj.__dict__[ARMED_NORM] = self.input_layernorm
-    o_proj.__dict__[ARMED_RESIDUAL] = hidden_states
+    q_proj._autoopt_armed.append(self.input_layernorm)
+    o_proj._autoopt_armed.append(hidden_states)
     try:
         out = attn(hidden_states=hidden_states, **kwargs)
     finally:  # each is taken by its one call; a failed call leaves nothing for the next
-        q_proj.__dict__.pop(ARMED_NORM, None)
-        o_proj.__dict__.pop(ARMED_RESIDUAL, None)
+        q_proj._autoopt_armed.clear()
+        o_proj._autoopt_armed.clear()
     h = out[0] if isinstance(out, tuple) else out
     return self.mlp.fused_decode(h, self.post_attention_layernorm)
 
@@ -104,6 +105,7 @@ def install(root: nn.Module) -> int:
             attn: Any = module.self_attn
             for part in (attn.q_proj, attn.o_proj):
                 part.__class__ = _ARMABLE.get(type(part), type(part))
+                part.__dict__[ARMED] = []
             module.__dict__["forward"] = types.MethodType(_fused_forward, module)
             module.__dict__[_MARK] = True
             count += 1
@@ -121,6 +123,7 @@ def uninstall(root: nn.Module) -> int:
     for module in list(root.modules()):
         if type(module) in _PLAIN:
             module.__class__ = _PLAIN[type(module)]
+            module.__dict__.pop(ARMED, None)
         if module.__dict__.pop(_MARK, None):
             module.__dict__.pop("forward", None)
             count += 1

@@ -150,6 +150,46 @@ def ulp_nudged(t: Any, seed: int = 0) -> Any:
     return torch.where(t != 0, (bits + step).view(t.dtype), t)
 
 
+def decode_layer_vs_unfused(model: Any, *, prompt: int = 16, seed: int = 0) -> dict[str, Any]:
+    """One decode step's logits with ``optimize(ops=[..., "decode_layer"])``'s fused layers against the same
+    model's unfused step (its layers uninstalled for the reference, then installed again), eager, after a seeded
+    ``prompt``-token prefill: :func:`_agreement`'s numbers and ``ok`` by :func:`compiled_vs_eager`'s rule, the
+    noise here being how far the unfused step's logits move when the new token's embedding moves by one last bit.
+    A timing of the fused layers is reported only where this passed."""
+    import torch
+
+    from autoopt.nn import decode_layer
+
+    device = next(model.parameters()).device
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt + 1), generator=gen).to(device)
+
+    def step(nudge: bool = False) -> Any:
+        with torch.inference_mode():
+            cache = model(ids[:, :prompt], use_cache=True).past_key_values
+            emb = model.get_input_embeddings()(ids[:, prompt:])
+            out = model(inputs_embeds=ulp_nudged(emb) if nudge else emb, past_key_values=cache, use_cache=True)
+            return out.logits[:, -1].float()
+
+    decode_layer.uninstall(model)
+    try:
+        ref = step()
+    finally:
+        layers = decode_layer.install(model)
+    got = step()
+    check: dict[str, Any] = {"fused_layers": layers, **_agreement(ref, got)}
+    within = check["rel_err"] <= COMPILED_TOL
+    if not within and not check["nan"]:
+        decode_layer.uninstall(model)
+        try:
+            check["unfused_noise_rel_err"] = noise = float(_agreement(ref, step(nudge=True))["rel_err"])
+        finally:
+            decode_layer.install(model)
+        within = check["rel_err"] <= min(NOISE_FACTOR * noise, NOISE_CAP)
+    check["ok"] = within and not check["nan"] and layers > 0
+    return check
+
+
 def checked_prefill_ms(model: Any, forward: Callable[..., Any], batch: int, seq: int, device: str, reps: int, *,
                        use_cache: bool = False) -> tuple[float, dict[str, Any]]:
     """(the compiled ``forward``'s median prefill ms, its :func:`compiled_vs_eager` check), timed only when the

@@ -130,8 +130,11 @@ class QuantLinear(nn.Module):
         return f"{self.in_features}->{self.out_features}, {self.weight_format}, bias={self.bias is not None}"
 
 
-#: the attributes a fused decode layer (:mod:`autoopt.nn.decode_layer`) sets on a module for its next call only
-ARMED_NORM, ARMED_RESIDUAL = "_autoopt_armed_norm", "_autoopt_armed_residual"
+#: the list through which a fused decode layer (:mod:`autoopt.nn.decode_layer`) hands an armable part what its next
+#: call takes (a norm, a residual): a plain list attribute, since list append / pop / clear trace under every
+#: torch.compile this runs on, while ``module.__dict__.pop`` does not under torch 2.11's Dynamo (H200, 2026-11-29:
+#: "Unsupported method call ... pop")
+ARMED = "_autoopt_armed"
 
 
 class QuantReplacement(Replacement):
@@ -197,10 +200,12 @@ class ArmableQuantLinear(AutooptQuantLinear):
     install and puts it back on uninstall): a residual handed to it for its next call is added in its epilogue.
     The default path's class has no such check, so nothing changes where no layer is fused."""
 
+    _autoopt_armed: list[torch.Tensor]  # set by install: [the residual] for the next call, else []
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        residual = self.__dict__.pop(ARMED_RESIDUAL, None)
-        if residual is not None:
-            return self.fused(x, residual=residual)
+        armed = self._autoopt_armed
+        if armed:
+            return self.fused(x, residual=armed.pop())
         return QuantLinear.forward(self, x)
 
 
@@ -300,10 +305,12 @@ class ArmableQuantQKV(AutooptQuantQKV):
     """An :class:`AutooptQuantQKV` under a fused decode layer (as :class:`ArmableQuantLinear`): a norm handed to it
     for its next call means x is that norm's input, and the norm runs in the GEMV's prologue."""
 
+    _autoopt_armed: list[AutooptRMSNorm]  # set by install: [the norm] for the next call, else []
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        norm = self.__dict__.pop(ARMED_NORM, None)
-        if norm is not None:
-            return self.stash(x, self.qkv.fused(x, norm=norm))
+        armed = self._autoopt_armed
+        if armed:
+            return self.stash(x, self.qkv.fused(x, norm=armed.pop()))
         return self.stash(x, self.qkv(x))
 
 

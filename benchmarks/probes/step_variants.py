@@ -9,7 +9,8 @@ Variants (``--variants``, comma separated; each builds, optimizes and compiles i
   ``INDUCTOR_NORM_MAX_ROWS`` (Inductor then cannot fuse the residual add into it: two kernels where Inductor's own
   norm is one);
 - ``decode_layer``: ``optimize(ops=[..., "decode_layer"])``, each decoder layer's one-token step as five fused
-  kernels (its norms, SwiGLU and residual adds inside the quantized GEMVs: ``autoopt.nn.decode_layer``);
+  kernels (its norms, SwiGLU and residual adds inside the quantized GEMVs: ``autoopt.nn.decode_layer``); timed
+  only after one eager decode step's logits matched the unfused step's (``autoopt.nn.e2e.decode_layer_vs_unfused``);
 - ``run80``: the cost model's ``dram_run_bytes`` at 80 (was 50) while optimize() picks its configs: the
   longer contiguous weight runs the H200 graph grid measured faster for the int4 decode GEMV
   (``h200/quant_kernels_fmagrid_graph.json``: BLOCK_K 512 against 256 at equal tile bytes, ~1.2x).
@@ -93,6 +94,13 @@ def run_variant(fmt: str, variant: str, args: argparse.Namespace) -> dict[str, A
         ops = (*DEFAULT_OPS, "decode_layer") if variant == "decode_layer" else None
         model, report = optimized_llama(fmt, args.layers, ops)
         row["optimize_counts"] = report.counts()
+        if variant == "decode_layer":  # new kernels in the step: timed only once they match the unfused step
+            from autoopt.nn.e2e import decode_layer_vs_unfused
+
+            row["check_vs_unfused"] = check = decode_layer_vs_unfused(model)
+            if not check["ok"]:
+                row["error"] = f"fused decode step's logits differ from the unfused step's: {check}; not timed"
+                return row
         row["measured_graphed_compiled_step_ms"] = round(
             _graphed_decode_ms(model, 1, PROMPT, 64, compiled=True), 4)
         row.update(generate_ms_per_token(model, args.new_tokens, compiled=True))
