@@ -11,7 +11,8 @@ model as transformers builds it), autoopt fp8 and autoopt int4, on a model built
 
 Every number is measured; the weight-read floor is the format's linear weights + the bf16 LM head
 over the measured copy bandwidth, as in ``quant_e2e.py``. Format ``autoopt-bf16`` is ``optimize()`` with no
-weight format (what the regret harness's "bf16" option runs)::
+weight format (what the regret harness's "bf16" option runs); ``FMT+OP`` adds an opt-in op to optimize()'s
+default ones (``int4+decode_layer``)::
 
     PYTHONPATH=. python benchmarks/quant_trace.py --out $OUT/quant_trace.json
     PYTHONPATH=. python benchmarks/quant_trace.py --batch 32 --layers 8 --formats autoopt-bf16,fp8 --out b32.json
@@ -119,9 +120,12 @@ def run_variant(fmt: str, args: argparse.Namespace, copy_gbs: float) -> dict[str
                            "impl": "transformers" if fmt == "bf16" else "autoopt optimize()"}
     model = build_model(args.model, dtype="bf16", device="cuda", layers=args.layers)
     if fmt != "bf16":
+        from autoopt.nn.match import DEFAULT_OPS
         from autoopt.nn.optimize import optimize
 
-        report = optimize(model) if fmt == "autoopt-bf16" else optimize(model, weights=fmt)
+        weights, _, extra = fmt.partition("+")  # "int4+decode_layer": optimize()'s ops and that one
+        ops = (*DEFAULT_OPS, extra) if extra else None
+        report = optimize(model, ops=ops) if weights == "autoopt-bf16" else optimize(model, weights=weights, ops=ops)
         row["optimize_counts"] = report.counts()
     row["weight_read_floor_ms"] = round(weight_floor_ms(model, copy_gbs), 4)
     row["eager"] = profile_steps(model, False, args.steps, args.batch)

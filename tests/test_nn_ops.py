@@ -420,6 +420,23 @@ def test_set_vendor_false_runs_autoopt_kernels_everywhere(on_h100):
     assert dispatch.choose("linear", "gemm", (2048, 4096, 4096), torch.bfloat16, CUDA).kernel == "torch"
 
 
+def test_a_required_split_k_takes_the_best_ranked_config_that_holds_it(on_h100):
+    # Llama-3-8B's int4 down projection at one token: the pick splits K; a fused residual epilogue cannot
+    free = dispatch.choose("quant_linear", "gemv", (1, 4096, 14336), torch.bfloat16, CUDA, weight="int4")
+    held = dispatch.choose("quant_linear", "gemv", (1, 4096, 14336), torch.bfloat16, CUDA, weight="int4",
+                           require=(("BLOCK_M", 1), ("SPLIT_K", 1)))
+    assert free.config.params["SPLIT_K"] > 1
+    assert held.config.params["SPLIT_K"] == 1 and held.config.params["BLOCK_M"] == 1
+    assert held.predicted_us >= free.predicted_us and held.vendor_us is None
+
+
+def test_a_requirement_no_ranked_config_holds_falls_back_and_says_which(on_h100):
+    choice = dispatch.choose("quant_linear", "gemv", (1, 4096, 14336), torch.bfloat16, CUDA, weight="int4",
+                             require=(("BLOCK_N", 3),))
+    assert choice.kernel == "torch" and choice.fallback.startswith(dispatch.NO_CONFIG)
+    assert "has BLOCK_N=3" in choice.fallback
+
+
 def test_set_vendor_takes_only_a_bool():
     with pytest.raises(TypeError, match="set_vendor takes True or False, got str 'off'"):
         dispatch.set_vendor("off")

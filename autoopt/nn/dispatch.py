@@ -274,22 +274,34 @@ def tf32_problem(dtype: Any, device: Any, precision: str) -> str | None:
 
 # -- choosing --------------------------------------------------------------------------------------------
 
-def choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any, weight: str | None = None) -> Choice:
+#: how deep into the ranking a choice with ``require`` looks for a config that meets it
+REQUIRE_DEPTH = 256
+
+
+def choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any, weight: str | None = None, *,
+           require: tuple[tuple[str, int], ...] = ()) -> Choice:
     """The cached :class:`Choice` for ``op`` (computing ``kind`` of ``shape``, M first, unbucketed) on
     tensors of ``dtype`` (a torch dtype) on ``device`` (a torch device), over a ``weight`` quantized in that
-    format (None: a 16-bit weight); ranks on the first call."""
-    key = (op, kind, bucket_m(shape[0]), shape[1:], dtype, device, weight)
+    format (None: a 16-bit weight); ranks on the first call. ``require``: (key, value) pairs the config must hold
+    (a fused epilogue needs ``SPLIT_K`` 1): the best ranked config that does, never the vendor library."""
+    key = (op, kind, bucket_m(shape[0]), shape[1:], dtype, device, weight, require)
     choice = _CACHE.get(key)
     if choice is None:
         with _LOCK:
             choice = _CACHE.get(key)
             if choice is None:
-                choice = _choose(op, kind, (bucket_m(shape[0]), *shape[1:]), dtype, device, weight)
+                choice = _choose(op, kind, (bucket_m(shape[0]), *shape[1:]), dtype, device, weight, require)
                 _CACHE[key] = choice
     return choice
 
 
-def _choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any, weight: str | None) -> Choice:
+def _meets(candidate: Any, require: tuple[tuple[str, int], ...]) -> bool:
+    params = candidate.config.params
+    return all(params.get(k, 1) == v for k, v in require)
+
+
+def _choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any, weight: str | None,
+            require: tuple[tuple[str, int], ...] = ()) -> Choice:
     t0 = time.perf_counter()
     dev = str(device)
     dev_type = getattr(device, "type", dev.split(":")[0])
@@ -319,12 +331,18 @@ def _choose(op: str, kind: str, shape: tuple[int, ...], dtype: Any, device: Any,
     try:
         spec = OpSpec(kind=kind, shape=shape, dtype=name, weight=weight)
         ranking = rank(gpu, spec, top=1)
+        if not _meets(ranking.best, require):  # deeper only where the pick does not hold it
+            ranking = rank(gpu, spec, top=REQUIRE_DEPTH)
     except AutooptError as exc:
         return fallback(f"{NO_CONFIG} ({exc})")
-    best = ranking.best
+    meeting = [c for c in ranking.candidates if _meets(c, require)]
+    if not meeting:
+        wanted = ", ".join(f"{k}={v}" for k, v in require)
+        return fallback(f"{NO_CONFIG} (none of the top {len(ranking.candidates)} configs has {wanted})")
+    best = meeting[0]
     chosen = replace(base, config=best.config, gpu=gpu.name, predicted_us=best.predicted_us,
                      measured_us=best.measured_us, source=best.source, reason=best.reason)
-    if dev_type == "cuda" and kind in _MATMUL and _VENDOR[0]:
+    if dev_type == "cuda" and kind in _MATMUL and _VENDOR[0] and not require:
         chosen = _against_vendor(chosen, gpu, spec)
     return replace(chosen, elapsed_us=(time.perf_counter() - t0) * 1e6)
 

@@ -44,8 +44,9 @@ OPS = ("linear", "rms_norm", "layer_norm", "gated_mlp", "plain_mlp", "qkv", "moe
 #: layers: decode step 1.026 vs 1.260 ms, prefill 1 x 2048 13.6 vs 10.0 ms; Mixtral-8x7B, 4 layers: 1.408 vs
 #: 1.691 ms and 15.6 vs 14.2 ms; benchmarks/results/h100/moe_e2e_prefill_trace_tritonop.json, after the
 #: triton_op; moe_e2e.json before it), so it is asked for by name until its prefill measures faster too.
-#: ``decode_layer`` is asked for by name too until a model's generate() has measured it (its kernels: an H200 chain of
-#: them 1.14x the separate ones, benchmarks/results/h200/fused_chain_int4.json).
+#: ``decode_layer`` is asked for by name too: its kernels alone, an H200 chain of them, ran 1.13x the separate ones
+#: (benchmarks/results/h200/fused_chain_int4*.json), but the compiled int4 Llama-3-8B step ran 2.859 ms with it
+#: against 2.691 without (h200/quant_trace_decode_layer_sk1.json).
 DEFAULT_OPS = tuple(op for op in OPS if op not in ("moe", "decode_layer"))
 MOE_OFF = ("moe is not in the default ops: on an H100 the fused-MoE path decodes faster than transformers' "
            "grouped_mm experts but prefills slower (benchmarks/results/h100/moe_e2e.json); ops=[..., 'moe'] runs it")
