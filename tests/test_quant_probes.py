@@ -103,3 +103,13 @@ def test_the_fused_chain_probe_says_it_needs_a_gpu_in_one_line():
         pytest.skip("a GPU is here: the probe runs")
     proc = _run("benchmarks/probes/fused_chain_probe.py", "--out", "x.json")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "needs a CUDA GPU" in proc.stderr
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["--layers", "2,0"], "--layers 2,0: chain lengths take whole numbers from 1 to 4096"),
+    (["--keys", "0"], "--keys 0: a whole number from 1 to 4096"),
+    (["--formats", "int4,nf4"], "--formats: 'nf4' is not one of int4"),
+])
+def test_the_fused_graph_check_refuses_a_bad_argument_in_one_line(argv, why):
+    proc = _run("benchmarks/probes/fused_graph_check.py", "--out", "x.json", *argv)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and why in proc.stderr
