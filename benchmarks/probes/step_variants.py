@@ -11,6 +11,8 @@ Variants (``--variants``, comma separated; each builds, optimizes and compiles i
 - ``decode_layer``: ``optimize(ops=[..., "decode_layer"])``, each decoder layer's one-token step as five fused
   kernels (its norms, SwiGLU and residual adds inside the quantized GEMVs: ``autoopt.nn.decode_layer``); timed
   only after one eager decode step's logits matched the unfused step's (``autoopt.nn.e2e.decode_layer_vs_unfused``);
+- ``decode_layer_prepass``: the same with the fused norm's sum of squares from a first pass over x's row, as
+  before 2026-11-29 (``quant_gemv.NORM_FROM_LOADS``), not from the main loop's loads;
 - ``run80``: the cost model's ``dram_run_bytes`` at 80 (was 50) while optimize() picks its configs: the
   longer contiguous weight runs the H200 graph grid measured faster for the int4 decode GEMV
   (``h200/quant_kernels_fmagrid_graph.json``: BLOCK_K 512 against 256 at equal tile bytes, ~1.2x).
@@ -44,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.probes.model_kit import MODEL, no_cuda, optimized_llama
 
 PROMPT = 128
-VARIANTS = ("base", "autoopt_norm", "run80", "decode_layer")
+VARIANTS = ("base", "autoopt_norm", "run80", "decode_layer", "decode_layer_prepass")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,10 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 @contextlib.contextmanager
 def applied(variant: str) -> Iterator[None]:
     """The variant's change, process-wide, undone on exit."""
+    from autoopt.backend.kernels import quant_gemv
     from autoopt.kernels import constants as consts
     from autoopt.nn import dispatch, ops
 
     left, saved = ops._left_to_inductor, consts.constants()
+    quant_gemv.NORM_FROM_LOADS[0] = variant != "decode_layer_prepass"
     dispatch.clear_cache()  # choices are cached per key, not per constants
     if variant == "autoopt_norm":
         ops._left_to_inductor = lambda rows: False  # type: ignore[assignment]
@@ -81,6 +85,7 @@ def applied(variant: str) -> Iterator[None]:
     finally:
         ops._left_to_inductor = left  # type: ignore[assignment]
         consts.set_constants(saved)
+        quant_gemv.NORM_FROM_LOADS[0] = True
         dispatch.clear_cache()
 
 
@@ -91,10 +96,11 @@ def run_variant(fmt: str, variant: str, args: argparse.Namespace) -> dict[str, A
 
     row: dict[str, Any] = {"format": fmt, "variant": variant, "label": "measured"}
     with applied(variant):
-        ops = (*DEFAULT_OPS, "decode_layer") if variant == "decode_layer" else None
+        fused = variant.startswith("decode_layer")
+        ops = (*DEFAULT_OPS, "decode_layer") if fused else None
         model, report = optimized_llama(fmt, args.layers, ops)
         row["optimize_counts"] = report.counts()
-        if variant == "decode_layer":  # new kernels in the step: timed only once they match the unfused step
+        if fused:  # new kernels in the step: timed only once they match the unfused step
             from autoopt.nn.e2e import decode_layer_vs_unfused
 
             row["check_vs_unfused"] = check = decode_layer_vs_unfused(model)
