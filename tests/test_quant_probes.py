@@ -40,7 +40,7 @@ def test_the_step_variants_probe_refuses_an_unknown_variant_in_one_line():
 
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("torch") is None, reason="needs torch")
-@pytest.mark.parametrize("probe", ["graph_launch.py", "replay_host.py", "step_variants.py"])
+@pytest.mark.parametrize("probe", ["graph_launch.py", "replay_host.py", "step_variants.py", "fused_graph_check.py"])
 def test_the_host_probes_say_they_need_a_gpu_in_one_line(probe):
     import torch
 

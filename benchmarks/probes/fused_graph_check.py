@@ -32,6 +32,7 @@ from benchmarks.probes.fused_chain_probe import (
     make_fused_chain,
     rel,
 )
+from benchmarks.probes.model_kit import no_cuda
 
 
 def graphed_vs_eager(fn: Any, out: Any) -> float:
@@ -70,11 +71,10 @@ def main() -> int:
     if bad:
         print(f"fused_graph_check: {'; '.join(bad)}", file=sys.stderr)
         return 2
+    if no_cuda("fused_graph_check", "its kernels eager and replayed from CUDA graphs"):
+        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("fused_graph_check: needs a CUDA GPU", file=sys.stderr)
-        return 2
     from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
     from benchmarks.hw_limit import environment
 
