@@ -9,8 +9,9 @@ model as transformers builds it), autoopt fp8 and autoopt int4, on a model built
 - ``compiled``: the same with the forward under ``torch.compile`` (fullgraph, Inductor's kernels);
 - ``measured_graphed_ms``: the step captured in one CUDA graph and replayed (eager, then compiled).
 
-Every number is measured; the weight-read floor is the format's linear weights + the bf16 LM head
-over the measured copy bandwidth, as in ``quant_e2e.py``. Format ``autoopt-bf16`` is ``optimize()`` with no
+Per variant also the decode GEMV's time per linear of a layer (``quant_gemv_us_by_linear``: its launches in
+order, four a layer). Every number is measured; the weight-read floor is the format's linear weights + the bf16
+LM head over the measured copy bandwidth, as in ``quant_e2e.py``. Format ``autoopt-bf16`` is ``optimize()`` with no
 weight format (what the regret harness's "bf16" option runs); ``FMT+OP`` adds an opt-in op to optimize()'s
 default ones (``int4+decode_layer``)::
 
@@ -97,8 +98,25 @@ def profile_steps(model: Any, compiled: bool, steps: int, batch: int = 1) -> dic
                 for c, v in sorted(s["by_class"].items(), key=lambda kv: -kv[1]["us"])}
     return {"label": "measured (profiler trace, kernels' GPU time, no gaps)", "steps": summary.steps,
             "gpu_kernel_us_per_step": round(summary.total_us / summary.steps, 1),
+            "quant_gemv_us_by_linear": gemv_by_linear(summary.step),
             "launches_per_step": summary.kernels / summary.steps, "by_class_per_step": per_step,
             "top_kernels": [{**t, "us_per_step": round(t["us"] / summary.steps, 2)} for t in s["top"][:20]]}
+
+
+#: a decoder layer's quantized GEMVs in launch order (the LM head is bf16: not this kernel)
+LINEARS = ("qkv", "o", "gate_up", "down")
+
+
+def gemv_by_linear(step: Any) -> dict[str, float] | None:
+    """One profiler step's decode-GEMV time per linear of a layer (us, summed over the layers): the kernel's
+    launches taken in order, four a layer (qkv, o, gate_up, down); None where the count is not a multiple of
+    four (another model's layout) or the trace kept no step."""
+    if step is None:
+        return None
+    durs = [d for i, d in zip(step.seq, step.dur, strict=True) if "_quant_gemv_kernel" in step.names[i]]
+    if not durs or len(durs) % len(LINEARS):
+        return None
+    return {name: round(sum(durs[j::len(LINEARS)]), 2) for j, name in enumerate(LINEARS)}
 
 
 def weight_floor_ms(model: Any, copy_gbs: float) -> float:

@@ -125,3 +125,31 @@ def test_the_fused_chain_probe_says_it_needs_a_gpu_in_one_line():
 def test_the_fused_graph_check_refuses_a_bad_argument_in_one_line(argv, why):
     proc = _run("benchmarks/probes/fused_graph_check.py", "--out", "x.json", *argv)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and why in proc.stderr
+
+
+def test_the_trace_splits_the_decode_gemvs_by_linear_in_launch_order():
+    from array import array
+
+    sys.path.insert(0, str(ROOT))
+    from autoopt.trace.analysis import StepKernels
+    from benchmarks.quant_trace import gemv_by_linear
+
+    names = ("_quant_gemv_kernel", "triton_red_fused_rms_norm_add_0", "_decode_attention_split")
+    # two layers: norm, qkv, attention, o, norm, gate_up, down
+    seq = array("i", [1, 0, 2, 0, 1, 0, 0] * 2)
+    dur = array("d", [2.0, 7.0, 3.0, 6.0, 2.0, 20.0, 15.0, 2.0, 8.0, 3.0, 6.5, 2.0, 21.0, 16.0])
+    step = StepKernels(names=names, classes=("gemm", "elementwise", "attention"), fused_ops=((), (), ()),
+                       seq=seq, dur=dur)
+    assert gemv_by_linear(step) == {"qkv": 15.0, "o": 12.5, "gate_up": 41.0, "down": 31.0}
+
+
+def test_the_trace_gives_no_split_where_the_gemvs_are_not_four_a_layer():
+    from array import array
+
+    sys.path.insert(0, str(ROOT))
+    from autoopt.trace.analysis import StepKernels
+    from benchmarks.quant_trace import gemv_by_linear
+
+    step = StepKernels(names=("_quant_gemv_kernel",), classes=("gemm",), fused_ops=((),),
+                       seq=array("i", [0, 0, 0]), dur=array("d", [1.0, 2.0, 3.0]))
+    assert gemv_by_linear(step) is None and gemv_by_linear(None) is None
