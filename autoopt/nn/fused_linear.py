@@ -5,7 +5,7 @@ a quantized linear, SwiGLU and a residual add: at one token (M = 1) on a GPU (or
 ``quant_gemv`` launch with its RMSNorm prologue, SwiGLU epilogue (``gated``: W is ``[gate; up]``) and residual
 epilogue (:func:`autoopt.backend.kernels.quant_gemv.quant_gemv_prepare`); elsewhere the same result from torch's
 separate ops, logged and counted as a fallback. Each launch runs the best ranked config that the fusion can take
-(:data:`WITH_EPILOGUE`, :data:`PROLOGUE_ONLY`).
+(:data:`FUSED_REQUIRE`).
 
 The norm is transformers' RMSNorm: ``w_norm * (x / rms(x))`` in x's dtype (``rms`` in fp32 with ``eps``).
 """
@@ -52,13 +52,14 @@ def _why_not_kernel(m: int, choice: Any) -> str | None:
 
 
 #: what a fused launch's config must hold: the FMA path (``BLOCK_M`` 1: rank() may pick the 16-row dot tile for
-#: symmetric int4 at M = 1, whose loop has no fused prologue); with an epilogue (SwiGLU, the residual add) split-K 1
-#: too, each program writing its own outputs once. Asked of the ranking, not forced onto its pick: forcing split-K 1
-#: onto Llama-3-8B down's split-K 2 pick (BLOCK_N 64) left 64 programs, 29.5 us where the best split-K 1 tile
-#: (BLOCK_N 16) takes 17.4 (H200 graph grid, ``h200/quant_kernels_fmagrid_graph.json``); a decode step built that
-#: way measured 3.03 ms where the unfused one took 2.70 (``h200/quant_trace_decode_layer.json``).
-PROLOGUE_ONLY = (("BLOCK_M", 1),)
-WITH_EPILOGUE = (("BLOCK_M", 1), ("SPLIT_K", 1))
+#: symmetric int4 at M = 1, whose loop has no fused prologue) at split-K 1: an epilogue (SwiGLU, the residual add)
+#: writes each output once, and the norm sums the squares of the x its own loop loads, all of K
+#: (``quant_gemv.NORM_FROM_LOADS``; a split-K program would read x's whole row first). Asked of the ranking, not
+#: forced onto its pick: forcing split-K 1 onto Llama-3-8B down's split-K 2 pick (BLOCK_N 64) left 64 programs,
+#: 29.5 us where the best split-K 1 tile (BLOCK_N 16) takes 17.4 (H200 graph grid,
+#: ``h200/quant_kernels_fmagrid_graph.json``); a decode step built that way measured 3.03 ms where the unfused one
+#: took 2.70 (``h200/quant_trace_decode_layer.json``).
+FUSED_REQUIRE = (("BLOCK_M", 1), ("SPLIT_K", 1))
 
 
 def _impl(x: Tensor, qweight: Tensor, scales: Tensor, offsets: Tensor | None, bias: Tensor | None,
@@ -69,9 +70,8 @@ def _impl(x: Tensor, qweight: Tensor, scales: Tensor, offsets: Tensor | None, bi
     qw = _packed(qweight, scales, offsets, weight, k)
     m = math.prod(x.shape[:-1])
     n_out = qw.n // 2 if gated else qw.n
-    require = WITH_EPILOGUE if gated or residual is not None else PROLOGUE_ONLY
     choice = choose("quant_linear", matmul_kind(max(m, 1)), (max(m, 1), qw.n, k), x.dtype, x.device,
-                    weight=qw.fmt.spec, require=require)
+                    weight=qw.fmt.spec, require=FUSED_REQUIRE)
     why = _why_not_kernel(m, choice)
     if why is not None:
         return _fallback(OP, why, lambda: fused_reference(x, qw, bias, norm_weight, eps, gated, residual))

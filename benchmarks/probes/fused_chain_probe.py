@@ -133,16 +133,16 @@ def make_chain(layers: list[dict[str, Any]], cfgs: dict[str, dict[str, int]], x0
 
 def fused_configs(layer: dict[str, Any]) -> dict[str, dict[str, int]]:
     """The configs the fused decode layer runs (:mod:`autoopt.nn.fused_linear`): the best ranked that each fusion
-    can take (qkv: the norm prologue, BLOCK_M 1; o, gate_up, down: an epilogue, split-K 1 too)."""
+    can take (BLOCK_M 1, split-K 1: ``fused_linear.FUSED_REQUIRE``)."""
     import torch
 
     from autoopt.nn.dispatch import choose, matmul_kind
-    from autoopt.nn.fused_linear import PROLOGUE_ONLY, WITH_EPILOGUE
+    from autoopt.nn.fused_linear import FUSED_REQUIRE
 
     out = {}
     for name, q in layer.items():
         c = choose("quant_linear", matmul_kind(1), (1, q.n, q.k), torch.bfloat16, torch.device("cuda"),
-                   weight=q.fmt.spec, require=PROLOGUE_ONLY if name == "qkv" else WITH_EPILOGUE)
+                   weight=q.fmt.spec, require=FUSED_REQUIRE)
         if c.config is None:
             raise RuntimeError(f"no fused decode kernel chosen for {name}: {c.fallback}")
         out[name] = dict(c.config.params)
