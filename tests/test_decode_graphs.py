@@ -116,6 +116,42 @@ def test_the_same_cache_reset_between_generations_replays_the_same_graph(model):
     assert rerun.captures == 1 and torch.equal(first, second)
 
 
+def test_a_cache_whose_buffer_was_reassigned_is_captured_again(model):
+    # transformers reassigns a layer's buffers on a beam reorder or an offload: the old graph writes the old ones
+    rerun = Rerun()
+    install(model, capture=rerun, compile=lambda config: lambda fn: fn)
+    cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
+    first = _generate(model, cache=cache)
+    with torch.inference_mode():
+        cache.reset()
+        cache.layers[1].keys = cache.layers[1].keys.clone()
+    second = _generate(model, cache=cache)
+    assert rerun.captures == 2 and torch.equal(first, second)
+
+
+def test_a_caches_key_is_derived_once_and_kept_while_its_buffers_stay(model):
+    cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
+    _generate(model, cache=cache, compiled=False)
+    key = decode_graphs._cache_key(cache)
+    assert decode_graphs._cache_key(cache) is key
+    with torch.inference_mode():
+        cache.layers[0].cumulative_length = cache.layers[0].cumulative_length.clone()
+    assert decode_graphs._cache_key(cache) != key
+
+
+def test_the_kept_key_does_not_keep_a_cache_alive(model):
+    import gc
+    import weakref
+
+    cache = transformers.StaticCache(config=model.config, max_cache_len=PROMPT + NEW)
+    _generate(model, cache=cache, compiled=False)
+    decode_graphs._cache_key(cache)
+    gone = weakref.ref(cache)
+    del cache
+    gc.collect()
+    assert gone() is None
+
+
 def test_a_step_beyond_max_graphs_runs_transformers_compiled_call(model):
     calls = []
     runner = DecodeGraphs(model, lambda: lambda **kw: calls.append(kw) or "fallback",
