@@ -301,3 +301,13 @@ def test_uninstall_gives_back_transformers_masks(model):
     install(model, capture=Rerun(), compile=lambda config: lambda fn: fn)
     uninstall(model)
     assert "create_masks_for_generate" not in model.__dict__
+
+
+def test_an_unhashable_argument_with_layers_is_not_taken_for_a_kept_cache():
+    class Layered:
+        layers = (1, 2)
+        __hash__ = None  # type: ignore[assignment]
+
+    assert decode_graphs._seen(Layered()) is False
+    with pytest.raises(decode_graphs.Uncapturable, match="argument 'past_key_values' of type Layered"):
+        decode_graphs._Signature({"past_key_values": Layered()}, (False, True))
