@@ -840,11 +840,11 @@ def optimize(model: nn.Module, profile: Any = None, *, ops: str | Iterable[str] 
     file); None keeps :mod:`autoopt.nn.dispatch`'s (the detected GPU, or a stand-in under Triton's
     interpreter). It is process-wide: it also applies to other models' autoopt ops.
     ``ops``: the kinds to replace, a subset of :data:`OPS` (by default :data:`DEFAULT_OPS`: all but ``moe``, which
-    measured slower than transformers' grouped_mm experts, and ``decode_layer``, not yet measured in a model);
-    without ``linear`` the gated MLP's two GEMMs and a plain
-    MLP's fc2 run through torch (its fc1 + activation GEMM is the ``plain_mlp`` op itself). ``check``: compare each
-    distinct replacement with its original on a sample first, keeping the original on a mismatch (and, for a
-    quantized replacement over its format's bound, the 16-bit weight). ``keep_original``: leave the original weights
+    measured slower than transformers' grouped_mm experts, and ``decode_layer``, measured slower than the default
+    compiled decode step); without ``linear`` the gated MLP's two GEMMs and a plain MLP's fc2 run through torch
+    (its fc1 + activation GEMM is the ``plain_mlp`` op itself). ``check``: compare each distinct replacement with
+    its original on a sample first, keeping the original on a mismatch (and, for a quantized replacement over its
+    format's bound, the 16-bit weight). ``keep_original``: leave the original weights
     untouched (the gate/up weights and a copy in ``gate_up``; with ``weights=``, the 16-bit weights beside the
     packed ones, so :func:`restore` works). ``skip``: module-path patterns (``fnmatch``) to leave alone, e.g.
     ``"lm_head"``. ``weights``: quantize the linears in place (:mod:`autoopt.nn.weights`: ``"fp8"``, ``"fp8-wo"``,

@@ -194,7 +194,6 @@ class AutooptQuantLinear(QuantReplacement, QuantLinear):
         return self.packed_bytes() if self.freed is None and self.sixteen_bit() else 0
 
 
-
 class ArmableQuantLinear(AutooptQuantLinear):
     """An :class:`AutooptQuantLinear` under a fused decode layer (:mod:`autoopt.nn.decode_layer` sets the class on
     install and puts it back on uninstall): a residual handed to it for its next call is added in its epilogue.

@@ -36,6 +36,7 @@ from benchmarks.probes.model_kit import no_cuda
 
 
 def graphed_vs_eager(fn: Any, out: Any) -> float:
+    """Relative difference of ``out`` written by ``fn`` replayed from a CUDA graph against ``fn`` run eagerly."""
     import torch
 
     from autoopt.backend.runner import captured
@@ -46,6 +47,56 @@ def graphed_vs_eager(fn: Any, out: Any) -> float:
     out.zero_()
     captured(fn, warmups=1)
     return rel(out, eager)
+
+
+def per_launch(layer: dict[str, Any], cfgs: dict[str, dict[str, int]], norm_w: Any) -> dict[str, float]:
+    """Each of the layer's GEMVs, plain and with every fusion it takes, graphed against eager."""
+    import torch
+
+    from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
+
+    per: dict[str, float] = {}
+    for name, q in layer.items():
+        x = torch.randn((1, q.k), device="cuda").bfloat16()
+        kinds: dict[str, dict[str, Any]] = {"plain": {}}
+        if q.k == HIDDEN:
+            kinds["norm"] = {"norm_weight": norm_w, "eps": 1e-5}
+        if name == "gate_up":
+            kinds["gated"] = {"gated": True}
+            kinds["norm_gated"] = {"norm_weight": norm_w, "eps": 1e-5, "gated": True}
+        if name in ("o", "down"):
+            kinds["residual"] = {"residual": torch.randn((1, q.n), device="cuda").bfloat16()}
+        for kind, kw in kinds.items():
+            out = torch.empty((1, q.n // 2 if kw.get("gated") else q.n), device="cuda", dtype=torch.bfloat16)
+            per[f"{name}/{kind}"] = graphed_vs_eager(quant_gemv_prepare(x, q, out, cfgs[name], **kw), out)
+    return per
+
+
+def chain_checks(layers: list[dict[str, Any]], lengths: list[int], keys: int, norm_w: Any) -> dict[str, list[float]]:
+    """The plain and fused chains of each length: [graphed against eager, a second replay against the first]."""
+    import torch
+
+    from autoopt.backend.runner import captured
+
+    kv = tuple(torch.randn((1, KV_HEADS, keys, HEAD_DIM), device="cuda").bfloat16() for _ in range(2))
+    x_init = torch.randn((1, HIDDEN), device="cuda").bfloat16()
+    chains = (("plain", make_chain, configs(layers[0])), ("fused", make_fused_chain, fused_configs(layers[0])))
+    out: dict[str, list[float]] = {}
+    for n in lengths:
+        for cname, make, c in chains:
+            x0 = x_init.clone()
+            step = make(layers[:n], c, x0, kv, norm_w)
+            eager = step().clone()
+            x0.copy_(x_init)
+            g = captured(step, warmups=1)
+            replays = []
+            for _ in range(2):
+                x0.copy_(x_init)
+                g.replay()
+                torch.cuda.synchronize()
+                replays.append(x0.clone())
+            out[f"{cname}/{n}_layers"] = [rel(replays[0], eager), rel(replays[1], replays[0])]
+    return out
 
 
 def problems(args: argparse.Namespace) -> list[str]:
@@ -75,52 +126,18 @@ def main() -> int:
         return 2
     import torch
 
-    from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
     from benchmarks.hw_limit import environment
 
+    lengths = [int(n) for n in args.layers.split(",")]
     result: dict[str, Any] = {"env": environment(), "per_launch": {}, "chains": {}}
     for fmt in args.formats.split(","):
-        lengths = [int(n) for n in args.layers.split(",")]
         layers = build_layers(max(lengths), fmt)
-        cfgs = fused_configs(layers[0])
         norm_w = (torch.ones(HIDDEN, device="cuda") if args.unit_norm else torch.rand(HIDDEN, device="cuda") + 0.5
                   ).bfloat16()
-        per: dict[str, float] = {}
-        for name, q in layers[0].items():
-            x = torch.randn((1, q.k), device="cuda").bfloat16()
-            kinds: dict[str, dict[str, Any]] = {"plain": {}}
-            if q.k == HIDDEN:
-                kinds["norm"] = {"norm_weight": norm_w, "eps": 1e-5}
-            if name == "gate_up":
-                kinds["gated"] = {"gated": True}
-                kinds["norm_gated"] = {"norm_weight": norm_w, "eps": 1e-5, "gated": True}
-            if name in ("o", "down"):
-                kinds["residual"] = {"residual": torch.randn((1, q.n), device="cuda").bfloat16()}
-            for kind, kw in kinds.items():
-                out = torch.empty((1, q.n // 2 if kw.get("gated") else q.n), device="cuda", dtype=torch.bfloat16)
-                per[f"{name}/{kind}"] = graphed_vs_eager(quant_gemv_prepare(x, q, out, cfgs[name], **kw), out)
-        result["per_launch"][fmt] = per
-        kv = tuple(torch.randn((1, KV_HEADS, args.keys, HEAD_DIM), device="cuda").bfloat16() for _ in range(2))
-        x_init = torch.randn((1, HIDDEN), device="cuda").bfloat16()
-        for n in lengths:
-            for cname, make in (("plain", make_chain), ("fused", make_fused_chain)):
-                c = cfgs if cname == "fused" else configs(layers[0])
-                x0 = x_init.clone()
-                step = make(layers[:n], c, x0, kv, norm_w)
-                eager = step().clone()
-                x0.copy_(x_init)
-                from autoopt.backend.runner import captured
-                g = captured(step, warmups=1)
-                x0.copy_(x_init)
-                g.replay()
-                torch.cuda.synchronize()
-                first = x0.clone()
-                x0.copy_(x_init)
-                g.replay()
-                torch.cuda.synchronize()
-                result["chains"][f"{fmt}/{cname}/{n}_layers"] = [rel(first, eager), rel(x0, first)]
-        print(json.dumps({"format": fmt, "per_launch": per,
-                          "chains": {k: v for k, v in result["chains"].items() if k.startswith(fmt)}}), flush=True)
+        result["per_launch"][fmt] = per_launch(layers[0], fused_configs(layers[0]), norm_w)
+        chains = chain_checks(layers, lengths, args.keys, norm_w)
+        result["chains"].update({f"{fmt}/{k}": v for k, v in chains.items()})
+        print(json.dumps({"format": fmt, "per_launch": result["per_launch"][fmt], "chains": chains}), flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

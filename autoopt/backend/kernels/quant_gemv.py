@@ -40,7 +40,8 @@ to 2.267 in a second run (``benchmarks/probes/fused_chain_probe.py``, ``h200/fus
 GEMV within 2.4-4.0e-3 of its separate ops in float64), fp8 3.155 to 2.782. ``optimize(ops=[..., "decode_layer"])``
 runs them in a model (:mod:`autoopt.nn.decode_layer`), where they measured slower than the compiled default (2.859
 against 2.691 ms a step, ``h200/quant_trace_decode_layer_sk1.json``): Inductor already fuses the add + norm there, and
-the norm prologue puts a serial read of x's whole row at the head of every program.
+the norm then read x's whole row at the head of every program (now, at split-K 1, its sum of squares comes from the
+loop's own loads; not yet timed).
 
 ``BLOCK_M > 1`` (and ``BLOCK_M = 16`` at M = 1 for symmetric int4): ``tl.dot`` with M padded to 16 (the MMA
 minimum; padded rows are masked loads); int4 codes become ``q - 8`` in the dot's 16-bit type by a few lines of
@@ -363,7 +364,7 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
             kk = k0 + tl.arange(0, 1024)
             xv = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
             ssq += xv * xv
-        rstd = tl.rsqrt(tl.sum(ssq, axis=0) / K + eps)
+        x_ssq = tl.sum(ssq, axis=0)
     # bytes of W one K-tile covers, and of a whole (padded) row
     TILE_B: tl.constexpr = BLOCK_K // 2 if FMT == 3 else BLOCK_K
     ROW_B = (NG * G) // 2 if FMT == 3 else K
@@ -403,7 +404,7 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
             else:
                 acc = scale * 1.329227995784916e36 * row  # 2^120
             if NORM and NORM_LOADS:
-                rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+                x_ssq = tl.sum(sq, axis=0)
         elif WORDS:  # symmetric int4 on the paired PTX: [BLOCK_N, GT, GW] tiles of int32 words, four bytes each
             GBW: tl.constexpr = (BLOCK_K if BLOCK_K < G else G) // 2  # bytes of a slice (one group's)
             GTW: tl.constexpr = TILE_B // GBW
@@ -433,7 +434,7 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                 accw += s[:, :, None] * int4_word_dot(b, x_lo[None, :, :], x_hi[None, :, :])
             acc = tl.sum(tl.sum(accw, axis=2), axis=1)
             if NORM and NORM_LOADS:
-                rstd = tl.rsqrt(tl.sum(tl.sum(sqw, axis=1), axis=0) / K + eps)
+                x_ssq = tl.sum(tl.sum(sqw, axis=1), axis=0)
         else:  # int4 / fp8_block: [BLOCK_N, GT, GB] tiles, GT groups of GB bytes
             GB: tl.constexpr = (BLOCK_K if BLOCK_K < G else G) // (2 if FMT == 3 else 1)
             GT: tl.constexpr = TILE_B // GB
@@ -472,8 +473,8 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                         x_hi = tl.load(x_ptr + k_hi, mask=k_hi < K, other=0.0)
                     if NORM:
                         if NORM_LOADS:
-                            sq3 += x_lo.to(tl.float32) * x_lo.to(tl.float32) + x_hi.to(tl.float32) * x_hi.to(
-                                tl.float32)
+                            xl, xh = x_lo.to(tl.float32), x_hi.to(tl.float32)
+                            sq3 += xl * xl + xh * xh
                         x_lo = times_norm_weight(x_lo, g_ptr, k_lo, K, x_ptr.dtype.element_ty)
                         x_hi = times_norm_weight(x_hi, g_ptr, k_hi, K, x_ptr.dtype.element_ty)
                     s_ptrs = s_ptr + offs_wn[:, None] * stride_sn + grp[None, :]
@@ -498,11 +499,11 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                     acc3 += s[:, :, None] * (e4m3_bits_scaled(b.to(tl.int32)) * x[None, :, :])
             acc = tl.sum(tl.sum(acc3, axis=2), axis=1) + tl.sum(accz, axis=1)
             if NORM and NORM_LOADS:
-                rstd = tl.rsqrt(tl.sum(tl.sum(sq3, axis=1), axis=0) / K + eps)
+                x_ssq = tl.sum(tl.sum(sq3, axis=1), axis=0)
             if FMT == 1:
                 acc = acc * 1.329227995784916e36  # 2^120
-        if NORM:
-            acc = acc * rstd
+        if NORM:  # x's sum of squares, from the first pass or the loop's loads
+            acc = acc * tl.rsqrt(x_ssq / K + eps)
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_wn).to(tl.float32) * (pid_k == 0).to(tl.float32)
         n_out = N
