@@ -66,16 +66,16 @@ def test_a_step_variant_is_undone_when_its_block_ends():
     assert ops._left_to_inductor is left and constants().dram_run_bytes == 50.0
 
 
-def test_the_prepass_variant_switches_the_fused_norm_back_only_inside_its_block():
+def test_the_loads_variant_switches_the_fused_norm_only_inside_its_block():
     sys.path.insert(0, str(ROOT))
     from autoopt.backend.kernels import quant_gemv
     from benchmarks.probes.step_variants import applied
 
-    with applied("decode_layer_prepass"):
-        assert quant_gemv.NORM_FROM_LOADS == [False]
-    with applied("decode_layer"):
+    with applied("decode_layer_loads"):
         assert quant_gemv.NORM_FROM_LOADS == [True]
-    assert quant_gemv.NORM_FROM_LOADS == [True]
+    with applied("decode_layer"):
+        assert quant_gemv.NORM_FROM_LOADS == [False]
+    assert quant_gemv.NORM_FROM_LOADS == [False]
 
 
 @pytest.mark.parametrize("argv,why", [

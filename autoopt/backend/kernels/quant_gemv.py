@@ -31,17 +31,17 @@ elementwise accumulation took int4's best configs from 14.3 / 11.8 / 40.8 / 28.8
 27.7 us (Llama-3-8B qkv / o / gate_up / down at M = 1, same run: ``int4_gemv_ab.json``).
 
 Fusions for a decode layer (M = 1, every format, ``quant_gemv_prepare(norm_weight=, gated=, residual=)``): RMSNorm
-(``1/rms`` factors out of ``W (x g / rms)``: each program scales its outputs by it; at split-K 1 it sums the squares
-of the x tiles its main loop loads anyway, :data:`NORM_FROM_LOADS`, else of x's whole row in a first pass; ``x g``
+(``1/rms`` factors out of ``W (x g / rms)``: each program scales its outputs by it, from the squares of x's whole row
+summed in a first pass, or at split-K 1 of the x tiles its main loop loads anyway, :data:`NORM_FROM_LOADS`; ``x g``
 rounds to x's type as the norm's output would), SwiGLU in the epilogue (a
 program holds the gate rows and the up rows of its outputs) and the residual add. On a graphed 32-layer Llama-3-8B
 decode chain on the H200 (five launches a layer against twelve) they took the step from 2.558 to 2.246 ms, and 2.570
 to 2.267 in a second run (``benchmarks/probes/fused_chain_probe.py``, ``h200/fused_chain_int4*.json``; each fused
 GEMV within 2.4-4.0e-3 of its separate ops in float64), fp8 3.155 to 2.782. ``optimize(ops=[..., "decode_layer"])``
 runs them in a model (:mod:`autoopt.nn.decode_layer`), where they measured slower than the compiled default (2.859
-against 2.691 ms a step, ``h200/quant_trace_decode_layer_sk1.json``): Inductor already fuses the add + norm there, and
-the norm then read x's whole row at the head of every program (now, at split-K 1, its sum of squares comes from the
-loop's own loads; not yet timed).
+against 2.691 ms a step, ``h200/quant_trace_decode_layer_sk1.json``; 2.869 against 2.709 again, 2.940 with the norm
+from the loads, ``h200/step_variants_decode_layer_loads.json``): Inductor already fuses the add + norm there into one
+~1 us kernel, while each fused GEMV costs ~3 us more than the plain one (its GEMVs +432 us a step over 128 launches).
 
 ``BLOCK_M > 1`` (and ``BLOCK_M = 16`` at M = 1 for symmetric int4): ``tl.dot`` with M padded to 16 (the MMA
 minimum; padded rows are masked loads); int4 codes become ``q - 8`` in the dot's 16-bit type by a few lines of
@@ -603,10 +603,11 @@ def _words_fit(x: Any, w: Any, qw: Any, bk: int, even: bool) -> bool:
 
 #: where the fused RMSNorm takes x's sum of squares at split-K 1: from the x tiles the main loop loads anyway (True),
 #: or from a first pass over x's whole row before the weight stream starts (False; split-K > 1 always, each program
-#: seeing part of K). The first pass is a serial L2 round trip at the head of every program of a 3-15 us kernel:
-#: Llama-3-8B's int4 decode step with the norm there measured its GEMVs +432 us a step (H200, 2026-11-29,
-#: ``h200/quant_trace_decode_layer_sk1.json``). A list, so a benchmark can A/B the two.
-NORM_FROM_LOADS = [True]
+#: seeing part of K). The first pass looked like the fused layer's cost (its GEMVs +432 us a step,
+#: ``h200/quant_trace_decode_layer_sk1.json``), but from the loads measured slower still: Llama-3-8B int4 graphed
+#: step 2.940 ms against 2.869 with the first pass (unfused default 2.709; ``generate()`` 3.32 / 3.26 / 3.01 ms,
+#: H200, 2026-11-29, ``h200/step_variants_decode_layer_loads.json``). A list, so a benchmark can A/B the two.
+NORM_FROM_LOADS = [False]
 
 
 def fusion_problem(x: Any, qw: Any, out: Any, params: dict[str, int], norm_weight: Any, gated: bool,
