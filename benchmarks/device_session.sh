@@ -82,16 +82,18 @@ for s in "$@"; do
     # linears: where rank()'s pick stands against the grid's best on this GPU (~50 s on an H100)
     # (--graph: each timed replayed from a CUDA graph, as the decode step runs: events timed this H200's host)
     qfma)     stage qfma python3 benchmarks/quant_kernels.py --formats int4 --parts decode --shapes qkv,o,gate_up,down --top 3 --per-path --fma-grid --rep-ms 30 --no-torchao --graph --out "$R/quant_kernels_fmagrid_graph.json" ;;
+    # the same for fp8 (W8A8 at M = 1 runs the FMA path on bf16 activations), its per-row grid (~2 min)
+    qfma8)    stage qfma8 python3 benchmarks/quant_kernels.py --formats fp8 --parts decode --shapes qkv,o,gate_up,down --top 3 --per-path --fma-grid --rep-ms 30 --no-torchao --graph --out "$R/quant_kernels_fp8_grid_graph.json" ;;
     qfmab)    stage qfmab python3 benchmarks/quant_kernels.py --formats int4 --parts decode --shapes qkv,o,gate_up,down --top 3 --per-path --fma-grid --rep-ms 30 --no-torchao --graph --no-int4-words --out "$R/quant_kernels_fmagrid_graph_bytes.json" ;;
     # issue 27: the runner's (autoopt tune's) graph-replayed, rotated timing of rank()'s int4 decode GEMV picks (~20 s)
     qrun)     stage qrun sh -c "python3 benchmarks/probes/quant_gemv_runner.py --top 3 > '$R/quant_gemv_runner.json'" ;;
     # issue 27: A/B of candidate changes to optimize()'s compiled decode step (norm left to Inductor, longer DRAM
     # runs in the GEMV price), graphed step and generate() per variant, bf16 + compile first and last (~7 min: alone)
     qvar)     TAIL=12 stage qvar python3 benchmarks/probes/step_variants.py --formats int4 --budget-s 420 --out "$R/step_variants.json" ;;
-    # issue 27: optimize()'s fused decode layers (the norm's sum of squares from the main loop's loads, and from a
-    # first pass over x as before) against the plain compiled step, int4, generate() and the graphed step, bf16 +
+    # issue 27: optimize()'s fused decode layers (the norm's sum of squares from a first pass over x, and from the
+    # main loop's loads) against the plain compiled step, int4, generate() and the graphed step, bf16 +
     # compile first and last (~7 min: alone); then the same three per kernel class (quant_trace, ~4 min: alone)
-    qfused)   TAIL=12 stage qfused python3 benchmarks/probes/step_variants.py --formats int4 --variants base,decode_layer,decode_layer_prepass --budget-s 420 --out "$R/step_variants_decode_layer.json" ;;
+    qfused)   TAIL=12 stage qfused python3 benchmarks/probes/step_variants.py --formats int4 --variants base,decode_layer,decode_layer_loads --budget-s 420 --out "$R/step_variants_decode_layer.json" ;;
     qfusedtrace) stage qfusedtrace python3 benchmarks/quant_trace.py --formats int4,int4+decode_layer --steps 3 --out "$R/quant_trace_decode_layer.json" ;;
     # the chains of the fused decode kernels alone, int4 and fp8 (~20 s each)
     qchain)   stage qchain sh -c "python3 benchmarks/probes/fused_chain_probe.py --out '$R/fused_chain_int4.json' && python3 benchmarks/probes/fused_chain_probe.py --format fp8 --out '$R/fused_chain_fp8.json'" ;;
@@ -108,6 +110,7 @@ for s in "$@"; do
     attngpu)  stage attngpu python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_decode_attention.py ;;
     # issue 27: where int4's decode step goes, per kernel class, eager and compiled, full model (~80 s)
     qtrace)   stage qtrace python3 benchmarks/quant_trace.py --formats int4 --out "$R/quant_trace_int4.json" ;;
+    qtrace8)  stage qtrace8 python3 benchmarks/quant_trace.py --formats fp8 --out "$R/quant_trace_fp8.json" ;;
     qtraceb)  stage qtraceb python3 benchmarks/quant_trace.py --formats int4 --no-int4-words --out "$R/quant_trace_int4_bytes.json" ;;
     # issue 29: generate()'s per-token host time over the graphed compiled step, for GENERATE_HOST_US
     hostfit)  stage hostfit python3 benchmarks/probes/generate_host.py --formats int4,fp8,bf16 --out "$R/generate_host_fit.json" ;;

@@ -84,8 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="also time the int4 decode GEMV's dot-path grid (BLOCK_M 16, BLOCK_N 32-256, BLOCK_K 64/128, "
                          "4/8 warps, 3/4 stages, SPLIT_K 1/2/4), the calibration set of its cost factor")
     ap.add_argument("--fma-grid", action="store_true",
-                    help="also time the int4 decode GEMV's FMA-path grid (BLOCK_M 1, BLOCK_N 16-128, BLOCK_K 256-1024, "
-                         "2/4/8 warps, 3 stages, SPLIT_K 1/2/4), the calibration set of its cost factor")
+                    help="also time the decode GEMV's FMA-path grid: int4 BLOCK_M 1, BLOCK_N 16-128, BLOCK_K 256-1024, "
+                         "2/4/8 warps, 3 stages, SPLIT_K 1/2/4 (the calibration set of its cost factor); fp8 / int8 "
+                         "their per-row grid (ROW_GRID)")
     ap.add_argument("--graph", action="store_true", help=GRAPH_HELP)
     ap.add_argument("--no-int4-words", action="store_true", help=NO_WORDS_HELP)
     ap.add_argument("--no-torchao", action="store_true", help="skip torchao even when it imports")
@@ -178,7 +179,8 @@ def autoopt_rows(lin: Linear, spec: str, gpu: Any, copy_gbs: float, args: argpar
     ranking = rank(gpu, op, top=100_000 if args.per_path else max(4 * args.top, 12), measured=False)
     picks = per_kernel(ranking.candidates, args.top, per_path=args.per_path)
     for on, grid in ((args.dot_grid, DOT_GRID), (args.fma_grid, FMA_GRID)):
-        if on and kind == "gemv" and fmt.name == "int4":
+        if on and kind == "gemv" and fmt.name in GRID_FORMATS[grid is FMA_GRID]:
+            grid = ROW_GRID if fmt.name in ("fp8", "int8") else grid
             picks += [(i + 1, i + 1, c) for i, c in enumerate(ranking.candidates) if in_grid(c.config, grid)
                       and all(c is not p[2] for p in picks)]
     for overall, kernel_rank, cand in picks:
@@ -232,6 +234,14 @@ DOT_GRID = {"BLOCK_M": (16,), "BLOCK_N": (32, 64, 128, 256), "BLOCK_K": (64, 128
 #: --fma-grid's axes (its FMA path, BLOCK_M = 1)
 FMA_GRID = {"BLOCK_M": (1,), "BLOCK_N": (16, 32, 64, 128), "BLOCK_K": (256, 512, 1024), "SPLIT_K": (1, 2, 4),
             "num_warps": (2, 4, 8), "num_stages": (3,)}
+
+
+#: --fma-grid's axes for the per-row formats (fp8, int8), whose loop is register-fed (the stage count is not a
+#: pipeline there) and whose best ranked tiles are shorter along K
+ROW_GRID = {"BLOCK_M": (1,), "BLOCK_N": (16, 32, 64, 128), "BLOCK_K": (64, 128, 256, 512), "SPLIT_K": (1, 2),
+            "num_warps": (4, 8), "num_stages": (3,)}
+#: the formats each grid is timed for (the dot path at M = 1 is symmetric int4's alone; the FMA path serves all)
+GRID_FORMATS = {False: ("int4",), True: ("int4", "fp8", "int8")}
 
 
 def in_grid(config: Any, grid: dict[str, tuple[int, ...]]) -> bool:
