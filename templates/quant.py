@@ -76,6 +76,18 @@ WEIGHT_ONLY_TWO_STAGE_SLOWDOWN = 1.25
 FP8_MMA_SYNC_LOAD_DEPTH = 2.0
 
 
+#: K-iterations of loads in flight in the decode GEMV's register-fed loops (the per-row formats; the grouped ones at
+#: one stage), whatever ``num_stages``: the compiler issues the next iteration's loads ahead of the FMAs, and the
+#: stage count is not a pipeline there. On the H200's graph-timed fp8 grid (h200/quant_kernels_fp8_grid_graph.json)
+#: every config timed at 3 and 4 stages measured the same (6 pairs, within 0.4 %) where the model priced 4 up to
+#: 12 % faster, and rank() put 16 x 256 at 4 stages first on qkv (12.59 us; 16 x 512, 9.56). At 2 (as 3 stages)
+#: the grid's picks sum to 1.065x its best (1.109x before), median |ln(predicted / measured)| unchanged (0.123);
+#: on the H100's older fp8 / int8 rows (h100/quant_kernels.json) the picks' sum goes 1.037 -> 1.032.
+REGISTER_FED_DEPTH = 2.0
+#: registers a per-row FMA-path tile element costs (see ``QuantGemvTemplate.resources``)
+PER_ROW_REGS_PER_ELEMENT = 1.25
+
+
 def _load_depth(op: OpSpec, config: KernelConfig) -> float | None:
     """K-iterations of loads a quant_gemm keeps in flight at most (None: its ``num_stages - 1``)."""
     fmt = _fmt(op)
@@ -284,9 +296,15 @@ class QuantGemvTemplate(_QuantTemplate):
         x_e, w_e = DTYPE_BYTES[op.dtype], _packed_e(fmt)
         packed = bn * bk * w_e
         stages = config.num_stages
-        if bm == 1:
-            decoded = 2 if fmt.group_size is None else 1
-            regs = (decoded * bn * bk + packed / 4) / threads + C.REG_OVERHEAD
+        if bm == 1 and fmt.group_size is None:
+            # the per-row loop is register-fed (no shared-memory stages) and ptxas folds the decode into the FMAs:
+            # 1.25 registers per tile element beside the packed codes. ptxas -v for sm_90 on fp8 (Triton 3.9):
+            # 29 / 57 / 74 / 121 registers at 8 / 16 / 32 / 64 elements a thread (16 x 128 ... 32 x 512 on 8 warps;
+            # 32 x 128 on 4 warps 72, 16 x 512 on 4 warps 120), int8 16 x 512 on 8 warps 76
+            regs = (PER_ROW_REGS_PER_ELEMENT * bn * bk + packed / 4) / threads + C.REG_OVERHEAD
+            smem = 0
+        elif bm == 1:
+            regs = (bn * bk + packed / 4) / threads + C.REG_OVERHEAD
             smem = int(stages * (packed + bk * x_e)) if stages > 1 else 0
         else:
             regs = (C.gemm_regs_per_thread(16, bn, warps, lim.warp_size, wgmma=False)
@@ -351,7 +369,7 @@ class QuantGemvTemplate(_QuantTemplate):
         staged = bm > 1 or (_fmt(op).group_size is not None and config.num_stages > 1)
         pred = predict_matmul(gpu, op, as_tile, mma="fma" if bm == 1 else "mma_sync", smem_bytes=smem,
                               regs_per_thread=regs, alu_iter_us=alu, staged_loads=staged,
-                              consts=in_graph(constants()))
+                              consts=in_graph(constants()), max_depth=None if staged else REGISTER_FED_DEPTH)
         factor = gemv_measured_factor(_fmt(op)) if bm == 1 else 1.0  # >= 1: node_bound stays a lower bound
         reason = f"{pred.reason}; dequant {alu:.3g} us per K-iteration"
         if factor != 1.0:
