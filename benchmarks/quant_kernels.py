@@ -180,8 +180,8 @@ def autoopt_rows(lin: Linear, spec: str, gpu: Any, copy_gbs: float, args: argpar
     picks = per_kernel(ranking.candidates, args.top, per_path=args.per_path)
     for on, grid in ((args.dot_grid, DOT_GRID), (args.fma_grid, FMA_GRID)):
         if on and kind == "gemv" and fmt.name in GRID_FORMATS[grid is FMA_GRID]:
-            grid = ROW_GRID if fmt.name in ("fp8", "int8") else grid
-            picks += [(i + 1, i + 1, c) for i, c in enumerate(ranking.candidates) if in_grid(c.config, grid)
+            axes = ROW_GRID if fmt.name in ("fp8", "int8") else grid
+            picks += [(i + 1, i + 1, c) for i, c in enumerate(ranking.candidates) if in_grid(c.config, axes)
                       and all(c is not p[2] for p in picks)]
     for overall, kernel_rank, cand in picks:
         row = {"linear": lin.name, "m": lin.m, "n": lin.n, "k": lin.k, "impl": f"autoopt {cand.config.kernel}",

@@ -82,9 +82,12 @@ FP8_MMA_SYNC_LOAD_DEPTH = 2.0
 #: every config timed at 3 and 4 stages measured the same (6 pairs, within 0.4 %) where the model priced 4 up to
 #: 12 % faster, and rank() put 16 x 256 at 4 stages first on qkv (12.59 us; 16 x 512, 9.56). At 2 (as 3 stages)
 #: the grid's picks sum to 1.065x its best (1.109x before), median |ln(predicted / measured)| unchanged (0.123);
-#: on the H100's older fp8 / int8 rows (h100/quant_kernels.json) the picks' sum goes 1.037 -> 1.032.
+#: with ptxas's registers too (below) 1.041x and 0.102. On the H100's older fp8 / int8 rows (h100/quant_kernels.json)
+#: the picks' sum goes 1.037 -> 1.034, median |ln| 0.185 -> 0.170 (fp8), 0.214 -> 0.190 (int8). In the model, fp8's
+#: graphed Llama-3-8B step 3.472 -> 3.326 ms (h200/step_variants_fp8_{before,after}.json, one call).
 REGISTER_FED_DEPTH = 2.0
-#: registers a per-row FMA-path tile element costs (see ``QuantGemvTemplate.resources``)
+#: registers a per-row FMA-path tile element costs (``QuantGemvTemplate.resources``; was 2, which priced 16 x 512 on
+#: 8 warps at ~104 registers, two CTAs an SM, where ptxas gives 74 and three fit)
 PER_ROW_REGS_PER_ELEMENT = 1.25
 
 
