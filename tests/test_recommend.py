@@ -534,3 +534,21 @@ def test_a_w8a8_gemm_the_dispatch_runs_on_cublas_is_priced_and_named_as_cublas()
 def test_at_batch_32_llama_3_8b_fp8_gemms_stay_on_autoopts_kernel():
     # h200/quant_kernels_m32_graph.json: quant_gemm measured faster than act_quant + _scaled_mm on all four
     assert {o.kernel for o in _decode_gemms("llama-3-8b", 32).values() if o.name != "lm_head"} == {"quant_gemm"}
+
+
+def _head(weights: str) -> object:
+    rec = recommend(load_profile("h200"), "llama-3-8b", batch=1, prompt_len=128, gen_len=64, phase="decode",
+                    weight_dtype=weights, max_devices=1, compare_wfc=False)
+    return next(o for o in rec.ops if o.phase == "decode" and o.name == "lm_head")
+
+
+def test_an_fp8_plan_prices_the_lm_head_at_16_bits_as_its_memory_plan_counts_it():
+    # GPU formats quantize the layers' linears; priced in the layers' fp8 mode, the head came to 151.6 us, an fp8
+    # GEMV over half the bytes the 16-bit head streams
+    fp8, bf16 = _head("fp8"), _head("bf16")
+    assert fp8.dtype == "bf16" and fp8.predicted_us == pytest.approx(bf16.predicted_us)
+
+
+def test_a_whole_model_gguf_plan_prices_its_quantized_lm_head():
+    # a GGUF K-quant's bits cover every parameter, the head too (and the memory plan counts it so)
+    assert _head("q4_k_m").predicted_us < 0.5 * _head("bf16").predicted_us

@@ -1052,10 +1052,22 @@ def _head_ops(spec: ModelSpec, wl: Workload, fit: _Fit, costs: _LayerCosts, plan
               top: int, runtime: str | None) -> tuple[_OpTime, ...]:
     """The final norm and LM head of every phase: outside the layer chain, so priced after it, on the
     last layer's device and in its mode."""
-    dev, mode = fit.stage_of[-1], costs.modes[plan.assignment[-1]]
+    dev, mode = fit.stage_of[-1], _head_mode(costs.modes[plan.assignment[-1]], fit.quant.format)
     return tuple(_op_time(p.name, dev, _shard(op, fit.tp), mode, top, graphed=p.graphed,
                           against_vendor=runtime in VENDOR_DISPATCH_RUNTIMES)
                  for p in costs.phases for op in spec.head_ops(batch=wl.batch, q_len=p.q_len))
+
+
+def _head_mode(mode: _Mode, fmt: QuantFormat) -> _Mode:
+    """The mode the LM head runs in: a GPU format quantizes the layers' linears only, so the head's GEMM stays
+    at the checkpoint's 16-bit dtype, as the memory plan counts it (:func:`autoopt.planning.quant.weight_bytes`)
+    and as optimize() and the runtimes run it; a whole-model GGUF average (and a model served at another original
+    dtype) covers the head too. Priced in the layers' fp8 mode instead, Llama-3-8B's head on an H200 came to
+    151.6 us, an fp8 GEMV over half the bytes it streams."""
+    if fmt.whole_model or fmt.mode == "original":
+        return mode
+    base = "fp16" if mode.gemm_dtype == "fp16" else "bf16"
+    return _Mode(name=mode.name, gemm_dtype=base, act_bytes=2, weight_ratio=1.0)
 
 
 # -- step 5: op choices ------------------------------------------------------------------
