@@ -323,14 +323,18 @@ def recommend(profile: HardwareProfile | str | Path, model: Any, *, batch: int =
 #: - ``autoopt`` (an optimize()d model, whose decode step replays from autoopt.nn.decode_graphs, which also builds the
 #:   4D attention mask inside the captured step): four same-run pairs on two lent H100s, 2026-11-28: int4 0.81
 #:   (h100/generate_host_masks.json), int4 0.57, fp8 0.89, bf16 0.62 ms (h100/generate_host_fit_run2.json: generate()
-#:   medians 3.99, 5.16, 6.87 ms over graphed steps of 3.41, 4.27, 6.25 ms); median 0.71 ms. Before the mask moved
-#:   into the graph, 11 pairs from five runs gave 0.77-1.74 ms (median 1.33; the same file's older version,
+#:   medians 3.99, 5.16, 6.87 ms over graphed steps of 3.41, 4.27, 6.25 ms); and four same-run pairs on the lent
+#:   H200s, 2026-11-29: int4 0.30 and 0.35, fp8 0.40 and 0.36 ms (h200/step_variants_decode_layer_loads.json,
+#:   step_variants_run80.json, step_variants_fp8_{before,after}.json: generate() 3.01, 3.05, 3.88, 3.68 ms over
+#:   2.71, 2.70, 3.47, 3.33). Median of the eight: 0.49 ms (0.71, the H100's four alone, priced the H200's
+#:   generate() 1.08-1.13x; at 0.49 both hosts' pairs come within 0.92-1.06x). Before the mask moved into the
+#:   graph, 11 pairs from five runs gave 0.77-1.74 ms (median 1.33; the same file's older version,
 #:   generate_host_graphs.json, quant_e2e_decode_graphs*.json). One process's three generate() calls spread
 #:   0.54-1.70 ms (fp8): the loop, not the GPU, moves.
 #:
 #: A host CPU unlike those machines' moves it. Uncompiled, the step itself is the host's
 #: (:data:`EAGER_HOST_LAYER_US`) and this loop comes on top.
-GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 710.0}
+GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 490.0}
 #: the host's time a decoder layer of an uncompiled decode step, in us, for the runtimes whose layers are Python
 #: modules issuing one launch per op (no CUDA graph): the step is then bound by the host, not the GPU, and
 #: takes max(GPU time, layers x this). Fitted as medians, hosts of the lent machines (torch 2.11, Python 3.12):
