@@ -90,10 +90,9 @@ for s in "$@"; do
     # issue 27: A/B of candidate changes to optimize()'s compiled decode step (norm left to Inductor, longer DRAM
     # runs in the GEMV price), graphed step and generate() per variant, bf16 + compile first and last (~7 min: alone)
     qvar)     TAIL=12 stage qvar python3 benchmarks/probes/step_variants.py --formats int4 --budget-s 420 --out "$R/step_variants.json" ;;
-    # issue 27: optimize()'s fused decode layers (the norm's sum of squares from a first pass over x, and from the
-    # main loop's loads) against the plain compiled step, int4, generate() and the graphed step, bf16 +
+    # issue 27: optimize()'s fused decode layers against the plain compiled step, int4, generate() and the graphed step, bf16 +
     # compile first and last (~7 min: alone); then the same three per kernel class (quant_trace, ~4 min: alone)
-    qfused)   TAIL=12 stage qfused python3 benchmarks/probes/step_variants.py --formats int4 --variants base,decode_layer,decode_layer_loads --budget-s 420 --out "$R/step_variants_decode_layer.json" ;;
+    qfused)   TAIL=12 stage qfused python3 benchmarks/probes/step_variants.py --formats int4 --variants base,decode_layer --budget-s 420 --out "$R/step_variants_decode_layer.json" ;;
     qfusedtrace) stage qfusedtrace python3 benchmarks/quant_trace.py --formats int4,int4+decode_layer --steps 3 --out "$R/quant_trace_decode_layer.json" ;;
     # the chains of the fused decode kernels alone, int4 and fp8 (~20 s each)
     qchain)   stage qchain sh -c "python3 benchmarks/probes/fused_chain_probe.py --out '$R/fused_chain_int4.json' && python3 benchmarks/probes/fused_chain_probe.py --format fp8 --out '$R/fused_chain_fp8.json'" ;;

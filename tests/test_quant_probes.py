@@ -66,18 +66,6 @@ def test_a_step_variant_is_undone_when_its_block_ends():
     assert ops._left_to_inductor is left and constants().dram_run_bytes == 50.0
 
 
-def test_the_loads_variant_switches_the_fused_norm_only_inside_its_block():
-    sys.path.insert(0, str(ROOT))
-    from autoopt.backend.kernels import quant_gemv
-    from benchmarks.probes.step_variants import applied
-
-    with applied("decode_layer_loads"):
-        assert quant_gemv.NORM_FROM_LOADS == [True]
-    with applied("decode_layer"):
-        assert quant_gemv.NORM_FROM_LOADS == [False]
-    assert quant_gemv.NORM_FROM_LOADS == [False]
-
-
 @pytest.mark.parametrize("argv,why", [
     (["--old", "/dev/urandom"], "not a regular file"),
     (["--old", "README.md"], "expected a .py file"),
@@ -97,13 +85,16 @@ def test_the_dequant_probe_takes_an_earlier_text_of_the_module():
     assert old_problem(str(ROOT / "autoopt/backend/kernels/quant_dequant.py")) is None
 
 
-@pytest.mark.parametrize("argv,why", [
-    (["--layers", "0"], "--layers 0"),
-    (["--rounds", "5000"], "--rounds 5000"),
-    (["--format", "int5"], "--format 'int5' (one of int4"),
+@pytest.mark.parametrize("probe,argv,why", [
+    ("fused_chain_probe", ["--layers", "0"], "--layers 0"),
+    ("fused_chain_probe", ["--rounds", "5000"], "--rounds 5000"),
+    ("fused_chain_probe", ["--format", "int5"], "--format 'int5' (one of int4"),
+    ("fused_graph_check", ["--layers", "2,0"], "--layers 2,0: chain lengths take whole numbers from 1 to 4096"),
+    ("fused_graph_check", ["--keys", "0"], "--keys 0: a whole number from 1 to 4096"),
+    ("fused_graph_check", ["--formats", "int4,nf4"], "--formats: 'nf4' is not one of int4"),
 ])
-def test_the_fused_chain_probe_refuses_a_bad_count_in_one_line(argv, why):
-    proc = _run("benchmarks/probes/fused_chain_probe.py", "--out", "x.json", *argv)
+def test_the_fused_probes_refuse_a_bad_argument_in_one_line(probe, argv, why):
+    proc = _run(f"benchmarks/probes/{probe}.py", "--out", "x.json", *argv)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and why in proc.stderr
 
 
@@ -115,16 +106,6 @@ def test_the_fused_chain_probe_says_it_needs_a_gpu_in_one_line():
         pytest.skip("a GPU is here: the probe runs")
     proc = _run("benchmarks/probes/fused_chain_probe.py", "--out", "x.json")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "needs a CUDA GPU" in proc.stderr
-
-
-@pytest.mark.parametrize("argv,why", [
-    (["--layers", "2,0"], "--layers 2,0: chain lengths take whole numbers from 1 to 4096"),
-    (["--keys", "0"], "--keys 0: a whole number from 1 to 4096"),
-    (["--formats", "int4,nf4"], "--formats: 'nf4' is not one of int4"),
-])
-def test_the_fused_graph_check_refuses_a_bad_argument_in_one_line(argv, why):
-    proc = _run("benchmarks/probes/fused_graph_check.py", "--out", "x.json", *argv)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and why in proc.stderr
 
 
 def test_the_trace_splits_the_decode_gemvs_by_linear_in_launch_order():

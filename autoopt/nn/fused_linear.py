@@ -53,8 +53,7 @@ def _why_not_kernel(m: int, choice: Any) -> str | None:
 
 #: what a fused launch's config must hold: the FMA path (``BLOCK_M`` 1: rank() may pick the 16-row dot tile for
 #: symmetric int4 at M = 1, whose loop has no fused prologue) at split-K 1: an epilogue (SwiGLU, the residual add)
-#: writes each output once, and the norm's sum of squares needs all of K in one program (a split-K program would
-#: read x's whole row first either way, ``quant_gemv.NORM_FROM_LOADS``). Asked of the ranking, not
+#: writes each output once. Asked of the ranking, not
 #: forced onto its pick: forcing split-K 1 onto Llama-3-8B down's split-K 2 pick (BLOCK_N 64) left 64 programs,
 #: 29.5 us where the best split-K 1 tile (BLOCK_N 16) takes 17.4 (H200 graph grid,
 #: ``h200/quant_kernels_fmagrid_graph.json``); a decode step built that way measured 3.03 ms where the unfused one

@@ -78,6 +78,12 @@ class QuantFormat:
     extra: bool = False
     note: str = ""
 
+    @property
+    def covers_every_weight(self) -> bool:
+        """Whether the format's bits hold for the embeddings, LM head and norms too (a GGUF average, a model served
+        at another original dtype), not only the layers' Linear weights (every GPU format: those stay 16-bit)."""
+        return self.whole_model or self.mode == "original"
+
     def bits_per_weight(self, in_features: int | None = None, out_features: int | None = None) -> float:
         b = self.bits
         if self.channel_scale_bits and in_features:
@@ -185,9 +191,9 @@ def weight_bytes(model: ModelSpec, fmt: QuantFormat, layers: range | None = None
     at the checkpoint dtype unless the format is a whole-model GGUF average.
     """
     lin_bits = fmt.bits_per_weight(model.hidden_size, model.hidden_size)
-    rest_bits = fmt.bits if fmt.whole_model else _ORIGINAL_BITS[model.dtype]
+    rest_bits = fmt.bits if fmt.covers_every_weight else _ORIGINAL_BITS[model.dtype]
     if fmt.mode == "original":
-        lin_bits = rest_bits = fmt.bits
+        lin_bits = fmt.bits
     total = 0.0
     layers = range(model.num_layers) if layers is None else layers
     for moe in ((False, True) if model.is_moe else (False,)):

@@ -1055,7 +1055,7 @@ def _cast_us(elems: float, bandwidth_gbs: float, a: _Mode, b: _Mode) -> float:
 def _head_ops(spec: ModelSpec, wl: Workload, fit: _Fit, costs: _LayerCosts, plan: ChainSolution, *,
               top: int, runtime: str | None) -> tuple[_OpTime, ...]:
     """The final norm and LM head of every phase: outside the layer chain, so priced after it, on the
-    last layer's device and in its mode."""
+    last layer's device and in its mode (at 16 bits where the format covers the layers' linears only)."""
     dev, mode = fit.stage_of[-1], _head_mode(costs.modes[plan.assignment[-1]], fit.quant.format)
     return tuple(_op_time(p.name, dev, _shard(op, fit.tp), mode, top, graphed=p.graphed,
                           against_vendor=runtime in VENDOR_DISPATCH_RUNTIMES)
@@ -1064,11 +1064,11 @@ def _head_ops(spec: ModelSpec, wl: Workload, fit: _Fit, costs: _LayerCosts, plan
 
 def _head_mode(mode: _Mode, fmt: QuantFormat) -> _Mode:
     """The mode the LM head runs in: a GPU format quantizes the layers' linears only, so the head's GEMM stays
-    at the checkpoint's 16-bit dtype, as the memory plan counts it (:func:`autoopt.planning.quant.weight_bytes`)
-    and as optimize() and the runtimes run it; a whole-model GGUF average (and a model served at another original
-    dtype) covers the head too. Priced in the layers' fp8 mode instead, Llama-3-8B's head on an H200 came to
+    at the checkpoint's 16-bit dtype, as the memory plan counts it (:func:`autoopt.planning.quant.weight_bytes`, the
+    same :attr:`~autoopt.planning.quant.QuantFormat.covers_every_weight`) and as optimize() and the runtimes run it.
+    Priced in the layers' fp8 mode instead, Llama-3-8B's head on an H200 came to
     151.6 us, an fp8 GEMV over half the bytes it streams."""
-    if fmt.whole_model or fmt.mode == "original":
+    if fmt.covers_every_weight:
         return mode
     base = "fp16" if mode.gemm_dtype == "fp16" else "bf16"
     return _Mode(name=mode.name, gemm_dtype=base, act_bytes=2, weight_ratio=1.0)

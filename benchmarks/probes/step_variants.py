@@ -10,11 +10,9 @@ Variants (``--variants``, comma separated; each builds, optimizes and compiles i
   norm is one);
 - ``decode_layer``: ``optimize(ops=[..., "decode_layer"])``, each decoder layer's one-token step as five fused
   kernels (its norms, SwiGLU and residual adds inside the quantized GEMVs: ``autoopt.nn.decode_layer``); timed
-  only after one eager decode step's logits matched the unfused step's (``autoopt.nn.e2e.decode_layer_vs_unfused``);
-- ``decode_layer_loads``: the same with the fused norm's sum of squares from the x tiles the main loop loads
-  (``quant_gemv.NORM_FROM_LOADS``), not from a first pass over x's row (slower on the H200:
-  ``h200/step_variants_decode_layer_loads.json``, whose variants ran under their old names, ``decode_layer`` for
-  this one and ``decode_layer_prepass`` for today's ``decode_layer``);
+  only after one eager decode step's logits matched the unfused step's (``autoopt.nn.e2e.decode_layer_vs_unfused``)
+  (``h200/step_variants_decode_layer_loads.json`` compared it with a fused norm summing the squares from the main
+  loop's loads, there named ``decode_layer``, today's ``decode_layer`` there ``decode_layer_prepass``: slower, removed);
 - ``run80``: the cost model's ``dram_run_bytes`` at 80 (was 50) while optimize() picks its configs: the
   longer contiguous weight runs the H200 graph grid measured faster for the int4 decode GEMV
   (``h200/quant_kernels_fmagrid_graph.json``: BLOCK_K 512 against 256 at equal tile bytes, ~1.2x).
@@ -48,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.probes.model_kit import MODEL, no_cuda, optimized_llama
 
 PROMPT = 128
-VARIANTS = ("base", "autoopt_norm", "run80", "decode_layer", "decode_layer_loads")
+VARIANTS = ("base", "autoopt_norm", "run80", "decode_layer")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,12 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 @contextlib.contextmanager
 def applied(variant: str) -> Iterator[None]:
     """The variant's change, process-wide, undone on exit."""
-    from autoopt.backend.kernels import quant_gemv
     from autoopt.kernels import constants as consts
     from autoopt.nn import dispatch, ops
 
     left, saved = ops._left_to_inductor, consts.constants()
-    quant_gemv.NORM_FROM_LOADS[0] = variant == "decode_layer_loads"
     dispatch.clear_cache()  # choices are cached per key, not per constants
     if variant == "autoopt_norm":
         ops._left_to_inductor = lambda rows: False  # type: ignore[assignment]
@@ -87,7 +83,6 @@ def applied(variant: str) -> Iterator[None]:
     finally:
         ops._left_to_inductor = left  # type: ignore[assignment]
         consts.set_constants(saved)
-        quant_gemv.NORM_FROM_LOADS[0] = False
         dispatch.clear_cache()
 
 

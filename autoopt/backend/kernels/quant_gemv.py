@@ -31,17 +31,18 @@ elementwise accumulation took int4's best configs from 14.3 / 11.8 / 40.8 / 28.8
 27.7 us (Llama-3-8B qkv / o / gate_up / down at M = 1, same run: ``int4_gemv_ab.json``).
 
 Fusions for a decode layer (M = 1, every format, ``quant_gemv_prepare(norm_weight=, gated=, residual=)``): RMSNorm
-(``1/rms`` factors out of ``W (x g / rms)``: each program scales its outputs by it, from the squares of x's whole row
-summed in a first pass, or at split-K 1 of the x tiles its main loop loads anyway, :data:`NORM_FROM_LOADS`; ``x g``
-rounds to x's type as the norm's output would), SwiGLU in the epilogue (a
+(``1/rms`` factors out of ``W (x g / rms)``: each program sums the squares of x's whole row, L2-resident, in a first
+pass and scales its outputs by it; ``x g`` rounds to x's type as the norm's output would), SwiGLU in the epilogue (a
 program holds the gate rows and the up rows of its outputs) and the residual add. On a graphed 32-layer Llama-3-8B
 decode chain on the H200 (five launches a layer against twelve) they took the step from 2.558 to 2.246 ms, and 2.570
 to 2.267 in a second run (``benchmarks/probes/fused_chain_probe.py``, ``h200/fused_chain_int4*.json``; each fused
 GEMV within 2.4-4.0e-3 of its separate ops in float64), fp8 3.155 to 2.782. ``optimize(ops=[..., "decode_layer"])``
 runs them in a model (:mod:`autoopt.nn.decode_layer`), where they measured slower than the compiled default (2.859
-against 2.691 ms a step, ``h200/quant_trace_decode_layer_sk1.json``; 2.869 against 2.709 again, 2.940 with the norm
-from the loads, ``h200/step_variants_decode_layer_loads.json``): Inductor already fuses the add + norm there into one
-~1 us kernel, while each fused GEMV costs ~3 us more than the plain one (its GEMVs +432 us a step over 128 launches).
+against 2.691 ms a step, ``h200/quant_trace_decode_layer_sk1.json``; 2.869 against 2.709 again,
+``h200/step_variants_decode_layer_loads.json``): Inductor already fuses the add + norm there into one ~1 us kernel,
+while each fused GEMV costs ~3 us more than the plain one (its GEMVs +432 us a step over 128 launches). Summing the
+squares from the x tiles the main loop loads, instead of the first pass, measured slower still (2.940 ms, same file,
+where its variant is named ``decode_layer``; the code is in git at 206150d).
 
 ``BLOCK_M > 1`` (and ``BLOCK_M = 16`` at M = 1 for symmetric int4): ``tl.dot`` with M padded to 16 (the MMA
 minimum; padded rows are masked loads); int4 codes become ``q - 8`` in the dot's 16-bit type by a few lines of
@@ -323,19 +324,6 @@ def bf16_words_mul(a, b):  # type: ignore[no-untyped-def]
     return (hi.to(tl.int64) << 32) | (lo.to(tl.int64) & 0xFFFFFFFF)
 
 
-@triton.jit
-def bf16_words_sumsq(w):  # type: ignore[no-untyped-def]
-    """The sum of squares (fp32) of the four bf16 in each int64 word: a bf16 is the top half of an fp32, so each
-    lane shifted (or masked) into bits 16-31 is its exact fp32 value."""
-    lo = w.to(tl.int32)
-    hi = (w >> 32).to(tl.int32)
-    a = (lo << 16).to(tl.float32, bitcast=True)
-    b = ((lo >> 16) << 16).to(tl.float32, bitcast=True)
-    c = (hi << 16).to(tl.float32, bitcast=True)
-    d = ((hi >> 16) << 16).to(tl.float32, bitcast=True)
-    return a * a + b * b + c * c + d * d
-
-
 # The @triton.jit kernels carry no annotations on purpose: Triton reads a parameter's annotation as its
 # type or specialisation; each is exempt from mypy's no-untyped-def by a `type: ignore` on its def line.
 @triton.jit
@@ -346,7 +334,7 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                        DOT_M: tl.constexpr, EVEN_W: tl.constexpr, EVEN_X: tl.constexpr, DOT_F16: tl.constexpr,
                        ASM: tl.constexpr, PAIRED: tl.constexpr, WORDS: tl.constexpr, STAGES: tl.constexpr,
-                       NORM: tl.constexpr, GATED: tl.constexpr, RES: tl.constexpr, NORM_LOADS: tl.constexpr):
+                       NORM: tl.constexpr, GATED: tl.constexpr, RES: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     if GATED:  # rows [gate n0 .. n0 + BN/2, up I + n0 ..]: one program holds both halves of its outputs
@@ -358,13 +346,13 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         # Wrapped rows of W keep the loads unmasked; the store mask drops them.
         offs_wn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
-    if NORM and not NORM_LOADS:  # RMSNorm's 1/rms from x's whole row (L2-resident) first; W (x g) rstd = rstd W (x g)
+    if NORM:  # RMSNorm's 1/rms from x's whole row (L2-resident) first; W (x g) rstd = rstd W (x g)
         ssq = tl.zeros((1024,), dtype=tl.float32)
         for k0 in range(0, K, 1024):
             kk = k0 + tl.arange(0, 1024)
             xv = tl.load(x_ptr + kk, mask=kk < K, other=0.0).to(tl.float32)
             ssq += xv * xv
-        x_ssq = tl.sum(ssq, axis=0)
+        rstd = tl.rsqrt(tl.sum(ssq, axis=0) / K + eps)
     # bytes of W one K-tile covers, and of a whole (padded) row
     TILE_B: tl.constexpr = BLOCK_K // 2 if FMT == 3 else BLOCK_K
     ROW_B = (NG * G) // 2 if FMT == 3 else K
@@ -376,7 +364,6 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
         if FMT == 0 or FMT == 2:  # one scale per row: sum over the whole K-slice, scale at the end
             acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
             sx = tl.zeros((BLOCK_K,), dtype=tl.float32)
-            sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
             for kt in range(0, tiles_per_split):
                 offs_k = (tile0 + kt) * BLOCK_K + tl.arange(0, BLOCK_K)
                 if EVEN_W:
@@ -387,8 +374,6 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                                 eviction_policy="evict_first")
                     x = tl.load(x_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
                 if NORM:
-                    if NORM_LOADS:
-                        sq += x * x
                     x = times_norm_weight(x, g_ptr, offs_k, K, x_ptr.dtype.element_ty).to(tl.float32)
                 v = b.to(tl.int32)
                 if FMT == 2:  # uint8 view: 1 + (q + 128) / 256
@@ -403,8 +388,6 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                 acc = scale * (256.0 * row - 384.0 * tl.sum(sx, axis=0))
             else:
                 acc = scale * 1.329227995784916e36 * row  # 2^120
-            if NORM and NORM_LOADS:
-                x_ssq = tl.sum(sq, axis=0)
         elif WORDS:  # symmetric int4 on the paired PTX: [BLOCK_N, GT, GW] tiles of int32 words, four bytes each
             GBW: tl.constexpr = (BLOCK_K if BLOCK_K < G else G) // 2  # bytes of a slice (one group's)
             GTW: tl.constexpr = TILE_B // GBW
@@ -414,7 +397,6 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
             w_words = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + offs_wn * (stride_wn // 4)
             x_words = x_ptr.to(tl.pointer_type(tl.int64), bitcast=True)  # four bf16 activations a word
             accw = tl.zeros((BLOCK_N, GTW, GW), dtype=tl.float32)
-            sqw = tl.zeros((GTW, GW), dtype=tl.float32)
             for kt in tl.range(0, tiles_per_split, num_stages=STAGES):
                 byte0 = (tile0 + kt) * TILE_B
                 b = tl.load(w_words[:, None, None] + (byte0 // 4 + pw)[None, :, :], eviction_policy="evict_first")
@@ -424,8 +406,6 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                 x_lo = tl.load(x_words + q_lo)
                 x_hi = tl.load(x_words + q_lo + HBW // 4)
                 if NORM:
-                    if NORM_LOADS:
-                        sqw += bf16_words_sumsq(x_lo) + bf16_words_sumsq(x_hi)
                     g_words = g_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
                     x_lo = bf16_words_mul(x_lo, tl.load(g_words + q_lo))
                     x_hi = bf16_words_mul(x_hi, tl.load(g_words + q_lo + HBW // 4))
@@ -433,8 +413,6 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                             other=0.0).to(tl.float32)
                 accw += s[:, :, None] * int4_word_dot(b, x_lo[None, :, :], x_hi[None, :, :])
             acc = tl.sum(tl.sum(accw, axis=2), axis=1)
-            if NORM and NORM_LOADS:
-                x_ssq = tl.sum(tl.sum(sqw, axis=1), axis=0)
         else:  # int4 / fp8_block: [BLOCK_N, GT, GB] tiles, GT groups of GB bytes
             GB: tl.constexpr = (BLOCK_K if BLOCK_K < G else G) // (2 if FMT == 3 else 1)
             GT: tl.constexpr = TILE_B // GB
@@ -447,7 +425,6 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
             # Triton 3.9 with the JIT's divisibility hints).
             acc3 = tl.zeros((BLOCK_N, GT, GB), dtype=tl.float32)
             accz = tl.zeros((BLOCK_N, GT), dtype=tl.float32)
-            sq3 = tl.zeros((GT, GB), dtype=tl.float32)
             for kt in tl.range(0, tiles_per_split, num_stages=STAGES):
                 byte0 = (tile0 + kt) * TILE_B
                 pb = byte0 + pt
@@ -472,9 +449,6 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                         x_lo = tl.load(x_ptr + k_lo, mask=k_lo < K, other=0.0)
                         x_hi = tl.load(x_ptr + k_hi, mask=k_hi < K, other=0.0)
                     if NORM:
-                        if NORM_LOADS:
-                            xl, xh = x_lo.to(tl.float32), x_hi.to(tl.float32)
-                            sq3 += xl * xl + xh * xh
                         x_lo = times_norm_weight(x_lo, g_ptr, k_lo, K, x_ptr.dtype.element_ty)
                         x_hi = times_norm_weight(x_hi, g_ptr, k_hi, K, x_ptr.dtype.element_ty)
                     s_ptrs = s_ptr + offs_wn[:, None] * stride_sn + grp[None, :]
@@ -491,19 +465,15 @@ def _quant_gemv_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ign
                     else:
                         x = tl.load(x_ptr + pb, mask=pb < K, other=0.0).to(tl.float32)
                     if NORM:
-                        if NORM_LOADS:
-                            sq3 += x * x
                         x = times_norm_weight(x, g_ptr, pb, K, x_ptr.dtype.element_ty).to(tl.float32)
                     s_ptrs = s_ptr + (offs_wn // G)[:, None] * stride_sn + grp[None, :]
                     s = tl.load(s_ptrs, mask=g_ok[None, :], other=0.0).to(tl.float32)
                     acc3 += s[:, :, None] * (e4m3_bits_scaled(b.to(tl.int32)) * x[None, :, :])
             acc = tl.sum(tl.sum(acc3, axis=2), axis=1) + tl.sum(accz, axis=1)
-            if NORM and NORM_LOADS:
-                x_ssq = tl.sum(tl.sum(sq3, axis=1), axis=0)
             if FMT == 1:
                 acc = acc * 1.329227995784916e36  # 2^120
-        if NORM:  # x's sum of squares, from the first pass or the loop's loads
-            acc = acc * tl.rsqrt(x_ssq / K + eps)
+        if NORM:
+            acc = acc * rstd
         if HAS_BIAS:
             acc += tl.load(bias_ptr + offs_wn).to(tl.float32) * (pid_k == 0).to(tl.float32)
         n_out = N
@@ -601,15 +571,6 @@ def _words_fit(x: Any, w: Any, qw: Any, bk: int, even: bool) -> bool:
             and w.stride(0) % 4 == 0 and w.data_ptr() % 4 == 0 and x.data_ptr() % 8 == 0)
 
 
-#: where the fused RMSNorm takes x's sum of squares at split-K 1: from the x tiles the main loop loads anyway (True),
-#: or from a first pass over x's whole row before the weight stream starts (False; split-K > 1 always, each program
-#: seeing part of K). The first pass looked like the fused layer's cost (its GEMVs +432 us a step,
-#: ``h200/quant_trace_decode_layer_sk1.json``), but from the loads measured slower still: Llama-3-8B int4 graphed
-#: step 2.940 ms against 2.869 with the first pass (unfused default 2.709; ``generate()`` 3.32 / 3.26 / 3.01 ms,
-#: H200, 2026-11-29, ``h200/step_variants_decode_layer_loads.json``). A list, so a benchmark can A/B the two.
-NORM_FROM_LOADS = [False]
-
-
 def fusion_problem(x: Any, qw: Any, out: Any, params: dict[str, int], norm_weight: Any, gated: bool,
                     residual: Any) -> str | None:
     """Why this GEMV cannot take the asked fusions (None: it can): M = 1 on the FMA path, any format; the gated and
@@ -672,7 +633,6 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
                 PAIRED=paired, WORDS=paired and bm == 1 and _words_fit(x, w, qw, bk, even_w and even_x)
                 and (norm_weight is None or _sm_at_least(x.device.type, x.device.index, 9)),
                 NORM=norm_weight is not None, GATED=gated, RES=residual is not None,
-                NORM_LOADS=norm_weight is not None and split_k == 1 and NORM_FROM_LOADS[0],
                 STAGES=params.get("num_stages", 2),
                 num_warps=params.get("num_warps", 4), num_stages=params.get("num_stages", 2))
     grid = (triton.cdiv(n // 2 if gated else n, bn // 2 if gated else bn), split_k)
