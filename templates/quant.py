@@ -76,18 +76,9 @@ WEIGHT_ONLY_TWO_STAGE_SLOWDOWN = 1.25
 FP8_MMA_SYNC_LOAD_DEPTH = 2.0
 
 
-#: K-iterations of loads in flight in the decode GEMV's register-fed loops (the per-row formats; the grouped ones at
-#: one stage), whatever ``num_stages``: the compiler issues the next iteration's loads ahead of the FMAs, and the
-#: stage count is not a pipeline there. On the H200's graph-timed fp8 grid (h200/quant_kernels_fp8_grid_graph.json)
-#: every config timed at 3 and 4 stages measured the same (6 pairs, within 0.4 %) where the model priced 4 up to
-#: 12 % faster, and rank() put 16 x 256 at 4 stages first on qkv (12.59 us; 16 x 512, 9.56). At 2 (as 3 stages)
-#: the grid's picks sum to 1.065x its best (1.109x before), median |ln(predicted / measured)| unchanged (0.123);
-#: with ptxas's registers too (below) 1.041x and 0.102. On the H100's older fp8 / int8 rows (h100/quant_kernels.json)
-#: the picks' sum goes 1.037 -> 1.034, median |ln| 0.185 -> 0.170 (fp8), 0.214 -> 0.190 (int8). In the model, fp8's
-#: graphed Llama-3-8B step 3.472 -> 3.326 ms (h200/step_variants_fp8_{before,after}.json, one call).
-REGISTER_FED_DEPTH = 2.0
 #: registers a per-row FMA-path tile element costs (``QuantGemvTemplate.resources``; was 2, which priced 16 x 512 on
-#: 8 warps at ~104 registers, two CTAs an SM, where ptxas gives 74 and three fit)
+#: 8 warps at ~104 registers, two CTAs an SM, where ptxas gives 74 and three fit). With the register-fed load depth
+#: (``autoopt.kernels.cost.REGISTER_FED_DEPTH``) the H200 fp8 grid's picks went 1.109x -> 1.041x its best.
 PER_ROW_REGS_PER_ELEMENT = 1.25
 
 
@@ -372,7 +363,7 @@ class QuantGemvTemplate(_QuantTemplate):
         staged = bm > 1 or (_fmt(op).group_size is not None and config.num_stages > 1)
         pred = predict_matmul(gpu, op, as_tile, mma="fma" if bm == 1 else "mma_sync", smem_bytes=smem,
                               regs_per_thread=regs, alu_iter_us=alu, staged_loads=staged,
-                              consts=in_graph(constants()), max_depth=None if staged else REGISTER_FED_DEPTH)
+                              consts=in_graph(constants()))
         factor = gemv_measured_factor(_fmt(op)) if bm == 1 else 1.0  # >= 1: node_bound stays a lower bound
         reason = f"{pred.reason}; dequant {alu:.3g} us per K-iteration"
         if factor != 1.0:

@@ -40,6 +40,7 @@ log = get_logger(__name__)
 __all__ = [
     "DEFAULT_CONSTANTS",
     "FRACTIONS",
+    "REGISTER_FED_DEPTH",
     "CostConstants",
     "MatmulBound",
     "StreamBound",
@@ -191,6 +192,19 @@ def l2_reuse(tm: int, tn: int, group_m: int, conc: int, a_blk: float, w_blk: flo
     return ra, rw
 
 
+#: K-iterations of loads in flight in a loop whose loads go straight to registers (``staged_loads`` False: the FMA
+#: path), whatever ``num_stages``: the compiler issues the next iteration's loads ahead of the FMAs, and the stage
+#: count is not a pipeline there. On the H200's graph-timed fp8 decode GEMV grid
+#: (``benchmarks/results/h200/quant_kernels_fp8_grid_graph.json``) every config timed at 3 and 4 stages measured the
+#: same (6 pairs, within 0.4 %) where the model priced 4 up to 12 % faster, and rank() put 16 x 256 at 4 stages first
+#: on qkv (12.59 us; 16 x 512, 9.56). At 2 (as 3 stages) the grid's picks sum to 1.065x its best (1.109x before),
+#: median |ln(predicted / measured)| unchanged (0.123); with ptxas's registers too
+#: (``templates/quant.py``, ``PER_ROW_REGS_PER_ELEMENT``) 1.041x and 0.102. On the H100's older fp8 / int8 rows
+#: (``h100/quant_kernels.json``) the picks' sum goes 1.037 -> 1.034; the bf16 GEMV's stream sweeps
+#: (``h200/stream_sweep_run2.json``, ``stream_gemv16.json``) keep every top-1. In the model, fp8's graphed Llama-3-8B
+#: step 3.472 -> 3.326 ms (``h200/step_variants_fp8_{before,after}.json``, one call).
+REGISTER_FED_DEPTH = 2.0
+
 def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: str = "mma_sync",
                    smem_bytes: int, regs_per_thread: float, persistent: bool = False,
                    multicast: tuple[int, int] = (1, 1), alu_iter_us: float = 0.0,
@@ -268,6 +282,8 @@ def predict_matmul(gpu: GPUProfile, op: OpSpec, config: KernelConfig, *, mma: st
     t_it = max(t_comp, t_l2, t_issue, alu_iter_us) + c.iter_overhead_us
     # a stage lands latency + its transfer time after issue; depth stages cover that many iterations
     depth = max(stages - 1, 0.5) if max_depth is None else min(max(stages - 1, 0.5), max_depth)
+    if not staged:  # loads straight to registers: num_stages is no pipeline there
+        depth = min(depth, REGISTER_FED_DEPTH)
     t_it_eff = max(t_it, (c.dram_latency_us + t_l2) / (depth * conc))
     if split == 0:
         t_it_eff /= c.stream_k_efficiency
