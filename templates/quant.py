@@ -40,6 +40,7 @@ from autoopt.kernels.quant_cost import (
     dequant_work,
     fp32_lanes,
     gemv_measured_factor,
+    gemv_prologue_us,
 )
 from autoopt.kernels.template import Prediction, Template
 from autoopt.kernels.vendor import predict_vendor_matmul
@@ -365,12 +366,16 @@ class QuantGemvTemplate(_QuantTemplate):
                               regs_per_thread=regs, alu_iter_us=alu, staged_loads=staged,
                               consts=in_graph(constants()))
         factor = gemv_measured_factor(_fmt(op)) if bm == 1 else 1.0  # >= 1: node_bound stays a lower bound
+        prologue = gemv_prologue_us(_fmt(op)) if bm == 1 else 0.0  # >= 0: likewise
         reason = f"{pred.reason}; dequant {alu:.3g} us per K-iteration"
         if factor != 1.0:
             reason += f"; x{factor:g} measured ({_fmt(op).spec} GEMV, quant_cost.GEMV_MEASURED_FACTOR)"
-        return replace(pred, us=pred.us * factor, roofline_pct=pred.roofline_pct / factor, reason=reason,
+        if prologue:
+            reason += f"; +{prologue:g} us staged prologue (quant_cost.GEMV_PROLOGUE_US)"
+        us = pred.us * factor + prologue
+        return replace(pred, us=us, roofline_pct=pred.roofline_pct * pred.us / us, reason=reason,
                        breakdown={**pred.breakdown, "dequant_iter_us": alu, "measured_factor": factor,
-                                  "launch_in_graph": 1.0})
+                                  "prologue_us": prologue, "launch_in_graph": 1.0})
 
     def node(self, config: KernelConfig) -> tuple[int, ...]:
         p = config.params

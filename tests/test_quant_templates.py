@@ -183,15 +183,28 @@ def _gemv_predictions(gpu, rows) -> list[float]:
 
 
 def test_the_int4_decode_gemv_is_priced_within_the_h200s_graph_replayed_times():
-    # 133 configs over Llama-3-8B's four decode linears: median |ln(predicted / measured)| 0.088 (a standalone
-    # launch in the price: 0.40; the measured factor at 1.0: 0.124)
+    # 133 configs over Llama-3-8B's four decode linears: median |ln(predicted / measured)| 0.076 with the staged
+    # prologue (x1.15 instead: 0.088; a standalone launch in the price: 0.40; the hand count alone: 0.124)
     import math
     import statistics
 
     rows = _h200_graph_grid()
     preds = _gemv_predictions(load_profile("h200").gpu, rows)
     logs = [abs(math.log(p / r["measured_us"])) for p, r in zip(preds, rows, strict=True)]
-    assert len(rows) == 133 and statistics.median(logs) <= 0.10
+    assert len(rows) == 133 and statistics.median(logs) <= 0.08
+
+
+def test_the_int4_decode_gemvs_first_config_of_each_linear_is_priced_within_10_percent_of_its_time():
+    # the config the model ranks first among those timed: qkv 7.47 / 7.85, o 6.89 / 6.82, gate_up 22.81 / 23.53,
+    # down 14.20 / 15.10 us (priced x1.15 without the prologue, o came to 5.91: 0.87x)
+    rows = _h200_graph_grid()
+    preds = _gemv_predictions(load_profile("h200").gpu, rows)
+    first: dict[int, tuple[float, float]] = {}
+    for p, r in zip(preds, rows, strict=True):
+        key = r["n"] * 100000 + r["k"]
+        if key not in first or p < first[key][0]:
+            first[key] = (p, r["measured_us"])
+    assert len(first) == 4 and all(0.9 <= p / m <= 1.1 for p, m in first.values()), first
 
 
 def test_the_int4_decode_gemv_picks_sum_within_7_percent_of_the_h200_grids_best():

@@ -33,6 +33,7 @@ __all__ = [
     "DOT_MEASURED_FACTOR",
     "GEMV_DOT_MEASURED_FACTOR",
     "GEMV_MEASURED_FACTOR",
+    "GEMV_PROLOGUE_US",
     "MMA_MEASURED_FACTOR",
     "DequantRates",
     "DequantWork",
@@ -41,6 +42,7 @@ __all__ = [
     "dequant_work",
     "fp32_lanes",
     "gemv_measured_factor",
+    "gemv_prologue_us",
 ]
 
 
@@ -99,8 +101,19 @@ GEMV_DOT_MEASURED_FACTOR = {"int4": 1.0, "fp8": 2.0}
 #: inside the loop) ran 1.5x its count (``quant_kernels_qperf.json``). Symmetric int4 again after the word
 #: path (``int4_word_dot``, 2.5 instructions a weight) with launches priced in-graph, on the H200 timed
 #: replayed from a graph (``benchmarks/results/h200/quant_kernels_fmagrid_graph.json``, 133 configs): x1.15
-#: keeps median |ln| 0.088, median ratio 1.02 (x1.1: 0.088, x1.0: 0.124, x1.3: 0.145).
-GEMV_MEASURED_FACTOR = {"int4": 1.15, "int4-asym": 1.4}
+#: keeps median |ln| 0.088, median ratio 1.02 (x1.1: 0.088, x1.0: 0.124, x1.3: 0.145). Symmetric int4 is now
+#: priced at its hand count plus :data:`GEMV_PROLOGUE_US` instead of x1.15.
+GEMV_MEASURED_FACTOR = {"int4": 1.0, "int4-asym": 1.4}
+#: us the symmetric int4 decode GEMV (FMA path, M = 1) pays a launch beyond its hand count: its loop stages the
+#: packed weights through cp.async, so no FMA starts until the first stages land, and its last wave drains
+#: alone; a fixed cost, which the x1.15 it replaces charged in proportion (so the small ``o`` and ``qkv`` GEMVs,
+#: ~7 us, were priced 0.76-0.87x their time and the 23 us gate_up 1.03x). On the H200's graph-replayed grid
+#: (``benchmarks/results/h200/quant_kernels_fmagrid_graph.json``, 133 symmetric configs, the word path) x1 + 1.75
+#: takes median |ln(pred/measured)| 0.088 -> 0.076 (x1 + 1.5: 0.077, + 2.0: 0.081; x1.05 + 1.0: 0.082) and
+#: rank()'s picks keep 1.058x the grid's best; their prices against their times: qkv 7.47 / 7.85, o 6.89 / 6.82,
+#: gate_up 22.81 / 23.53, down 14.20 / 15.10 us (6.57, 5.91, 24.21, 14.31 at x1.15). The per-row fp8 grid
+#: (``quant_kernels_fp8_grid_graph.json``) asks for none (+0.5: 0.103 -> 0.089, within noise; not taken).
+GEMV_PROLOGUE_US = {"int4": 1.75}
 #: Block-FP8 W8A8: each K-tile's dot completes before its scaling (a serial chain per tile). The hand
 #: count (the tile's MMA at tc_efficiency + the scaling FMAs) under-priced it 2.65x on the same run
 #: (gate_up 492 us predicted, 1301-1410 measured); x3.0 fits the 15 configs (median |ln| 0.97 -> 0.03).
@@ -116,6 +129,11 @@ class DequantWork:
     cvt_ops: float = 0.0
     #: shared-memory bytes per weight moved to give the MMA its operand (dot paths only)
     smem_bytes: float = 0.0
+
+
+def gemv_prologue_us(fmt: WeightFormat) -> float:
+    """us the decode GEMV's launch pays before its loop streams, by format (0 where none was found)."""
+    return GEMV_PROLOGUE_US.get(fmt.name, 0.0) if fmt.name != "int4" or fmt.symmetric else 0.0
 
 
 def gemv_measured_factor(fmt: WeightFormat) -> float:
