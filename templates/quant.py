@@ -34,6 +34,8 @@ from autoopt.kernels.pruning import BoundedSpace, Tally
 from autoopt.kernels.quant import WeightFormat
 from autoopt.kernels.quant_cost import (
     BLOCK_FP8_SERIAL_FACTOR,
+    DOT_GEMV_PROLOGUE_US,
+    DOT_GEMV_SCALE,
     DequantWork,
     act_quant_us,
     cycles_per_weight,
@@ -365,12 +367,15 @@ class QuantGemvTemplate(_QuantTemplate):
         pred = predict_matmul(gpu, op, as_tile, mma="fma" if bm == 1 else "mma_sync", smem_bytes=smem,
                               regs_per_thread=regs, alu_iter_us=alu, staged_loads=staged,
                               consts=in_graph(constants()))
-        factor = gemv_measured_factor(_fmt(op)) if bm == 1 else 1.0  # >= 1: node_bound stays a lower bound
-        prologue = gemv_prologue_us(_fmt(op)) if bm == 1 else 0.0  # >= 0: likewise
+        # node_bound stays a lower bound: the FMA path's factor is >= 1 and the dot path's scale is in the bound
+        factor = gemv_measured_factor(_fmt(op)) if bm == 1 else DOT_GEMV_SCALE
+        prologue = gemv_prologue_us(_fmt(op)) if bm == 1 else DOT_GEMV_PROLOGUE_US
         reason = f"{pred.reason}; dequant {alu:.3g} us per K-iteration"
-        if factor != 1.0:
+        if bm > 1:
+            reason += f"; x{factor:g} + {prologue:g} us measured (dot path, quant_cost.DOT_GEMV_SCALE / _PROLOGUE_US)"
+        elif factor != 1.0:
             reason += f"; x{factor:g} measured ({_fmt(op).spec} GEMV, quant_cost.GEMV_MEASURED_FACTOR)"
-        if prologue:
+        if bm == 1 and prologue:
             reason += f"; +{prologue:g} us staged prologue (quant_cost.GEMV_PROLOGUE_US)"
         us = pred.us * factor + prologue
         return replace(pred, us=us, roofline_pct=pred.roofline_pct * pred.us / us, reason=reason,
@@ -385,7 +390,8 @@ class QuantGemvTemplate(_QuantTemplate):
         """At full issue (idle factor 1); the dot path modelled at M = 16 as predict does, launches in-graph."""
         bm, bn, bk, split = key
         alu = _tile_alu_us(gpu, self._work(op, bm, bn, bk), bn, bk)
-        return _bound(gpu, op, 1 if bm == 1 else 16, bn, bk, split, alu, in_graph(constants()))
+        bound = _bound(gpu, op, 1 if bm == 1 else 16, bn, bk, split, alu, in_graph(constants()))
+        return bound if bm == 1 else bound * DOT_GEMV_SCALE
 
 
 class QuantGemmTemplate(_QuantTemplate):

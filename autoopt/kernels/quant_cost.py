@@ -30,6 +30,8 @@ from autoopt.kernels.quant import FP8_BLOCK, WeightFormat
 __all__ = [
     "BLOCK_FP8_SERIAL_FACTOR",
     "DEQUANT_RATES",
+    "DOT_GEMV_PROLOGUE_US",
+    "DOT_GEMV_SCALE",
     "DOT_MEASURED_FACTOR",
     "GEMV_DOT_MEASURED_FACTOR",
     "GEMV_MEASURED_FACTOR",
@@ -91,7 +93,18 @@ MMA_MEASURED_FACTOR = {"int4": 4.0, "int4-asym": 4.0}
 #: converted to bf16 for the dot) at M = 8 ran 1.0-1.9x its hand-counted price over 12 configs
 #: (``quant_kernels_batched.json``): x2 takes median |ln(pred/measured)| 0.301 -> 0.152 there (in-sample;
 #: x2.5: 0.160).
-GEMV_DOT_MEASURED_FACTOR = {"int4": 1.0, "fp8": 2.0}
+GEMV_DOT_MEASURED_FACTOR = {"int4": 1.0, "fp8": 2.0, "int8": 1.0}
+#: The decode GEMV's dot path (M 2..16) whole, on the H200 replayed from a CUDA graph
+#: (``benchmarks/results/h200/quant_kernels_m8_m16_graph.json``: rank()'s first six configs per linear, format and
+#: M = 8 / 16, 144 timed over Llama-3-8B's four linears): its price ran 0.78-0.90x the small linears' (qkv, o,
+#: down) and 1.10-1.74x gate_up's, the shape of a fixed cost per launch (the cp.async stages filling before the
+#: first MMA, the last wave alone) charged in proportion instead. x0.9 + 3.0 us takes median |ln(pred/measured)|
+#: int4 0.152 -> 0.082, fp8 0.215 -> 0.076, int8 0.211 -> 0.097 (with int8's hand count, below); one pair for the
+#: three formats (per format the best pairs were 0.8 + 3, 0.8 + 5, 1.0 + 1). Out of sample, the H200's nine
+#: one-GPU regret tables re-scored: graphed rows 120 -> 124 / 124 within 15 %, int8 graphed at batch 8 / 16
+#: 1.13 / 1.17 -> 0.95 / 0.98, int4 0.96 / 0.93 -> 0.99 / 0.96 (fp8 unchanged, 0.93 / 0.90).
+DOT_GEMV_SCALE = 0.9
+DOT_GEMV_PROLOGUE_US = 3.0
 #: The int4 decode GEMV (FMA path, M = 1) against its hand count, refitted after the paired-bf16 decode
 #: and elementwise accumulation (``quant_gemv.int4_pair_dot``): on the H100 FMA grid
 #: (``benchmarks/results/h100/quant_kernels_fmagrid.json``, 141 symmetric and 129 asymmetric timed configs
@@ -188,8 +201,9 @@ def dequant_work(fmt: WeightFormat, *, fma: bool, wgmma: bool = False, w8a8: boo
         return DequantWork(int_ops=1.0 * f, fp_ops=0.5 * f, smem_bytes=smem * f)
     if fmt.name == "int8":
         # extract 1, int8 -> fp32 (I2F) 1 conversion, fp32 -> 16-bit packed in pairs (F2F x2) half a one;
-        # times the measured factor
-        f = DOT_MEASURED_FACTOR["int8"]
+        # times the measured factor (the GEMV's own: the prefill GEMM's x1.5 priced the M = 8 / 16 GEMV's
+        # conversions as its bound, gate_up 77 us against 36-50 measured on the H200)
+        f = GEMV_DOT_MEASURED_FACTOR["int8"] if gemv else DOT_MEASURED_FACTOR["int8"]
         return DequantWork(int_ops=1.0 * f, cvt_ops=1.5 * f, smem_bytes=smem)
     # e4m3 weight-only: extract, shift, and 3; one FMUL by 2^120; fp32 -> 16-bit pair packing half a conversion
     f = GEMV_DOT_MEASURED_FACTOR["fp8"] if gemv else 1.0
