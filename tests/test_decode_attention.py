@@ -108,6 +108,25 @@ def test_the_price_is_within_the_measured_range_and_never_below_the_kv_read():
     assert bound == "latency" and 0.95 <= us / 79.27 <= 1.1  # one split walks 64 blocks in turn
 
 
+def test_inside_a_decode_step_a_call_is_priced_its_measured_saving_under_the_probes_fit():
+    # the compiled H200 step's traces: 5.5 / 7.5 / 12.5 us at batch 1 / 8 / 32 against the fit's 9.4 / 10.8 / 14.4
+    from autoopt.kernels.attention import IN_STEP_SAVES_US, in_step_us
+
+    gpu = H200
+    c = decode_attention_choice(gpu, batch=1, heads=32, kv_heads=8, keys=138, head_dim=128)
+    assert IN_STEP_SAVES_US == 3.3
+    assert in_step_us(c, gpu, batch=1, kv_heads=8, keys=138, head_dim=128) == pytest.approx(c.predicted_us - 3.3)
+
+
+def test_inside_a_decode_step_a_call_is_never_priced_under_its_kv_read():
+    from autoopt.kernels.attention import in_step_us
+
+    gpu = H200
+    c = decode_attention_choice(gpu, batch=64, heads=32, kv_heads=8, keys=32768, head_dim=128)
+    read_us = 2 * 64 * 8 * 32768 * 128 * 2 / (gpu.bandwidth_gbs * 1e3)
+    assert in_step_us(c, gpu, batch=64, kv_heads=8, keys=32768, head_dim=128) >= read_us
+
+
 def test_the_choice_round_trips_through_plain_data():
     c = decode_attention_choice(None, batch=4, heads=16, kv_heads=4, keys=500, head_dim=64)
     assert DecodeAttentionChoice.from_dict(c.to_dict()) == c

@@ -37,8 +37,8 @@ from autoopt._serde import from_plain, to_plain
 from autoopt.errors import OpError
 from autoopt.hardware.profile import GPUProfile
 
-__all__ = ["BLOCK_NS", "SPLITS", "DecodeAttentionChoice", "decode_attention_choice", "decode_attention_us",
-           "supported_head_dim"]
+__all__ = ["BLOCK_NS", "IN_STEP_SAVES_US", "SPLITS", "DecodeAttentionChoice", "decode_attention_choice",
+           "decode_attention_us", "in_step_us", "supported_head_dim"]
 
 #: the key block sizes and split counts searched (the probe's grid)
 BLOCK_NS = (32, 64, 128)
@@ -54,6 +54,13 @@ KV_EFFICIENCY = 0.706
 PROGRAM_KEY_US = 8.45e-5
 #: the bandwidth priced when no GPU profile says more: an H100's sustained rate
 _DEFAULT_GBS = 3000.0
+#: us a call takes less inside a model's decode step than the probe's fit prices it over cold K/V copies: the
+#: compiled Llama-3-8B step replayed from a CUDA graph on the H200, split + combine kernels plus a 0.36 us gap each
+#: (the step's launches' mean), against the fit at the keys the traced steps had filled (~138): batch 1 5.5 against
+#: 9.4 us (3.9 less; the whole step's cache, 25 MB, stays in L2 under the weights' evict-first streams), batch 8
+#: 7.5 against 10.8 (3.3), batch 32 12.5 against 14.4 (2.0; 2026-11-29, h200/quant_trace_b1_int4_fp8.json,
+#: _b8_layers8.json, _b32_int4_layers8.json): the median of the three
+IN_STEP_SAVES_US = 3.3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -92,6 +99,15 @@ def decode_attention_us(gpu: GPUProfile | None, *, batch: int, kv_heads: int, ke
     stream = kv_bytes / (gbs * 1e3 * KV_EFFICIENCY)
     us = FIXED_US + max(walk, stream) + programs * block_n * PROGRAM_KEY_US
     return us, "latency" if walk >= stream else "memory"
+
+
+def in_step_us(choice: DecodeAttentionChoice, gpu: GPUProfile | None, *, batch: int, kv_heads: int, keys: int,
+               head_dim: int) -> float:
+    """What ``choice`` costs inside a decode step (:data:`IN_STEP_SAVES_US` under its fitted price), never under
+    its K/V bytes at the full bandwidth."""
+    gbs = (gpu.bandwidth_gbs if gpu is not None else None) or _DEFAULT_GBS
+    floor = 2.0 * batch * kv_heads * keys * head_dim * 2 / (gbs * 1e3)
+    return max(floor, choice.predicted_us - IN_STEP_SAVES_US)
 
 
 def decode_attention_choice(gpu: GPUProfile | None, *, batch: int, heads: int, kv_heads: int, keys: int,

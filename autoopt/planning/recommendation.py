@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from autoopt._log import get_logger
 from autoopt.errors import AutooptError, ModelError, RuntimeRuleError
 from autoopt.hardware.profile import GPUProfile, HardwareProfile
-from autoopt.kernels.attention import decode_attention_choice, supported_head_dim
+from autoopt.kernels.attention import decode_attention_choice, in_step_us, supported_head_dim
 from autoopt.kernels.constants import GRAPH_LAUNCH_US, INDUCTOR_NORM_MAX_ROWS
 from autoopt.kernels.ops import OpSpec
 from autoopt.planning.catalog import parse_model
@@ -922,9 +922,11 @@ def _decode_attention_time(phase: str, dev: Device, op: LayerOp, mode: _Mode, nk
     (:func:`~autoopt.kernels.attention.decode_attention_choice`: fit in a graph, two launches), a rank's heads
     under tensor parallelism; out of a graph its two launches cost a standalone launch each."""
     batch, n, _, keys, d = op.shape
-    c = decode_attention_choice(dev.gpu, batch=batch, heads=n // tp, kv_heads=max(1, nkv // tp), keys=keys,
-                                head_dim=d)
-    us = c.predicted_us if graphed else c.predicted_us + 2 * max(0.0, _standalone_launch_us() - GRAPH_LAUNCH_US)
+    kv = max(1, nkv // tp)
+    c = decode_attention_choice(dev.gpu, batch=batch, heads=n // tp, kv_heads=kv, keys=keys, head_dim=d)
+    us = in_step_us(c, dev.gpu, batch=batch, kv_heads=kv, keys=keys, head_dim=d)
+    if not graphed:
+        us += 2 * max(0.0, _standalone_launch_us() - GRAPH_LAUNCH_US)
     return _OpTime(phase=phase, device=dev.name, mode=mode, op=op, us=us, bound=c.bound, best=None,
                    fit={"BLOCK_N": c.BLOCK_N, "splits": c.splits, "num_warps": c.num_warps})
 
@@ -1384,6 +1386,22 @@ UNCOMPILED_TRANSFORMERS_LAYER_US = 62.1
 #: step 1.66 and 1.53 us a layer faster in two same-run pairs, the eager one unchanged (H200, int4;
 #: h200/step_variants.json).
 UNCOMPILED_AUTOOPT_LAYER_US = 32.6
+#: the same once optimize()'s decode attention runs the layer's attention (no repeat_kv copy), by batch (linear
+#: between the points, flat past the last): eager against compiled step, both replayed from a CUDA graph, Llama-3-8B
+#: on the H200 at this tree (2026-11-29): batch 1 26.0 (int4) and 26.1 us (fp8) a layer over 32 layers, batch 8
+#: 32.3 (int4) and 34.6 (bf16), batch 32 33.0 (int4) over 8 (h200/quant_trace_b1_int4_fp8.json,
+#: _b8_layers8.json, _b32_int4_layers8.json): the medians 26.05 at 1 and 33.0 from 8 on (eager's glue kernels
+#: grow with the rows; Inductor's fused ones barely). The constant above less its repeat_kv share priced 28.7 at
+#: every batch.
+UNCOMPILED_DECODE_ATTENTION_LAYER_US = {1: 26.05, 8: 33.0}
+
+
+def uncompiled_decode_attention_layer_us(batch: int) -> float:
+    """:data:`UNCOMPILED_DECODE_ATTENTION_LAYER_US` at ``batch`` rows."""
+    (b0, u0), (b1, u1) = sorted(UNCOMPILED_DECODE_ATTENTION_LAYER_US.items())
+    if batch <= b0:
+        return u0
+    return u1 if batch >= b1 else u0 + (u1 - u0) * (batch - b0) / (b1 - b0)
 
 
 #: runtimes whose attention is transformers' SDPA path over a static cache, which always passes a mask: then
