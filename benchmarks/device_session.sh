@@ -64,7 +64,7 @@ for s in "$@"; do
     # issue 27: the dequantize + cuBLAS path in row chunks whose scratch stays in L2, against the whole matrix (~1 min)
     dequantchunk) stage dequantchunk python3 benchmarks/probes/dequant_chunk_probe.py --out "$R/dequant_chunk_probe.json" ;;
     # issue 29: a second model and a fourth batch, toward 20 measured workloads
-    regret2)  stage regret2 python3 -m autoopt check regret --model qwen2.5-7b --layers 8 --batches 1,8,16,32 --gpus "${GPUS:-1}" --out "$R/regret_qwen_${GPUS:-1}gpu_layers8.json" ;;
+    regret2)  stage regret2 python3 -m autoopt check regret --model qwen2.5-7b --layers 8 --batches "${BATCHES:-1,8,16,32}" --gpus "${GPUS:-1}" ${BUDGET:+--budget-s "$BUDGET"} --out "$R/regret_qwen_${GPUS:-1}gpu_layers8.json" ;;
     # issue 29: where the batch-32 graphed step's time goes (predicted 0.62-0.70 of measured), eager and compiled
     b32trace) stage b32trace python3 benchmarks/quant_trace.py --batch 32 --layers 8 --formats autoopt-bf16,fp8 --out "$R/quant_trace_b32_layers8.json" ;;
     # issue 29: the Qwen2.5-7B batch-32 graphed step where fp8 (picked) measured 7 % slower than bf16

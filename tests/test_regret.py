@@ -416,27 +416,60 @@ def test_the_uncompiled_copy_rate_is_what_the_batch_32_trace_measured():
         assert rate == pytest.approx(UNCOMPILED_REPEAT_KV_GBS, rel=0.05), name
 
 
-def _eager_median(run: str, layout: str) -> float:
-    table = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h100" / run).read_text())
-    return statistics.median(o["measured_ms"] for w in table["workloads"] for o in w["options"]
-                             if o["option"]["layout"] == layout and not o["option"]["cuda_graphs"])
+#: every committed multi-GPU regret table (H100 and H200 hosts), by GPU count: the data of the host constants below
+_MULTI_GPU_TABLES = {
+    2: ("h100/regret_2gpu_layers8.json", "h100/regret_qwen_2gpu_layers8.json", "h200/regret_2gpu_layers8.json",
+        "h200/regret_2gpu_layers8_run2.json", "h200/regret_qwen_2gpu_layers8.json"),
+    4: ("h100/regret_4gpu_layers8.json", "h100/regret_qwen_4gpu_layers8.json", "h200/regret_4gpu_layers8.json",
+        "h200/regret_4gpu_layers8_b8.json", "h200/regret_4gpu_layers8_b32.json"),
+}
 
 
-@pytest.mark.parametrize("run,gpus", [("regret_2gpu_layers8.json", 2), ("regret_4gpu_layers8.json", 4)])
-def test_the_replica_host_factor_is_what_llamas_uncompiled_replicas_measured_over_one_process(run, gpus):
-    # 12 uncompiled replica steps a table (4 formats x batch 1, 8, 32) over the same table's 12 single-process ones
+def _uncompiled_steps(table: str) -> dict[tuple[str, int, str], float]:
+    """(format, batch, layout) -> the table's measured uncompiled step, ms."""
+    data = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / table).read_text())
+    return {(o["option"]["weights"], o["option"]["batch"], o["option"]["layout"]): o["measured_ms"]
+            for w in data["workloads"] for o in w["options"]
+            if not o["option"]["cuda_graphs"] and o["measured_ms"] is not None}
+
+
+@pytest.mark.parametrize("gpus,pairs", [(2, 56), (4, 40)])
+def test_the_replica_host_factor_is_the_median_replica_step_over_one_process_in_every_committed_table(gpus, pairs):
+    # each replica step over the single-process step of its format and batch in the same table: the host's phase
+    # cancels within a table, and the pool spans two hosts, two models and five calls per GPU count
     from autoopt.planning.recommendation import EAGER_REPLICA_HOST_FACTOR
 
-    ratio = _eager_median(run, "replicas") / _eager_median(run, "single")
-    assert ratio == pytest.approx(EAGER_REPLICA_HOST_FACTOR[gpus], abs=0.002)
+    ratios = [ms / steps[(fmt, batch, "single")] for table in _MULTI_GPU_TABLES[gpus]
+              for steps in [_uncompiled_steps(table)] for (fmt, batch, layout), ms in steps.items()
+              if layout == "replicas" and (fmt, batch, "single") in steps]
+    assert len(ratios) == pairs
+    assert statistics.median(ratios) == pytest.approx(EAGER_REPLICA_HOST_FACTOR[gpus], abs=0.001)
+
+
+@pytest.mark.parametrize("gpus,steps_measured", [(2, 14), (4, 10)])
+def test_the_tensor_parallel_host_time_is_the_median_uncompiled_step_of_every_committed_table(gpus, steps_measured):
+    from autoopt.planning.recommendation import EAGER_TP_HOST_LAYER_US
+
+    layer_us = [ms * 1e3 / 8 for table in _MULTI_GPU_TABLES[gpus]
+                for (_, _, layout), ms in _uncompiled_steps(table).items() if layout == "tensor-parallel"]
+    assert len(layer_us) == steps_measured
+    assert statistics.median(layer_us) == pytest.approx(EAGER_TP_HOST_LAYER_US[gpus], abs=1.0)
+
+
+def test_the_tensor_parallel_host_time_grows_with_the_ranks_between_and_past_its_points():
+    from autoopt.planning.recommendation import eager_tp_host_layer_us
+
+    assert eager_tp_host_layer_us(2) == 1711.0
+    assert eager_tp_host_layer_us(3) == pytest.approx((1711.0 + 2476.0) / 2)
+    assert eager_tp_host_layer_us(8) == pytest.approx(2476.0 + 2 * (2476.0 - 1711.0))
 
 
 def test_the_replica_host_factor_is_one_for_one_process_and_linear_between_its_points():
     from autoopt.planning.recommendation import eager_replica_host_factor
 
     assert eager_replica_host_factor(1) == 1.0
-    assert eager_replica_host_factor(3) == pytest.approx((1.275 + 1.417) / 2)
-    assert eager_replica_host_factor(8) == pytest.approx(1.417 + 4 * (1.417 - 1.275) / 2)
+    assert eager_replica_host_factor(3) == pytest.approx((1.151 + 1.253) / 2)
+    assert eager_replica_host_factor(8) == pytest.approx(1.253 + 4 * (1.253 - 1.151) / 2)
 
 
 def test_uncompiled_replicas_are_priced_at_their_processes_host_time_and_graphed_ones_are_not():

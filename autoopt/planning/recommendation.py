@@ -362,32 +362,51 @@ EAGER_HOST_LAYER_US = {"autoopt": 1131.0, "transformers": 825.0}
 #: 1524 us a layer). int8 was timed on the H200 host only (1392, 0.926 of int4's there): int4's pooled value at that
 #: ratio, 1238.
 AUTOOPT_QUANT_HOST_LAYER_US = {"int4": 206.0, "int8": 107.0, "fp8": 239.0}
-#: the same for transformers' modules sharded by its ``tp_plan`` (DTensor dispatch on every rank), as the regret
-#: harness runs tensor parallelism uncompiled: 8-layer steps of 12.5, 13.7 and 11.4 ms on 2 H100s and 21.5, 17.4
-#: and 18.5 ms on 4 (batch 1, 8, 32; regret_{2,4}gpu_layers8.json), median 1940 us a layer; in sample (no other
-#: run measured it), and 4 GPUs ran 1.4x 2 GPUs' host time, which one constant does not follow.
-EAGER_TP_HOST_LAYER_US = 1940.0
+#: the same for transformers' modules sharded by its ``tp_plan`` (DTensor dispatch on every rank, each collective
+#: waiting for the slowest rank's host), as the regret harness runs tensor parallelism uncompiled, by ranks
+#: (linear between the points, past the last its slope): the median 8-layer step over every committed table,
+#: H100 and H200 hosts, Llama-3-8B and Qwen2.5-7B, batch 1 to 32 (bf16; regret_{,qwen_}{2,4}gpu_layers8*.json).
+#: 2 ranks, 14 steps: H100 11.4-15.0 ms, H200 10.2-18.3 ms (the 2026-11-28 call 17.7-18.3, the 2026-11-29 one
+#: 10.2-16.5): median 13.69 ms, 1711 us a layer. 4 ranks, 10 steps: H100 17.4-21.9, H200 14.1-19.3 ms: median
+#: 19.81 ms, 2476 us. One constant for both (1940, fitted on the first H100 tables) priced 2 ranks 1.13x and
+#: 4 ranks 0.78x of these medians. A host-bound step moves +-30 % between calls on one host: no constant
+#: holds every run within 15 %.
+EAGER_TP_HOST_LAYER_US = {2: 1711.0, 4: 2476.0}
+
+
+def eager_tp_host_layer_us(ranks: int) -> float:
+    """:data:`EAGER_TP_HOST_LAYER_US` at ``ranks`` tensor-parallel ranks."""
+    return piecewise_linear(sorted(EAGER_TP_HOST_LAYER_US.items()), ranks, extrapolate=True)
+
+
 #: the host time of an uncompiled decode step while ``n`` data-parallel replicas step at once on one host, as a
 #: multiple of one process's (:data:`EAGER_HOST_LAYER_US`); between the points linear in ``n`` (1 at one process),
-#: past the last the last slope. Fitted on the regret harness's uncompiled steps of Llama-3-8B at 8 layers, 4
-#: formats x batch 1, 8, 32, as the replicas' median over the same table's single-process median (the same host
-#: in the same minutes, so the host's phase cancels): 13.22 / 10.36 ms on 2 H100s, 18.63 / 13.15 ms on 4
-#: (regret_{2,4}gpu_layers8.json). Every replica a Python loop issuing ~1000 launches a step. Out of sample,
-#: Qwen2.5-7B's tables measured 16.17 / 10.81 (1.50) and 19.35 / 16.83 (1.15) (regret_qwen_{2,4}gpu_layers8.json):
-#: a host-bound step moves +-30 % run to run, and the ratio with it.
-EAGER_REPLICA_HOST_FACTOR = {2: 1.275, 4: 1.417}
+#: past the last the last slope. Each replica step measured over the single-process step of the same format and
+#: batch in the same table (the same host in the same minutes, so the host's phase cancels), pooled over every
+#: committed table, H100 and H200 hosts, Llama-3-8B and Qwen2.5-7B (regret_{,qwen_}{2,4}gpu_layers8*.json; every
+#: replica a Python loop issuing ~1000 launches a step): 2 replicas, 56 pairs, median 1.151 (table medians
+#: 1.02-1.49); 4 replicas, 40 pairs, median 1.253 (1.13-1.72). The earlier fit on the first two H100 Llama tables
+#: (1.275 / 1.417) had the H200's 2026-11-29 call 1.02 / 1.06: a host-bound step moves +-30 % run to run, the
+#: ratio with it.
+EAGER_REPLICA_HOST_FACTOR = {2: 1.151, 4: 1.253}
+
+
+def piecewise_linear(points: Sequence[tuple[float, float]], x: float, *, extrapolate: bool = False) -> float:
+    """``points`` (sorted by x) joined by straight lines, at ``x``: flat before the first; past the last flat, or
+    on the last segment's slope with ``extrapolate``."""
+    (x0, y0) = points[0]
+    if x <= x0 or len(points) == 1:
+        return y0
+    for (xa, ya), (xb, yb) in itertools.pairwise(points):
+        if x <= xb:
+            return ya + (yb - ya) * (x - xa) / (xb - xa)
+    (xa, ya), (xb, yb) = points[-2], points[-1]
+    return yb + (yb - ya) * (x - xb) / (xb - xa) if extrapolate else yb
 
 
 def eager_replica_host_factor(replicas: int) -> float:
     """:data:`EAGER_REPLICA_HOST_FACTOR` at ``replicas`` processes (1 for one)."""
-    points = [(1, 1.0), *sorted(EAGER_REPLICA_HOST_FACTOR.items())]
-    if replicas <= 1:
-        return 1.0
-    for (n0, f0), (n1, f1) in itertools.pairwise(points):
-        if replicas <= n1:
-            return f0 + (f1 - f0) * (replicas - n0) / (n1 - n0)
-    (n0, f0), (n1, f1) = points[-2], points[-1]
-    return f1 + (f1 - f0) * (replicas - n1) / (n1 - n0)
+    return piecewise_linear([(1, 1.0), *sorted(EAGER_REPLICA_HOST_FACTOR.items())], replicas, extrapolate=True)
 
 
 #: the host's extra time a decoder layer of an uncompiled transformers step spends in a quantized checkpoint's
@@ -415,7 +434,7 @@ def _eager_host(runtime: str | None, spec: ModelSpec, wl: Workload, predicted: M
     if per_layer is None or wl.cuda_graphs or "decode_step_us" not in predicted:
         return {}
     if runtime == "transformers" and tp > 1:
-        per_layer = EAGER_TP_HOST_LAYER_US
+        per_layer = eager_tp_host_layer_us(tp)
     per_layer += _QUANT_HOST_LAYER_US.get(runtime or "", {}).get(weight_format, 0.0)
     gpu, host = predicted["decode_step_us"], spec.num_layers * per_layer
     return {"decode_step_us": max(gpu, host), "decode_gpu_us": gpu, "decode_host_us": host}
@@ -1398,10 +1417,7 @@ UNCOMPILED_DECODE_ATTENTION_LAYER_US = {1: 26.05, 8: 33.0}
 
 def uncompiled_decode_attention_layer_us(batch: int) -> float:
     """:data:`UNCOMPILED_DECODE_ATTENTION_LAYER_US` at ``batch`` rows."""
-    (b0, u0), (b1, u1) = sorted(UNCOMPILED_DECODE_ATTENTION_LAYER_US.items())
-    if batch <= b0:
-        return u0
-    return u1 if batch >= b1 else u0 + (u1 - u0) * (batch - b0) / (b1 - b0)
+    return piecewise_linear(sorted(UNCOMPILED_DECODE_ATTENTION_LAYER_US.items()), batch)
 
 
 #: runtimes whose attention is transformers' SDPA path over a static cache, which always passes a mask: then

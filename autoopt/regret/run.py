@@ -170,11 +170,11 @@ def _uncompiled_layer_us(hardware: HardwareProfile, spec: Any, *, batch: int, ke
     gpus = devices_of(hardware)
     if spec.is_mla or not gpus:
         return latency
-    heads = (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim)
-    at_fit = repeat_kv_copy_bytes(1, GLUE_FIT_KEYS, *heads)
     if tp == 1 and runs_decode_attention(spec, "autoopt"):
         # optimize()'s decode attention reads K/V once per KV head: no copy, measured so by batch
         return uncompiled_decode_attention_layer_us(batch)
+    heads = (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim)
+    at_fit = repeat_kv_copy_bytes(1, GLUE_FIT_KEYS, *heads)
     beyond_fit = repeat_kv_copy_bytes(batch, keys, *heads, tp=tp) - at_fit
     return latency + beyond_fit * (1 / UNCOMPILED_REPEAT_KV_GBS - 1 / gpus[0].bandwidth_gbs) / 1e3
 
