@@ -1395,6 +1395,25 @@ GLUE_KERNEL_US = 1.54
 #: which run transformers' tp_plan uncompiled (regret_{2,4}gpu_layers8.json: predicted over measured went from
 #: 0.33-0.57 to 0.56-0.84 with them).
 UNCOMPILED_TRANSFORMERS_LAYER_US = 62.1
+#: the reduction kernel of transformers' uncompiled RMSNorm (``hidden.pow(2).mean(-1)``: PyTorch's
+#: ``reduce_kernel``), in us by rows, which the constant above holds at batch 1 only: its blocks walk several rows
+#: each in turn, so it grows with the rows up to 32 and (more blocks) no further. Traced on two H200s replaying
+#: transformers' tensor-parallel Llama-3-8B step from a CUDA graph (8 layers, 192 keys; 17 norms and the greedy
+#: argmax a step at its price, :data:`ARGMAX_NS_PER_LOGIT`, taken out): 2.02, 5.08 and 9.01 us a norm at 1, 8 and
+#: 32 rows; the same model unsharded on one GPU 2.39, 5.58 and 9.17 (h200/tp_trace_2gpu.json). Linear between the
+#: points, flat past 32 (not measured). With it the traced step is priced 0.98 / 0.91 / 0.94 at batch 1 / 8 / 32
+#: (0.88 / 0.89 at 8 / 32 without); the committed tables' 26 tensor-parallel graphed rows (H100 and H200) median
+#: |ln| 0.066 -> 0.042, lowest 0.84 -> 0.89.
+UNCOMPILED_NORM_REDUCE_US = {1: 2.02, 8: 5.08, 32: 9.01}
+
+
+def uncompiled_norm_growth_us(rows: int) -> float:
+    """What one uncompiled transformers RMSNorm costs at ``rows`` beyond its time at one row
+    (:data:`UNCOMPILED_NORM_REDUCE_US`)."""
+    points = sorted(UNCOMPILED_NORM_REDUCE_US.items())
+    return piecewise_linear(points, rows) - points[0][1]
+
+
 #: the same for an optimize()d model, whose norms, MLP and linears are autoopt's kernels already: what stays
 #: uncompiled is transformers' attention glue (rotary, cache writes, the attention's views and casts). Eager
 #: against compiled graphed step over 32 layers: H100 fp8 31.4 and 30.9, int4 31.2 and 32.6; H200 fp8 29.5,

@@ -153,7 +153,8 @@ def _uncompiled_layer_us(hardware: HardwareProfile, spec: Any, *, batch: int, ke
     """What a decoder layer costs uncompiled beyond the compiled step recommend() prices: the glue kernels'
     latency (transformers' modules under tensor parallelism, only its attention's once optimize() has run),
     plus transformers' repeat_kv copy at its uncompiled rate instead of the stream rate recommend() gives it
-    (under tensor parallelism; on one GPU optimize()'s decode attention makes no copy).
+    and its norms' reduction beyond one row (under tensor parallelism; on one GPU optimize()'s decode attention
+    makes no copy and its norms are autoopt's).
     Both latency constants were measured on one GPU at batch 1 over :data:`GLUE_FIT_KEYS` keys, which holds
     that copy's share already: only the copy beyond it is added."""
     from autoopt.planning.recommendation import (
@@ -163,6 +164,7 @@ def _uncompiled_layer_us(hardware: HardwareProfile, spec: Any, *, batch: int, ke
         repeat_kv_copy_bytes,
         runs_decode_attention,
         uncompiled_decode_attention_layer_us,
+        uncompiled_norm_growth_us,
     )
     from autoopt.planning.split import devices_of
 
@@ -176,7 +178,9 @@ def _uncompiled_layer_us(hardware: HardwareProfile, spec: Any, *, batch: int, ke
     heads = (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim)
     at_fit = repeat_kv_copy_bytes(1, GLUE_FIT_KEYS, *heads)
     beyond_fit = repeat_kv_copy_bytes(batch, keys, *heads, tp=tp) - at_fit
-    return latency + beyond_fit * (1 / UNCOMPILED_REPEAT_KV_GBS - 1 / gpus[0].bandwidth_gbs) / 1e3
+    # transformers' own two norms a layer, whose reduction grows with the rows beyond the batch-1 fit
+    norms = 2 * uncompiled_norm_growth_us(batch) if tp > 1 else 0.0
+    return latency + norms + beyond_fit * (1 / UNCOMPILED_REPEAT_KV_GBS - 1 / gpus[0].bandwidth_gbs) / 1e3
 
 
 def recommended(hardware: HardwareProfile, spec: Any, batch: int, predicted: Mapping[Option, float | None]
