@@ -40,6 +40,7 @@ from autoopt.kernels.quant_cost import (
     act_quant_us,
     cycles_per_weight,
     dequant_work,
+    dot_gemv_load_factor,
     fp32_lanes,
     gemv_measured_factor,
     gemv_prologue_us,
@@ -368,13 +369,16 @@ class QuantGemvTemplate(_QuantTemplate):
                               regs_per_thread=regs, alu_iter_us=alu, staged_loads=staged,
                               consts=in_graph(constants()))
         # node_bound stays a lower bound: the FMA path's factor is >= 1 and the dot path's scale is in the bound
-        factor = gemv_measured_factor(_fmt(op)) if bm == 1 else DOT_GEMV_SCALE
-        prologue = gemv_prologue_us(_fmt(op)) if bm == 1 else DOT_GEMV_PROLOGUE_US
+        fmt = _fmt(op)
+        load = 1.0 if bm == 1 else dot_gemv_load_factor(fmt, bn, bk, config.num_warps)
+        factor = gemv_measured_factor(fmt) if bm == 1 else DOT_GEMV_SCALE * load
+        prologue = gemv_prologue_us(fmt) if bm == 1 else DOT_GEMV_PROLOGUE_US
         reason = f"{pred.reason}; dequant {alu:.3g} us per K-iteration"
         if bm > 1:
-            reason += f"; x{factor:g} + {prologue:g} us measured (dot path, quant_cost.DOT_GEMV_SCALE / _PROLOGUE_US)"
+            reason += (f"; x{DOT_GEMV_SCALE:g} x{load:.3g} (a thread's loads) + {prologue:g} us measured (dot path, "
+                       "quant_cost.DOT_GEMV_SCALE / _LOAD_EXPONENT / _PROLOGUE_US)")
         elif factor != 1.0:
-            reason += f"; x{factor:g} measured ({_fmt(op).spec} GEMV, quant_cost.GEMV_MEASURED_FACTOR)"
+            reason += f"; x{factor:g} measured ({fmt.spec} GEMV, quant_cost.GEMV_MEASURED_FACTOR)"
         if bm == 1 and prologue:
             reason += f"; +{prologue:g} us staged prologue (quant_cost.GEMV_PROLOGUE_US)"
         us = pred.us * factor + prologue
@@ -391,7 +395,11 @@ class QuantGemvTemplate(_QuantTemplate):
         bm, bn, bk, split = key
         alu = _tile_alu_us(gpu, self._work(op, bm, bn, bk), bn, bk)
         bound = _bound(gpu, op, 1 if bm == 1 else 16, bn, bk, split, alu, in_graph(constants()))
-        return bound if bm == 1 else bound * DOT_GEMV_SCALE
+        if bm == 1:
+            return bound
+        # the loads' factor at its least: the tile spread over the most warps the space holds
+        load = dot_gemv_load_factor(_fmt(op), bn, bk, max(GEMV_WARPS))
+        return bound * DOT_GEMV_SCALE * min(1.0, load)
 
 
 class QuantGemmTemplate(_QuantTemplate):

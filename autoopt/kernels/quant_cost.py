@@ -30,6 +30,8 @@ from autoopt.kernels.quant import FP8_BLOCK, WeightFormat
 __all__ = [
     "BLOCK_FP8_SERIAL_FACTOR",
     "DEQUANT_RATES",
+    "DOT_GEMV_LOAD_EXPONENT",
+    "DOT_GEMV_LOAD_REF_BYTES",
     "DOT_GEMV_PROLOGUE_US",
     "DOT_GEMV_SCALE",
     "DOT_MEASURED_FACTOR",
@@ -42,6 +44,7 @@ __all__ = [
     "act_quant_us",
     "cycles_per_weight",
     "dequant_work",
+    "dot_gemv_load_factor",
     "fp32_lanes",
     "gemv_measured_factor",
     "gemv_prologue_us",
@@ -105,6 +108,29 @@ GEMV_DOT_MEASURED_FACTOR = {"int4": 1.0, "fp8": 2.0, "int8": 1.0}
 #: 1.13 / 1.17 -> 0.95 / 0.98, int4 0.96 / 0.93 -> 0.99 / 0.96 (fp8 unchanged, 0.93 / 0.90).
 DOT_GEMV_SCALE = 0.9
 DOT_GEMV_PROLOGUE_US = 3.0
+#: The dot path's weight bytes a thread loads each K-iteration (``BLOCK_N x BLOCK_K x bytes a weight / threads``)
+#: move its time as ``(bytes / DOT_GEMV_LOAD_REF_BYTES) ** exponent``, by format: a thread's loads and their
+#: conversions issue in turn, so the same tile on fewer warps runs longer than its bytes say, and more warps on
+#: small slices run shorter. fp8 at M = 8 / 16 on the H200, rank()'s first 24 configs per linear replayed from a
+#: CUDA graph (``h200/quant_kernels_fp8_m8_m16_top24_graph.json``, 192 configs): priced without it, 32 / 64 bytes a
+#: thread ran 0.81-0.94x their price, 256 bytes 1.15-1.30x (o's 32 x 256 tile on 2 warps 19.7 us against 10.9 on
+#: 4, priced alike), and rank()'s first config measured 1.86x the grid's best on o, 1.44 / 1.60x on qkv. At 0.1:
+#: that grid's median |ln| 0.121 -> 0.110, rank()'s first configs o 1.03x, qkv 1.23 / 1.33x, gate_up 1.15 /
+#: 1.13x the best (down's first not in the grid); on the earlier six-a-linear grid (quant_kernels_m8_m16_graph.json)
+#: int8's o 1.63 / 1.18x -> 1.00x, median |ln| fp8 0.076 -> 0.087, int8 0.097 -> 0.105. int4 (half-byte weights,
+#: paired conversions) keeps the same picks with or without it and is priced in its decode step within 2 % of
+#: its traces, which the term would move 2-7 % under: none. What it leaves: two stages of a 128-deep K tile run
+#: 6-16 % over three or four (too little in flight), priced alike; split-K 2-4 on 4-8 warps is the grid's best
+#: on qkv and down and ranks below one K-slice.
+DOT_GEMV_LOAD_EXPONENT = {"fp8": 0.1, "int8": 0.1}
+DOT_GEMV_LOAD_REF_BYTES = 128.0
+
+
+def dot_gemv_load_factor(fmt: WeightFormat, block_n: int, block_k: int, warps: int) -> float:
+    """:data:`DOT_GEMV_LOAD_EXPONENT`'s factor for a dot-path decode GEMV tile of ``fmt`` on ``warps`` warps."""
+    exponent = DOT_GEMV_LOAD_EXPONENT.get(fmt.name, 0.0)
+    per_thread = block_n * block_k * fmt.weight_bits / 8 / (32 * warps)
+    return float((per_thread / DOT_GEMV_LOAD_REF_BYTES) ** exponent)
 #: The int4 decode GEMV (FMA path, M = 1) against its hand count, refitted after the paired-bf16 decode
 #: and elementwise accumulation (``quant_gemv.int4_pair_dot``): on the H100 FMA grid
 #: (``benchmarks/results/h100/quant_kernels_fmagrid.json``, 141 symmetric and 129 asymmetric timed configs
