@@ -3,7 +3,8 @@
 #   bash benchmarks/device_session.sh capture profile gputests ranking bench norm models
 #   GPUS=4 bash benchmarks/device_session.sh tptrace regret   (issue 29 on a 4-GPU host; moeint4: issue 28)
 # Each stage's output goes to $OUT/r/<stage>.log (its tail is printed); everything is
-# packed into $OUT/results.tgz (the device tool returns at most 8 files).
+# packed into $OUT/results.tgz (the device tool returns at most 8 files; a second run in the same call packs into
+# results_2.tgz beside it).
 set -u
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 R=${OUT:?}/r
@@ -32,7 +33,7 @@ for s in "$@"; do
     # several GPUs (nvidia-h200-x2 or larger): issue 15's scaling, each twice to see the host's spread
     fleet)    stage fleet sh -c "for i in 1 2; do python3 benchmarks/fleet_scaling.py --runs 0 all --top 10 --out \"$R/fleet_scaling_\$i.json\"; done; python3 benchmarks/fleet_scaling.py --cli tune --runs 0 all --trials 6 --out '$R/fleet_cli_tune.json'; python3 -m autoopt fleet --measure --format json > '$R/fleet.json'" ;;
     # issue 29 on 2 or 4 GPUs of one host: where transformers' tensor-parallel step goes, and the regret tables
-    tptrace)  stage tptrace python3 -m torch.distributed.run --standalone --nproc_per_node "${GPUS:-2}" benchmarks/tp_trace.py --out "$R/tp_trace_${GPUS:-2}gpu.json" ;;
+    tptrace)  stage tptrace python3 -m torch.distributed.run --standalone --nproc_per_node "${GPUS:-2}" benchmarks/tp_trace.py --batches "${BATCHES:-1,8,32}" --out "$R/tp_trace_${GPUS:-2}gpu.json" ;;
     # (BUDGET=S: batch by batch, the GPU layouts too, no batch started that would end past S seconds)
     regret)   stage regret python3 -m autoopt check regret --model llama-3-8b --layers 8 --gpus "${GPUS:-1}" ${BATCHES:+--batches "$BATCHES"} ${BUDGET:+--budget-s "$BUDGET"} --out "$R/regret_${GPUS:-1}gpu_layers8${BATCHES:+_b${BATCHES//,/_}}.json" ;;
     # issue 28: export moe-configs --tune on one GPU, on all (compile-ahead pool of 8), on all with a pool of POOL
@@ -116,4 +117,6 @@ for s in "$@"; do
     *) echo "unknown stage $s" ;;
   esac
 done
-cd "$OUT" && tar czf results.tgz r && rm -rf r
+# a second invocation in the same call packs beside the first's (results_2.tgz, ...), never over it
+cd "$OUT" && pack=results.tgz && n=1 && while [ -e "$pack" ]; do n=$((n + 1)); pack=results_$n.tgz; done
+tar czf "$pack" r && rm -rf r
