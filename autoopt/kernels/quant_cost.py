@@ -118,10 +118,10 @@ DOT_GEMV_PROLOGUE_US = 3.0
 #: that grid's median |ln| 0.121 -> 0.110, rank()'s first configs o 1.03x, qkv 1.23 / 1.33x, gate_up 1.15 /
 #: 1.13x the best (down's first not in the grid); on the earlier six-a-linear grid (quant_kernels_m8_m16_graph.json)
 #: int8's o 1.63 / 1.18x -> 1.00x, median |ln| fp8 0.076 -> 0.087, int8 0.097 -> 0.105. int4 (half-byte weights,
-#: paired conversions) keeps the same picks with or without it and is priced in its decode step within 2 % of
-#: its traces, which the term would move 2-7 % under: none. What it leaves: two stages of a 128-deep K tile run
-#: 6-16 % over three or four (too little in flight), priced alike; split-K 2-4 on 4-8 warps is the grid's best
-#: on qkv and down and ranks below one K-slice.
+#: paired conversions) keeps the same picks with or without it and is priced in its decode step within 3 % of
+#: its traces (0.996x at batch 8, 0.973x at 32), which the term would move 2-7 % under: none. What it leaves: two
+#: stages of a 128-deep K tile run 6-16 % over three or four (too little in flight), priced alike; split-K 2-4 on
+#: 4-8 warps is the grid's best on qkv and down and ranks below one K-slice.
 DOT_GEMV_LOAD_EXPONENT = {"fp8": 0.1, "int8": 0.1}
 DOT_GEMV_LOAD_REF_BYTES = 128.0
 
@@ -131,6 +131,8 @@ def dot_gemv_load_factor(fmt: WeightFormat, block_n: int, block_k: int, warps: i
     exponent = DOT_GEMV_LOAD_EXPONENT.get(fmt.name, 0.0)
     per_thread = block_n * block_k * fmt.weight_bits / 8 / (32 * warps)
     return float((per_thread / DOT_GEMV_LOAD_REF_BYTES) ** exponent)
+
+
 #: The int4 decode GEMV (FMA path, M = 1) against its hand count, refitted after the paired-bf16 decode
 #: and elementwise accumulation (``quant_gemv.int4_pair_dot``): on the H100 FMA grid
 #: (``benchmarks/results/h100/quant_kernels_fmagrid.json``, 141 symmetric and 129 asymmetric timed configs
