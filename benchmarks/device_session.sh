@@ -79,6 +79,15 @@ for s in "$@"; do
     # issues 27/29: the batched-decode GEMMs (M = 32) of int4 and fp8, top 3 configs a linear: the two-stage price
     # and the FP8 mma.sync load depth (templates/quant.py) against what the picks measure, graph-replayed (~30 s)
     qk32)     stage qk32 python3 benchmarks/quant_kernels.py --parts decode --decode-m 32 --formats int4,fp8 --top 3 --no-torchao --graph --out "$R/quant_kernels_m32_graph.json" ;;
+    # issues 27/29: the swapped batched-decode GEMV (quant_gemv_swap) against quant_gemv at M = 8, rank()'s top 3 of
+    # each kernel per linear, three formats, graph-replayed (~2 min); then its kernel tests compiled on this GPU
+    # (M=16 TOP=8: the token tile of 16, two halves of 8, against quant_gemv's 16-row dot)
+    qswap)    stage qswap python3 benchmarks/quant_kernels.py --formats int4,fp8,int8 --parts decode --decode-m "${M:-8}" --shapes qkv,o,gate_up,down --top "${TOP:-3}" --per-path --rep-ms 30 --no-torchao --graph --out "$R/quant_kernels_m${M:-8}_swap_graph.json"
+              stage swaptests python3 -m pytest -q -p no:cacheprovider tests/test_quant_gemv_swap.py ;;
+    # the swapped GEMV's probe: its grid against rank()'s quant_gemv picks (benchmarks/probes/gemv_swap_probe.py)
+    swapprobe) stage swapprobe python3 benchmarks/probes/gemv_swap_probe.py --rep-ms 15 --budget-s 440 --out "$R/gemv_swap_probe.json" ;;
+    # the package's kernel over the same grid at 16 tokens (two halves of 8), beside quant_gemv's picks (~3-4 min)
+    swap16)   stage swap16 python3 benchmarks/probes/gemv_swap_probe.py --kernel tree --no-native --m 16 --rep-ms 15 --budget-s 300 --out "$R/gemv_swap_probe_m16_tree.json" ;;
     # issue 27: int4's decode GEMV (M = 1) over its FMA-path grid and rank()'s top 3 a path, on Llama-3-8B's four
     # linears: where rank()'s pick stands against the grid's best on this GPU (~50 s on an H100)
     # (--graph: each timed replayed from a CUDA graph, as the decode step runs: events timed this H200's host)

@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 #: them: a start-up lookup (the shipped rank cache) checks them against its header, and importing the
 #: five template modules costs ~10 ms of a ~125 ms cold recommend() on a 2-core box
 #: (tests/test_plugins.py checks the two agree)
-TEMPLATE_NAMES = ("gemm", "gemv", "hopper-tma-gemm", "elementwise", "norm", "quant-gemv", "quant-gemm",
-                  "quant-dequant-cublas", "fused-moe-triton")
+TEMPLATE_NAMES = ("gemm", "gemv", "hopper-tma-gemm", "elementwise", "norm", "quant-gemv", "quant-gemv-swap",
+                  "quant-gemm", "quant-dequant-cublas", "fused-moe-triton")
 
 
 @hookimpl
@@ -30,10 +30,15 @@ def autoopt_templates() -> list[Template]:
     from autoopt.templates.hopper import HopperTmaGemmTemplate
     from autoopt.templates.moe import FusedMoeTemplate
     from autoopt.templates.norm import NormTemplate
-    from autoopt.templates.quant import QuantDequantCublasTemplate, QuantGemmTemplate, QuantGemvTemplate
+    from autoopt.templates.quant import (
+        QuantDequantCublasTemplate,
+        QuantGemmTemplate,
+        QuantGemvSwapTemplate,
+        QuantGemvTemplate,
+    )
 
     return [GemmTemplate(), GemvTemplate(), HopperTmaGemmTemplate(), ElementwiseTemplate(), NormTemplate(),
-            QuantGemvTemplate(), QuantGemmTemplate(), QuantDequantCublasTemplate(),
+            QuantGemvTemplate(), QuantGemvSwapTemplate(), QuantGemmTemplate(), QuantDequantCublasTemplate(),
             FusedMoeTemplate()]
 
 

@@ -36,6 +36,7 @@ from autoopt.kernels.quant_cost import (
     BLOCK_FP8_SERIAL_FACTOR,
     DOT_GEMV_PROLOGUE_US,
     DOT_GEMV_SCALE,
+    SWAP_GEMV_SCALE,
     DequantWork,
     act_quant_us,
     cycles_per_weight,
@@ -44,13 +45,14 @@ from autoopt.kernels.quant_cost import (
     fp32_lanes,
     gemv_measured_factor,
     gemv_prologue_us,
+    swap_gemv_us,
 )
 from autoopt.kernels.template import Prediction, Template
 from autoopt.kernels.vendor import predict_vendor_matmul
 from autoopt.templates.gemm import block_problems, blocks, config_problems, matmul_path, mma_kind
 from autoopt.templates.gemv import STAGES, WARPS, GemvTemplate, block_rules
 
-__all__ = ["QuantDequantCublasTemplate", "QuantGemmTemplate", "QuantGemvTemplate"]
+__all__ = ["QuantDequantCublasTemplate", "QuantGemmTemplate", "QuantGemvSwapTemplate", "QuantGemvTemplate"]
 
 #: K-iterations of weight loads a weight-only quant_gemm keeps in flight, whatever its ``num_stages``: the packed W
 #: tile is converted on CUDA cores before the dot takes it, and more stages than this bought nothing on an H100
@@ -400,6 +402,121 @@ class QuantGemvTemplate(_QuantTemplate):
         # the loads' factor at its least: the tile spread over the most warps the space holds
         load = dot_gemv_load_factor(_fmt(op), bn, bk, max(GEMV_WARPS))
         return bound * DOT_GEMV_SCALE * min(1.0, load)
+
+
+class QuantGemvSwapTemplate(_QuantTemplate):
+    """Batched decode GEMV (2-16 tokens) with the weight tile as the MMA's A operand: 64 or 128 weight rows a
+    program, the tokens in halves of 8 as the dot's N (``quant_gemv_swap``). Beside ``quant-gemv``'s dot path, which
+    pads the tokens to 16 as the MMA's M; rank() prices both and takes the faster. Serves fp8, int8 and symmetric
+    int4 (the formats the H200 grid measured); keys as ``quant-gemv``'s, ``BLOCK_M`` the token tile (8 or 16)."""
+
+    name = "quant-gemv-swap"
+    ops = ("gemv",)
+    kernel = "quant_gemv_swap"
+    #: the most tokens: two halves of 8 on one decoded tile
+    MAX_TOKENS = 16
+    BLOCK_NS = (64, 128)
+    WARPS = (4, 8)
+    STAGES = (3, 5)
+    SPLITS = (1, 2, 4, 8)
+
+    @staticmethod
+    def token_tile(m: int) -> int:
+        """``BLOCK_M``: 8 up to 8 tokens, else 16 (two dots of N = 8 on each decoded tile)."""
+        return 8 if m <= 8 else 16
+
+    def applies(self, gpu: GPUProfile, op: OpSpec) -> bool:
+        fmt = op.weight_format
+        return (super().applies(gpu, op) and fmt is not None and 2 <= op.shape[0] <= self.MAX_TOKENS
+                and (fmt.name in ("fp8", "int8") or (fmt.name == "int4" and fmt.symmetric)))
+
+    @staticmethod
+    def block_ks(fmt: WeightFormat) -> tuple[int, ...]:
+        """int4: a tile within one group (64 or 128 codes); fp8 / int8: 128 or 256 bytes of a row."""
+        return (64, 128) if fmt.name == "int4" else (128, 256)
+
+    def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
+        """64-row tiles on 4 warps only: on 8 they ran 1.2-1.8x the 4-warp time of the same tile at M = 8, where
+        the price (which saturates issue at 12 resident warps) ties them (h200/quant_kernels_m8_swap_graph.json:
+        int4 gate_up 42.1 against 27.9 us, fp8 64.8 against 36.4)."""
+        for bn in self.BLOCK_NS:
+            for bk in self.block_ks(_fmt(op)):
+                for warps in self.WARPS if bn > 64 else self.WARPS[:1]:
+                    for stages in self.STAGES:
+                        for s in self.SPLITS:
+                            yield KernelConfig(kernel=self.kernel, template=self.name, path="standard",
+                                               params={"BLOCK_M": self.token_tile(op.shape[0]), "BLOCK_N": bn,
+                                                       "BLOCK_K": bk,
+                                                       "SPLIT_K": s, "num_warps": warps, "num_stages": stages})
+
+    @staticmethod
+    def resources(gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> tuple[int, float, int]:
+        """(smem, regs/thread, threads): each stage holds the packed tile and the tokens' slice; registers hold
+        the decoded 16-bit tile and the fp32 accumulator."""
+        lim = C.limits(gpu)
+        p = config.params
+        bm, bn, bk = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"]
+        threads = config.num_warps * lim.warp_size
+        smem = int(config.num_stages * (bn * bk * _packed_e(_fmt(op)) + bm * bk * DTYPE_BYTES[op.dtype]))
+        regs = (bn * bk * 2 + bn * bm * 4) / 4 / threads + C.REG_OVERHEAD
+        return smem, regs, threads
+
+    def validate(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> list[str]:
+        out = config_problems(config, GEMV_KEYS, self.kernel)
+        if out:
+            return out
+        fmt = _fmt(op)
+        m, _, k = op.shape
+        p = config.params
+        bm, bn, bk, split = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], p["SPLIT_K"]
+        if bm != self.token_tile(m):
+            out.append(f"BLOCK_M={bm} must be the token tile {self.token_tile(m)} for M={m} (8 up to 8 tokens, "
+                       f"16 up to {self.MAX_TOKENS})")
+        if bn not in self.BLOCK_NS:
+            out.append(f"BLOCK_N={bn} must be one of {self.BLOCK_NS} (the MMA's M: weight rows a program)")
+        if bk not in self.block_ks(fmt):
+            out.append(f"BLOCK_K={bk} must be one of {self.block_ks(fmt)} for {fmt.spec}")
+        elif fmt.group_size and bk > fmt.group_size:
+            out.append(f"BLOCK_K={bk} > the {fmt.spec} group {fmt.group_size}: a tile must lie in one group")
+        if fmt.padded_k(k) != k:
+            out.append(f"K={k} is padded to {fmt.padded_k(k)} in the packed rows (the kernel loads X unmasked)")
+        kp = fmt.padded_k(k)
+        tiles = C.whole_k_tiles(kp // 2, bk // 2, split) if fmt.name == "int4" else C.whole_k_tiles(kp, bk, split)
+        if tiles is None or tiles < 2:
+            out.append(f"K={k} must be at least two whole BLOCK_K={bk} tiles a split over SPLIT_K={split}")
+        out += C.check_threads(C.limits(gpu), config.num_warps)
+        if config.num_stages < 1:
+            out.append(f"num_stages={config.num_stages} must be >= 1")
+        if config.path != "standard":
+            out.append(f"path {config.path!r} is not the swapped quant gemv kernel's ('standard')")
+        if out:
+            return out
+        smem, regs, threads = self.resources(gpu, op, config)
+        lim = C.limits(gpu)
+        return C.check_smem(lim, smem) + C.check_regs(lim, regs, threads)
+
+    def predict(self, gpu: GPUProfile, op: OpSpec, config: KernelConfig) -> Prediction:
+        """:func:`~autoopt.kernels.quant_cost.swap_gemv_us` (fitted on the H200's graph-replayed grid, whose
+        constants and data are documented there): as optimize()'s decode runs it, replayed from a CUDA graph."""
+        p = config.params
+        t = swap_gemv_us(gpu, op, block_n=p["BLOCK_N"], block_k=p["BLOCK_K"], split_k=p["SPLIT_K"],
+                         warps=config.num_warps)
+        us = t.us
+        reason = (f"swapped GEMV: {t.fixed_us:g} us fixed + x{SWAP_GEMV_SCALE:g} max(DRAM {t.dram_us:.3g}, "
+                  f"busiest SM's stream {t.sm_stream_us:.3g}, decode {t.decode_us:.3g}) + loop {t.loop_us:.3g} us "
+                  "(quant_cost.SWAP_GEMV_*, fitted on h200/gemv_swap_probe.json)")
+        return Prediction(us=us, bound=t.bound, roofline_pct=min(100.0, 100.0 * floor_us(gpu, op) / us), reason=reason,
+                          breakdown={"dram_us": t.dram_us, "sm_stream_us": t.sm_stream_us, "decode_us": t.decode_us,
+                                     "loop_us": t.loop_us, "fixed_us": t.fixed_us, "launch_in_graph": 1.0})
+
+    def node(self, config: KernelConfig) -> tuple[int, ...]:
+        p = config.params
+        return p["BLOCK_N"], p["BLOCK_K"], p["SPLIT_K"]
+
+    def node_bound(self, gpu: GPUProfile, op: OpSpec, key: tuple[int, ...]) -> float:
+        """The price at the most warps the space holds (only the decode term depends on warps, and falls)."""
+        bn, bk, split = key
+        return swap_gemv_us(gpu, op, block_n=bn, block_k=bk, split_k=split, warps=max(self.WARPS)).us
 
 
 class QuantGemmTemplate(_QuantTemplate):

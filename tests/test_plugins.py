@@ -78,7 +78,8 @@ class TinyGemm(Template):
 def test_builtins_register_through_the_plugin_path(pm):
     assert pm.plugin_names() == ["builtin"]
     assert [t.name for t in pm.templates()] == ["gemm", "gemv", "hopper-tma-gemm", "elementwise", "norm", "quant-gemv",
-                                                "quant-gemm", "quant-dequant-cublas", "fused-moe-triton"]
+                                                "quant-gemv-swap", "quant-gemm", "quant-dequant-cublas",
+                                                "fused-moe-triton"]
     assert pm.problems == []
 
 
@@ -193,7 +194,8 @@ def test_list_plugins_describes_contributions_and_problems(pm):
     pm.register(plugin_module("broken", autoopt_templates=lambda: 42), name="broken")
     rows = {r["name"]: r for r in list_plugins()}
     assert rows["builtin"]["templates"] == ["gemm", "gemv", "hopper-tma-gemm", "elementwise", "norm", "quant-gemv",
-                                            "quant-gemm", "quant-dequant-cublas", "fused-moe-triton"]
+                                            "quant-gemv-swap", "quant-gemm", "quant-dequant-cublas",
+                                            "fused-moe-triton"]
     assert rows["builtin"]["hooks"] == ["autoopt_choose_impl", "autoopt_choose_path"]
     assert rows["broken"]["problems"] == ["autoopt_templates: returned int, expected a list of Template instances"]
 

@@ -30,12 +30,16 @@ DECODE = [(1, 4096, 4096), (1, 28672, 4096), (3, 6144, 4096), (16, 4096, 14336)]
 def test_rank_returns_valid_configs_priced_above_the_physical_floor(spec, kind, shape):
     op = OpSpec(kind=kind, shape=shape, weight=spec)
     r = rank(H100, op, top=3)
-    # weight-only prefill formats are also offered dequantize + cuBLAS
-    extra = ("quant-dequant-cublas",) if kind == "gemm" and not op.weight_format.quantizes_activations else ()
+    # weight-only prefill formats are also offered dequantize + cuBLAS; 2-16 tokens of fp8, int8 and symmetric
+    # int4 the swapped GEMV
+    fmt = op.weight_format
+    extra = ("quant-dequant-cublas",) if kind == "gemm" and not fmt.quantizes_activations else ()
+    if kind == "gemv" and 2 <= shape[0] <= 16 and fmt.name in ("fp8", "int8", "int4") and fmt.symmetric:
+        extra = ("quant-gemv-swap",)
     assert r.templates == (f"quant-{kind}", *extra) and 1 <= len(r.candidates) <= 3
     floor = floor_us(H100, op)
     for c in r.candidates:
-        assert c.config.kernel in (f"quant_{kind}", "quant_dequant_cublas")
+        assert c.config.kernel in (f"quant_{kind}", "quant_dequant_cublas", "quant_gemv_swap")
         assert validate_config(H100, op, c.config) == []
         assert c.predicted_us >= floor and 0 < c.roofline_pct <= 100
 
@@ -247,10 +251,12 @@ def test_the_fp8_dot_paths_wider_grid_is_priced_within_its_times():
 @pytest.mark.parametrize("m", [8, 16])
 def test_the_fp8_o_projections_first_config_at_m8_and_m16_measures_within_5_percent_of_the_grids_best(m):
     # o (4096 x 4096): the 32 x 256 tile on 4 warps (10.90 / 10.78 us; best 10.59 / 10.67); without the load term
-    # rank() took it on 2 warps, 19.70 / 15.21 us
+    # rank() took it on 2 warps, 19.70 / 15.21 us. Among this kernel's configs: at M = 8 rank() now runs the swapped
+    # GEMV first (tests/test_quant_gemv_swap.py)
     gpu = load_profile("h200").gpu
     rows = [r for r in _h200_fp8_dot_grid() if r["m"] == m and r["n"] == r["k"] == 4096]
-    first = rank(gpu, OpSpec(kind="gemv", shape=(m, 4096, 4096), weight="fp8"), top=1, measured=False).best.config
+    first = rank(gpu, OpSpec(kind="gemv", shape=(m, 4096, 4096), weight="fp8"), top=1, measured=False,
+                 templates=[QuantGemvTemplate()]).best.config
     timed = [r["measured_us"] for r in rows if r["config"] == dict(first.params)]
     assert first.num_warps == 4 and timed
     assert min(timed) <= 1.05 * min(r["measured_us"] for r in rows)

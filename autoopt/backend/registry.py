@@ -3,10 +3,10 @@
 Kernel names (``KernelConfig.kernel``) and the op kinds they serve:
 ``gemm``, ``gemm_tma`` (gemm, gemv), ``gemv`` (gemv), ``silu_mul``, ``add``, ``gelu_tanh_mul``,
 ``{rmsnorm,layernorm,softmax}_{single,looped}``, ``rmsnorm_split``, ``rmsnorm_coop``; over a quantized
-weight (``OpSpec.weight``): ``quant_gemv`` (gemv), ``quant_gemm`` and ``quant_dequant_cublas`` (gemm:
-dequantize W to a 16-bit scratch, then cuBLAS; weight-only formats); ``fused_moe`` (fused_moe: a MoE
-layer's expert GEMMs over sorted, padded token slots, 16-bit or W8A8 FP8 experts; inputs ``x``, ``w13``,
-``w2`` (+ ``*_scale``), ``topk_weights``, ``topk_ids``). The plain matmul kernels also
+weight (``OpSpec.weight``): ``quant_gemv`` and ``quant_gemv_swap`` (gemv), ``quant_gemm`` and
+``quant_dequant_cublas`` (gemm: dequantize W to a 16-bit scratch, then cuBLAS; weight-only formats);
+``fused_moe`` (fused_moe: a MoE layer's expert GEMMs over sorted, padded token slots, 16-bit or W8A8 FP8
+experts; inputs ``x``, ``w13``, ``w2`` (+ ``*_scale``), ``topk_weights``, ``topk_ids``). The plain matmul kernels also
 run with a fused bias + activation epilogue (a ``"bias"`` input, ``prepare(..., activation=)``): the same
 config on the variant kernels of ``kernels/epilogue.py``, not ranked or measured apart. Inputs are fresh
 random tensors (never zeros: zeros hide unwritten outputs and can run faster). The reference is float64 on
@@ -111,6 +111,8 @@ KERNELS: dict[str, KernelEntry] = {
     # replayed (benchmarks/results/h200/quant_kernels_fmagrid_{events,graph}.json): the host's enqueue.
     "quant_gemv": KernelEntry(name="quant_gemv", kinds=("gemv",), module=f"{_KERNELS}.quant_gemv", quantized=True,
                               graph_timed=True, rotate_inputs=True),
+    "quant_gemv_swap": KernelEntry(name="quant_gemv_swap", kinds=("gemv",), module=f"{_KERNELS}.quant_gemv_swap",
+                                   quantized=True, graph_timed=True, rotate_inputs=True),
     "quant_gemm": KernelEntry(name="quant_gemm", kinds=("gemm",), module=f"{_KERNELS}.quant_gemm", quantized=True),
     "quant_dequant_cublas": KernelEntry(name="quant_dequant_cublas", kinds=("gemm",),
                                         module=f"{_KERNELS}.quant_dequant", quantized=True),
@@ -447,13 +449,16 @@ def prepare(inputs: dict[str, Any], config: KernelConfig, out: Any,
                                  out, config=params, w13_scale=inputs.get("w13_scale"),
                                  w2_scale=inputs.get("w2_scale"), gemm=op.moe_gemm or "both",
                                  w13_offset=inputs.get("w13_offset"), w2_offset=inputs.get("w2_offset"))
-    if name in ("quant_gemv", "quant_gemm", "quant_dequant_cublas"):
+    if name in ("quant_gemv", "quant_gemv_swap", "quant_gemm", "quant_dequant_cublas"):
         if op is None:
             raise ConfigError(f"kernel {name!r} needs the op (its weight format) to bind its inputs")
         qw = quantized_weight(inputs, op)
         if name == "quant_gemv":
             from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
             return quant_gemv_prepare(inputs["a"], qw, out, params, bias=inputs.get("bias"))
+        if name == "quant_gemv_swap":
+            from autoopt.backend.kernels.quant_gemv_swap import quant_gemv_swap_prepare
+            return quant_gemv_swap_prepare(inputs["a"], qw, out, params, bias=inputs.get("bias"))
         if name == "quant_dequant_cublas":
             from autoopt.backend.kernels.quant_dequant import quant_dequant_cublas_prepare
             return quant_dequant_cublas_prepare(inputs["a"], qw, out, params, bias=inputs.get("bias"))

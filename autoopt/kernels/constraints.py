@@ -41,6 +41,7 @@ __all__ = [
     "wgmma_instr_shape",
     "wgmma_instructions_per_tile",
     "wgmma_problems",
+    "whole_k_tiles",
 ]
 
 #: registers per thread a Triton kernel spends beyond its data: addresses, loop
@@ -180,6 +181,14 @@ def check_split_k(split_k: int, block_k: int, k: int) -> list[str]:
     if split_k > 1 and split_k * block_k > k:
         return [f"SPLIT_K={split_k} x BLOCK_K={block_k} = {split_k * block_k} > K={k} (empty K-slices)"]
     return []
+
+
+def whole_k_tiles(row: int, tile: int, split_k: int) -> int | None:
+    """K-tiles each of ``split_k`` slices walks over a stored row of ``row`` units in tiles of ``tile``, or None
+    when the row is not whole tiles split evenly (a kernel that loads unmasked along K cannot take it)."""
+    if tile < 1 or split_k < 1 or row % tile or (row // tile) % split_k:
+        return None
+    return row // tile // split_k
 
 
 def check_dtype(gpu: GPUProfile, dtype: str) -> list[str]:

@@ -39,8 +39,11 @@ __all__ = [
     "GEMV_MEASURED_FACTOR",
     "GEMV_PROLOGUE_US",
     "MMA_MEASURED_FACTOR",
+    "SWAP_GEMV_DECODE_CYCLES",
+    "SWAP_GEMV_SECOND_HALF",
     "DequantRates",
     "DequantWork",
+    "SwapGemvTerms",
     "act_quant_us",
     "cycles_per_weight",
     "dequant_work",
@@ -48,6 +51,7 @@ __all__ = [
     "fp32_lanes",
     "gemv_measured_factor",
     "gemv_prologue_us",
+    "swap_gemv_us",
 ]
 
 
@@ -267,3 +271,76 @@ def act_quant_us(gpu: GPUProfile, op: OpSpec) -> float:
     moved = m * k * (DTYPE_BYTES[op.dtype] + 1) + m * groups * 4
     bw = (gpu.mem_bandwidth_gbs or gpu.measured_bandwidth_gbs or 0.0) * 1e9
     return c.launch_us + (moved / (bw * c.stream_dram_efficiency) * 1e6 if bw else 0.0)
+
+
+#: The swapped decode GEMV (``backend/kernels/quant_gemv_swap.py``: the weight tile as the MMA's A, 8 tokens as
+#: its N), priced by :func:`swap_gemv_us`: a fixed cost (the launch, the pipeline's fill and the epilogue), the
+#: split-K reduce's launch, ``SWAP_GEMV_SCALE`` times the slowest of the DRAM stream (every byte once at the
+#: streaming efficiency), the busiest SM's stream (an SM pulls at most ``SWAP_GEMV_SM_STREAM_SHARE`` times its even
+#: share of the datasheet bandwidth: with fewer programs than SMs the kernel slows in proportion, 32 programs of
+#: 128 rows ran Llama-3-8B's down at 58-71 us against 20-22 over 256) and its decode (``SWAP_GEMV_DECODE_CYCLES``
+#: lane-cycles a weight, full issue from ``SWAP_GEMV_FULL_ISSUE_WARPS`` resident warps), and ``SWAP_GEMV_TILE_US``
+#: a K-tile of the serial loop. Fitted by grid search on one H200 (``h200/gemv_swap_probe.json``: Llama-3-8B's
+#: four linears at M = 8, int4 / fp8 / int8, 516 checked configs graph-replayed): rank()'s pick over the grid's
+#: best 1.00-1.19 (mean 1.088), median |ln(predicted / measured)| 0.097, median ln -0.05.
+SWAP_GEMV_FIXED_US = 4.5
+SWAP_GEMV_REDUCE_US = 1.5
+SWAP_GEMV_SCALE = 1.1
+SWAP_GEMV_TILE_US = 0.05
+SWAP_GEMV_SM_STREAM_SHARE = 1.1
+SWAP_GEMV_DECODE_CYCLES = {"int4": 8.0, "fp8": 3.0, "int8": 3.0}
+SWAP_GEMV_FULL_ISSUE_WARPS = 12
+#: 9-16 tokens run as two halves of 8 on each decoded tile (a second dot and the second half's activation loads):
+#: the three streams' term times this. The same grid at 16 tokens on the package's kernel
+#: (``h200/gemv_swap_probe_m16_tree.json``, 516 configs, another call on an H200): median ln(predicted / measured)
+#: -0.148 without it, -0.035 with it, median |ln| 0.148 -> 0.115 (1.1: -0.089; 1.3: +0.017, |ln| 0.133)
+SWAP_GEMV_SECOND_HALF = 1.2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SwapGemvTerms:
+    """The terms of :func:`swap_gemv_us` (microseconds), for a prediction's breakdown."""
+
+    dram_us: float
+    sm_stream_us: float
+    decode_us: float
+    loop_us: float
+    fixed_us: float
+    #: SWAP_GEMV_SECOND_HALF at 9-16 tokens, else 1
+    halves_factor: float = 1.0
+
+    @property
+    def us(self) -> float:
+        top = max(self.dram_us, self.sm_stream_us, self.decode_us)
+        return self.fixed_us + SWAP_GEMV_SCALE * self.halves_factor * top + self.loop_us
+
+    @property
+    def bound(self) -> str:
+        """Which of the three streams binds: ``memory`` (DRAM), ``sm_stream`` or ``alu`` (the decode)."""
+        top = max(self.dram_us, self.sm_stream_us, self.decode_us)
+        return "memory" if top == self.dram_us else "sm_stream" if top == self.sm_stream_us else "alu"
+
+
+def swap_gemv_us(gpu: GPUProfile, op: OpSpec, *, block_n: int, block_k: int, split_k: int, warps: int
+                 ) -> SwapGemvTerms:
+    """The swapped decode GEMV's price for ``op`` (a gemv over a packed weight) on ``gpu``, at one config."""
+    fmt = op.weight_format
+    assert fmt is not None
+    c = constants()
+    m, n, k = op.shape
+    kp = fmt.padded_k(k)
+    sms = gpu.sm_count or 1
+    bw = (gpu.mem_bandwidth_gbs or gpu.measured_bandwidth_gbs or 0.0) * 1e3  # bytes a microsecond
+    e = DTYPE_BYTES[op.dtype]
+    moved = fmt.weight_bytes(n, k) + m * k * e + m * n * e
+    per_sm = math.ceil(math.ceil(n / block_n) * split_k / sms)  # programs on the busiest SM
+    weights_sm = per_sm * block_n * kp / split_k
+    clock = gpu.sm_clock_max_mhz or 1500.0
+    decode = weights_sm * SWAP_GEMV_DECODE_CYCLES[fmt.name] / (clock * 32 * min(per_sm * warps,
+                                                                                SWAP_GEMV_FULL_ISSUE_WARPS))
+    fixed = SWAP_GEMV_FIXED_US + (SWAP_GEMV_REDUCE_US if split_k > 1 else 0.0)
+    return SwapGemvTerms(dram_us=moved / (bw * c.stream_dram_efficiency) if bw else 0.0,
+                         sm_stream_us=weights_sm * fmt.weight_bits / 8 / (SWAP_GEMV_SM_STREAM_SHARE * bw / sms)
+                         if bw else 0.0,
+                         decode_us=decode, loop_us=SWAP_GEMV_TILE_US * kp / block_k / split_k, fixed_us=fixed,
+                         halves_factor=SWAP_GEMV_SECOND_HALF if m > 8 else 1.0)

@@ -548,15 +548,17 @@ _QUANT_LAUNCHERS: dict[str, Callable[..., Callable[[], None]]] = {}
 
 
 def _quant_launcher(kernel: str) -> Callable[..., Callable[[], None]] | None:
-    """The public launcher of a quantized kernel (``quant_gemv``, ``quant_gemm``, ``quant_dequant_cublas``:
-    ``(a, qw, out, params, *, bias)``), bound without the registry's input dict; None for another kernel."""
+    """The public launcher of a quantized kernel (``quant_gemv``, ``quant_gemv_swap``, ``quant_gemm``,
+    ``quant_dequant_cublas``: ``(a, qw, out, params, *, bias)``), bound without the registry's input dict; None for
+    another kernel."""
     if not _QUANT_LAUNCHERS:
         from autoopt.backend.kernels.quant_dequant import quant_dequant_cublas_prepare
         from autoopt.backend.kernels.quant_gemm import quant_gemm_prepare
         from autoopt.backend.kernels.quant_gemv import quant_gemv_prepare
+        from autoopt.backend.kernels.quant_gemv_swap import quant_gemv_swap_prepare
 
-        _QUANT_LAUNCHERS.update(quant_gemv=quant_gemv_prepare, quant_gemm=quant_gemm_prepare,
-                                quant_dequant_cublas=quant_dequant_cublas_prepare)
+        _QUANT_LAUNCHERS.update(quant_gemv=quant_gemv_prepare, quant_gemv_swap=quant_gemv_swap_prepare,
+                                quant_gemm=quant_gemm_prepare, quant_dequant_cublas=quant_dequant_cublas_prepare)
     return _QUANT_LAUNCHERS.get(kernel)
 
 
