@@ -88,6 +88,8 @@ for s in "$@"; do
     swapprobe) stage swapprobe python3 benchmarks/probes/gemv_swap_probe.py --rep-ms 15 --budget-s 440 --out "$R/gemv_swap_probe.json" ;;
     # the package's kernel over the same grid at 16 tokens (two halves of 8), beside quant_gemv's picks (~3-4 min)
     swap16)   stage swap16 python3 benchmarks/probes/gemv_swap_probe.py --kernel tree --no-native --m 16 --rep-ms 15 --budget-s 300 --out "$R/gemv_swap_probe_m16_tree.json" ;;
+    # at 32 tokens (four eighths) for the weight-only formats, then 8 again (the same kernel source), ~4-5 min
+    swap32)   stage swap32 python3 benchmarks/probes/gemv_swap_probe.py --kernel tree --no-native --formats int4,int8 --m 32,8 --rep-ms 15 --budget-s 320 --out "$R/gemv_swap_probe_m32_tree.json" ;;
     # issue 27: int4's decode GEMV (M = 1) over its FMA-path grid and rank()'s top 3 a path, on Llama-3-8B's four
     # linears: where rank()'s pick stands against the grid's best on this GPU (~50 s on an H100)
     # (--graph: each timed replayed from a CUDA graph, as the decode step runs: events timed this H200's host)

@@ -46,6 +46,7 @@ from autoopt.kernels.quant_cost import (
     gemv_measured_factor,
     gemv_prologue_us,
     swap_gemv_us,
+    swap_token_tile,
 )
 from autoopt.kernels.template import Prediction, Template
 from autoopt.kernels.vendor import predict_vendor_matmul
@@ -405,16 +406,17 @@ class QuantGemvTemplate(_QuantTemplate):
 
 
 class QuantGemvSwapTemplate(_QuantTemplate):
-    """Batched decode GEMV (2-16 tokens) with the weight tile as the MMA's A operand: 64 or 128 weight rows a
-    program, the tokens in halves of 8 as the dot's N (``quant_gemv_swap``). Beside ``quant-gemv``'s dot path, which
-    pads the tokens to 16 as the MMA's M; rank() prices both and takes the faster. Serves fp8, int8 and symmetric
-    int4 (the formats the H200 grid measured); keys as ``quant-gemv``'s, ``BLOCK_M`` the token tile (8 or 16)."""
+    """Batched decode (2-32 tokens) with the weight tile as the MMA's A operand: 64 or 128 weight rows a program,
+    the tokens in dots of N = 8 on each decoded tile (``quant_gemv_swap``). Beside ``quant-gemv``'s dot path (which
+    pads the tokens to 16 as the MMA's M) and, at 17-32 tokens, ``quant-gemm``; rank() prices them all and takes the
+    fastest. Serves fp8, int8 and symmetric int4 as GEMVs and, past 16 tokens, the weight-only ones (a W8A8 GEMM
+    quantizes its activations, which this kernel does not); keys as ``quant-gemv``'s, ``BLOCK_M`` the token tile."""
 
     name = "quant-gemv-swap"
-    ops = ("gemv",)
+    ops = ("gemv", "gemm")
     kernel = "quant_gemv_swap"
-    #: the most tokens: two halves of 8 on one decoded tile
-    MAX_TOKENS = 16
+    #: the most tokens: four dots of N = 8 on one decoded tile
+    MAX_TOKENS = 32
     BLOCK_NS = (64, 128)
     WARPS = (4, 8)
     STAGES = (3, 5)
@@ -422,26 +424,39 @@ class QuantGemvSwapTemplate(_QuantTemplate):
 
     @staticmethod
     def token_tile(m: int) -> int:
-        """``BLOCK_M``: 8 up to 8 tokens, else 16 (two dots of N = 8 on each decoded tile)."""
-        return 8 if m <= 8 else 16
+        """``BLOCK_M``: 8, 16 or 32 (one, two or four dots of N = 8 on each decoded tile)."""
+        return swap_token_tile(m)
 
     def applies(self, gpu: GPUProfile, op: OpSpec) -> bool:
         fmt = op.weight_format
-        return (super().applies(gpu, op) and fmt is not None and 2 <= op.shape[0] <= self.MAX_TOKENS
-                and (fmt.name in ("fp8", "int8") or (fmt.name == "int4" and fmt.symmetric)))
+        if not super().applies(gpu, op) or fmt is None or not 2 <= op.shape[0] <= self.MAX_TOKENS:
+            return False
+        if op.kind == "gemm" and fmt.quantizes_activations:
+            return False
+        return fmt.name in ("fp8", "int8") or (fmt.name == "int4" and fmt.symmetric)
 
     @staticmethod
     def block_ks(fmt: WeightFormat) -> tuple[int, ...]:
         """int4: a tile within one group (64 or 128 codes); fp8 / int8: 128 or 256 bytes of a row."""
         return (64, 128) if fmt.name == "int4" else (128, 256)
 
+    def axes(self, op: OpSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(BLOCK_K values, warps) for the op's token tile. At 32 tokens four accumulators: 8 warps and int4's
+        64-wide tile there ran 1.1-20x slower (``h200/gemv_swap_probe_m32_tree.json``: int4 gate_up 128 x 64 on 8
+        warps 246 us against 42.3 on 4 at 128 x 128; int8 o on 8 warps 24.1 against 10.9), so they are left out."""
+        fmt = _fmt(op)
+        if self.token_tile(op.shape[0]) < 32:
+            return self.block_ks(fmt), self.WARPS
+        return (128,) if fmt.name == "int4" else self.block_ks(fmt), self.WARPS[:1]
+
     def space(self, gpu: GPUProfile, op: OpSpec) -> Iterator[KernelConfig]:
         """64-row tiles on 4 warps only: on 8 they ran 1.2-1.8x the 4-warp time of the same tile at M = 8, where
         the price (which saturates issue at 12 resident warps) ties them (h200/quant_kernels_m8_swap_graph.json:
         int4 gate_up 42.1 against 27.9 us, fp8 64.8 against 36.4)."""
+        bks, warp_set = self.axes(op)
         for bn in self.BLOCK_NS:
-            for bk in self.block_ks(_fmt(op)):
-                for warps in self.WARPS if bn > 64 else self.WARPS[:1]:
+            for bk in bks:
+                for warps in warp_set if bn > 64 else warp_set[:1]:
                     for stages in self.STAGES:
                         for s in self.SPLITS:
                             yield KernelConfig(kernel=self.kernel, template=self.name, path="standard",
@@ -471,7 +486,7 @@ class QuantGemvSwapTemplate(_QuantTemplate):
         bm, bn, bk, split = p["BLOCK_M"], p["BLOCK_N"], p["BLOCK_K"], p["SPLIT_K"]
         if bm != self.token_tile(m):
             out.append(f"BLOCK_M={bm} must be the token tile {self.token_tile(m)} for M={m} (8 up to 8 tokens, "
-                       f"16 up to {self.MAX_TOKENS})")
+                       f"16 up to 16, 32 up to {self.MAX_TOKENS})")
         if bn not in self.BLOCK_NS:
             out.append(f"BLOCK_N={bn} must be one of {self.BLOCK_NS} (the MMA's M: weight rows a program)")
         if bk not in self.block_ks(fmt):

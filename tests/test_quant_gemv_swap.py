@@ -59,6 +59,14 @@ def test_each_format_matches_the_dequantized_reference_at_2_to_16_tokens(spec, m
     assert checked(op, swap_cfg(bm=8 if m <= 8 else 16)) <= registry.tolerance(op)
 
 
+@pytest.mark.parametrize("spec", ["fp8-wo", "int8", "int4"])
+@pytest.mark.parametrize("m", [17, 32])
+def test_weight_only_formats_match_the_reference_as_a_gemm_of_17_to_32_rows(spec, m):
+    # past 16 tokens the op is a GEMM; the four dots of 8 tokens (the last ones masked at 17)
+    op = OpSpec(kind="gemm", shape=(m, 100, 512), dtype="fp16", weight=spec)
+    assert checked(op, swap_cfg(bm=32)) <= registry.tolerance(op)
+
+
 @pytest.mark.parametrize("spec", ["fp8", "int4"])
 def test_bf16_activations_and_one_split_are_correct(spec):
     op = OpSpec(kind="gemv", shape=(8, 128, 512), dtype="bf16", weight=spec)
@@ -80,14 +88,19 @@ def test_the_bias_is_added_once_across_splits(spec, m):
 
 @pytest.mark.parametrize(("m", "spec", "serves"), [(1, "int4", False), (2, "int4", True), (8, "fp8", True),
                                                    (8, "int8", True), (9, "fp8", True), (16, "int4", True),
-                                                   (8, "int4-asym", False), (8, "fp8_block", False)])
-def test_it_serves_2_to_16_tokens_of_fp8_int8_and_symmetric_int4(m, spec, serves):
-    assert QuantGemvSwapTemplate().applies(H200, OpSpec(kind="gemv", shape=(m, 4096, 4096), weight=spec)) is serves
+                                                   (8, "int4-asym", False), (8, "fp8_block", False),
+                                                   (32, "int4", True), (24, "int8", True), (32, "fp8-wo", True),
+                                                   (32, "fp8", False), (33, "int4", False)])
+def test_it_serves_2_to_16_tokens_of_fp8_int8_and_symmetric_int4_and_17_to_32_of_weight_only_ones(m, spec, serves):
+    # a W8A8 GEMM (fp8 past 16 tokens) quantizes its activations; this kernel does not
+    op = OpSpec(kind="gemv" if m <= 16 else "gemm", shape=(m, 4096, 4096), weight=spec)
+    assert QuantGemvSwapTemplate().applies(H200, op) is serves
 
 
 @pytest.mark.parametrize(("shape", "spec", "cfg", "why"), [
     ((8, 256, 512), "fp8", swap_cfg(bm=16), "BLOCK_M=16 must be the token tile 8 for M=8"),
     ((12, 256, 512), "fp8", swap_cfg(bm=8), "BLOCK_M=8 must be the token tile 16 for M=12"),
+    ((20, 256, 512), "int8", swap_cfg(bm=16), "BLOCK_M=16 must be the token tile 32 for M=20"),
     ((8, 256, 512), "fp8", swap_cfg(bn=32), "BLOCK_N=32 must be one of (64, 128)"),
     ((8, 256, 512), "int4", swap_cfg(bk=256), "BLOCK_K=256 must be one of (64, 128)"),
     ((8, 256, 640), "fp8", swap_cfg(bk=256, split=1), "K=640 must be at least two whole BLOCK_K=256 tiles"),
@@ -100,7 +113,7 @@ def test_an_invalid_config_is_rejected_with_its_reason_and_never_launched(shape,
     def boom(*args, **kwargs):  # pragma: no cover - reaching it is the failure
         raise AssertionError("an invalid config was launched")
     monkeypatch.setattr(kernels, "quant_gemv_swap_prepare", boom)
-    res = evaluate(OpSpec(kind="gemv", shape=shape, dtype="fp16", weight=spec), cfg,
+    res = evaluate(OpSpec(kind="gemv" if shape[0] <= 16 else "gemm", shape=shape, dtype="fp16", weight=spec), cfg,
                    validate=lambda o, c: validate_config(H200, o, c))
     assert res.label == "rejected" and why in res.reason
 
@@ -180,3 +193,37 @@ def test_the_price_at_16_tokens_is_within_the_two_halves_grid():
             logs.append(math.log(t.predict(H200, op, cfg).us / r["measured_us"]))
     assert len(logs) == 516
     assert statistics.median(abs(v) for v in logs) <= 0.12 and -0.06 <= statistics.median(logs) <= 0
+
+
+def test_at_32_tokens_rank_runs_int4_and_int8_on_the_swapped_kernel_at_0_55_and_0_62_of_quant_gemms_time():
+    # Llama-3-8B's four linears at M = 32 on one H200 (h200/gemv_swap_probe_m32_tree.json, same process):
+    # rank()'s picks 100.5 / 102.8 us (int4 / int8) where quant_gemm's first configs took 182.0 / 165.4
+    sums: dict[str, list[float]] = {}
+    for case in _probe_cases(32, PROBE.with_name("gemv_swap_probe_m32_tree.json")):
+        op = OpSpec(kind="gemm", shape=(32, case["n"], case["k"]), weight=case["format"])
+        first = rank(H200, op, top=1, measured=False).best.config
+        assert first.kernel == "quant_gemv_swap"
+        keys = ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
+        pick = [r["measured_us"] for r in _timed(case, "quant_gemv_swap")
+                if all(r["config"][k] == first.params[k] for k in keys)]
+        old = [r["measured_us"] for r in _timed(case, "quant_gemm rank() pick") if r["rank"] == 1]
+        acc = sums.setdefault(case["format"], [0.0, 0.0])
+        acc[0] += pick[0]
+        acc[1] += old[0]
+    assert {f: round(a / b, 2) for f, (a, b) in sums.items()} == {"int4-g128": 0.55, "int8": 0.62}
+
+
+def test_the_price_at_32_tokens_is_within_the_offered_configs_times():
+    # the 153 timed configs the template offers at 32 tokens (4 warps; int4 at 128-wide tiles; 15 more of the 168
+    # so filtered overflow shared memory at 5 stages): median |ln| 0.123, median ln -0.036
+    t = QuantGemvSwapTemplate()
+    logs = []
+    for case in _probe_cases(32, PROBE.with_name("gemv_swap_probe_m32_tree.json")):
+        op = OpSpec(kind="gemm", shape=(32, case["n"], case["k"]), weight=case["format"])
+        for r in _timed(case, "quant_gemv_swap"):
+            cfg = KernelConfig(kernel="quant_gemv_swap", template="quant-gemv-swap", params=r["config"])
+            if not t.validate(H200, op, cfg) and cfg.num_warps == 4 and (case["format"] == "int8"
+                                                                          or cfg.params["BLOCK_K"] == 128):
+                logs.append(math.log(t.predict(H200, op, cfg).us / r["measured_us"]))
+    assert len(logs) == 153
+    assert statistics.median(abs(v) for v in logs) <= 0.125 and -0.06 <= statistics.median(logs) <= 0

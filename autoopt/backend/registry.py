@@ -3,7 +3,7 @@
 Kernel names (``KernelConfig.kernel``) and the op kinds they serve:
 ``gemm``, ``gemm_tma`` (gemm, gemv), ``gemv`` (gemv), ``silu_mul``, ``add``, ``gelu_tanh_mul``,
 ``{rmsnorm,layernorm,softmax}_{single,looped}``, ``rmsnorm_split``, ``rmsnorm_coop``; over a quantized
-weight (``OpSpec.weight``): ``quant_gemv`` and ``quant_gemv_swap`` (gemv), ``quant_gemm`` and
+weight (``OpSpec.weight``): ``quant_gemv`` (gemv), ``quant_gemv_swap`` (gemv; gemm to 32 rows), ``quant_gemm`` and
 ``quant_dequant_cublas`` (gemm: dequantize W to a 16-bit scratch, then cuBLAS; weight-only formats);
 ``fused_moe`` (fused_moe: a MoE layer's expert GEMMs over sorted, padded token slots, 16-bit or W8A8 FP8
 experts; inputs ``x``, ``w13``, ``w2`` (+ ``*_scale``), ``topk_weights``, ``topk_ids``). The plain matmul kernels also
@@ -111,7 +111,7 @@ KERNELS: dict[str, KernelEntry] = {
     # replayed (benchmarks/results/h200/quant_kernels_fmagrid_{events,graph}.json): the host's enqueue.
     "quant_gemv": KernelEntry(name="quant_gemv", kinds=("gemv",), module=f"{_KERNELS}.quant_gemv", quantized=True,
                               graph_timed=True, rotate_inputs=True),
-    "quant_gemv_swap": KernelEntry(name="quant_gemv_swap", kinds=("gemv",), module=f"{_KERNELS}.quant_gemv_swap",
+    "quant_gemv_swap": KernelEntry(name="quant_gemv_swap", kinds=("gemv", "gemm"), module=f"{_KERNELS}.quant_gemv_swap",
                                    quantized=True, graph_timed=True, rotate_inputs=True),
     "quant_gemm": KernelEntry(name="quant_gemm", kinds=("gemm",), module=f"{_KERNELS}.quant_gemm", quantized=True),
     "quant_dequant_cublas": KernelEntry(name="quant_dequant_cublas", kinds=("gemm",),

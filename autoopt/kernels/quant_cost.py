@@ -40,7 +40,7 @@ __all__ = [
     "GEMV_PROLOGUE_US",
     "MMA_MEASURED_FACTOR",
     "SWAP_GEMV_DECODE_CYCLES",
-    "SWAP_GEMV_SECOND_HALF",
+    "SWAP_GEMV_TOKEN_FACTOR",
     "DequantRates",
     "DequantWork",
     "SwapGemvTerms",
@@ -52,6 +52,7 @@ __all__ = [
     "gemv_measured_factor",
     "gemv_prologue_us",
     "swap_gemv_us",
+    "swap_token_tile",
 ]
 
 
@@ -290,11 +291,13 @@ SWAP_GEMV_TILE_US = 0.05
 SWAP_GEMV_SM_STREAM_SHARE = 1.1
 SWAP_GEMV_DECODE_CYCLES = {"int4": 8.0, "fp8": 3.0, "int8": 3.0}
 SWAP_GEMV_FULL_ISSUE_WARPS = 12
-#: 9-16 tokens run as two halves of 8 on each decoded tile (a second dot and the second half's activation loads):
-#: the three streams' term times this. The same grid at 16 tokens on the package's kernel
-#: (``h200/gemv_swap_probe_m16_tree.json``, 516 configs, another call on an H200): median ln(predicted / measured)
-#: -0.148 without it, -0.035 with it, median |ln| 0.148 -> 0.115 (1.1: -0.089; 1.3: +0.017, |ln| 0.133)
-SWAP_GEMV_SECOND_HALF = 1.2
+#: The three streams' term times this by the token tile (``BLOCK_M``): 16 and 32 tokens run as two and four dots of
+#: N = 8 on each decoded tile (the extra dots and their activation loads). Fitted on the package's kernel over the
+#: probe grid, one H200 each: 16 tokens ``h200/gemv_swap_probe_m16_tree.json`` (516 configs): median ln(predicted /
+#: measured) -0.148 at 1.0, -0.035 at 1.2 (|ln| 0.148 -> 0.115); 32 tokens ``h200/gemv_swap_probe_m32_tree.json``
+#: (int4 and int8; the 168 configs of the space the template offers there): -0.102 at 1.2, -0.006 at 1.4, |ln| 0.104
+#: / 0.119; 1.35 between (over the 153 of them that fit shared memory: median ln -0.036, |ln| 0.123).
+SWAP_GEMV_TOKEN_FACTOR = {8: 1.0, 16: 1.2, 32: 1.35}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -306,7 +309,7 @@ class SwapGemvTerms:
     decode_us: float
     loop_us: float
     fixed_us: float
-    #: SWAP_GEMV_SECOND_HALF at 9-16 tokens, else 1
+    #: SWAP_GEMV_TOKEN_FACTOR of the token tile
     halves_factor: float = 1.0
 
     @property
@@ -319,6 +322,11 @@ class SwapGemvTerms:
         """Which of the three streams binds: ``memory`` (DRAM), ``sm_stream`` or ``alu`` (the decode)."""
         top = max(self.dram_us, self.sm_stream_us, self.decode_us)
         return "memory" if top == self.dram_us else "sm_stream" if top == self.sm_stream_us else "alu"
+
+
+def swap_token_tile(m: int) -> int:
+    """The swapped GEMV's ``BLOCK_M`` for ``m`` tokens: 8, 16 or 32 (dots of N = 8 on each decoded tile)."""
+    return 8 if m <= 8 else 16 if m <= 16 else 32
 
 
 def swap_gemv_us(gpu: GPUProfile, op: OpSpec, *, block_n: int, block_k: int, split_k: int, warps: int
@@ -343,4 +351,4 @@ def swap_gemv_us(gpu: GPUProfile, op: OpSpec, *, block_n: int, block_k: int, spl
                          sm_stream_us=weights_sm * fmt.weight_bits / 8 / (SWAP_GEMV_SM_STREAM_SHARE * bw / sms)
                          if bw else 0.0,
                          decode_us=decode, loop_us=SWAP_GEMV_TILE_US * kp / block_k / split_k, fixed_us=fixed,
-                         halves_factor=SWAP_GEMV_SECOND_HALF if m > 8 else 1.0)
+                         halves_factor=SWAP_GEMV_TOKEN_FACTOR[swap_token_tile(m)])

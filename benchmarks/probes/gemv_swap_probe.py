@@ -197,7 +197,7 @@ def run_case(name: str, m: int, fmt: str, gpu: Any, args: argparse.Namespace) ->
     w = (torch.randn((n, k), device="cuda", generator=gen) * k ** -0.5).to(torch.bfloat16)
     x = torch.randn((m, k), device="cuda", generator=gen).to(torch.bfloat16)
     spec = "int4-g128" if fmt == "int4" else fmt
-    op = OpSpec(kind="gemv", shape=(m, n, k), dtype="bf16", weight=spec)
+    op = OpSpec(kind="gemv" if m <= 16 else "gemm", shape=(m, n, k), dtype="bf16", weight=spec)
     q = quantize(w, op.weight_format)
     ref = reference_matmul(x, q, gemm=False).float()
     floor_us = q.nbytes / (args.copy_gbs * 1e3)
@@ -217,11 +217,12 @@ def run_case(name: str, m: int, fmt: str, gpu: Any, args: argparse.Namespace) ->
     for i, cand in enumerate(ranked.candidates[:3]):
         def make(xx: Any, qq: Any, o: Any, cand: Any = cand) -> Any:
             return registry.prepare({"a": xx, **qq.tensors()}, cand.config, o, op)
-        add({"impl": "quant_gemv rank() pick", "rank": i + 1, "config": dict(cand.config.params),
+        add({"impl": f"{cand.config.kernel} rank() pick", "rank": i + 1, "config": dict(cand.config.params),
              "predicted_us": round(cand.predicted_us, 3), **checked_us(make, ref, out, args, copies)})
     for cfg in configs(fmt, n, k, m):
         if args.kernel == "tree":  # the package's kernel (quant_gemv_swap: token halves of 8, BLOCK_M 8 or 16)
-            params = {**{key: v for key, v in cfg.items() if key != "TOK"}, "BLOCK_M": 8 if m <= 8 else 16}
+            params = {**{key: v for key, v in cfg.items() if key != "TOK"}, "BLOCK_M": 8 if m <= 8 else 16 if m <= 16
+                      else 32}
             add({"impl": "quant_gemv_swap", "config": params,
                  **checked_us(lambda xx, qq, o, p=params: quant_gemv_swap_prepare(xx, qq, o, p), ref, out, args,
                               copies)})

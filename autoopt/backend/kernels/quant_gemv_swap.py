@@ -36,7 +36,7 @@ __all__ = ["SWAP_FORMATS", "quant_gemv_swap_prepare", "swap_tiles"]
 SWAP_FORMATS = ("fp8", "int8", "int4")
 
 
-# The @triton.jit kernel carries no annotations on purpose (Triton reads them as types); exempt from mypy.
+# The @triton.jit functions carry no annotations on purpose (Triton reads them as types); exempt from mypy.
 @triton.jit
 def _swap_tile_dot(acc, w, x, DOT_F16: tl.constexpr):  # type: ignore[no-untyped-def]
     """``acc`` plus the decoded weight tile ``w`` ``[BLOCK_N, K]`` times the tokens' slice ``x`` ``[8, K]``
@@ -46,7 +46,37 @@ def _swap_tile_dot(acc, w, x, DOT_F16: tl.constexpr):  # type: ignore[no-untyped
     return tl.dot(w, tl.trans(x), acc)
 
 
-# The @triton.jit kernel carries no annotations on purpose (Triton reads them as types); exempt from mypy.
+@triton.jit
+def _swap_int4_half(acc, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, grp, x_rows, k_lo,  # type: ignore[no-untyped-def]
+                    t_ok, HB: tl.constexpr, HAS_Z: tl.constexpr, DOT_F16: tl.constexpr):
+    """``acc`` plus one int4 K-tile (one group: ``s`` its scales) against one half's 8 tokens; asymmetric adds
+    ``z`` times the half's activation sums over the tile."""
+    x_lo = tl.load(x_rows + k_lo[None, :], mask=t_ok[:, None], other=0.0)
+    x_hi = tl.load(x_rows + (k_lo + HB)[None, :], mask=t_ok[:, None], other=0.0)
+    p = _swap_tile_dot(tl.zeros(acc.shape, dtype=tl.float32), w_lo, x_lo, DOT_F16)
+    acc += s[:, None] * _swap_tile_dot(p, w_hi, x_hi, DOT_F16)
+    if HAS_Z:  # w = (q - 8) s + z
+        z = tl.load(z_ptr + offs_wn * stride_sn + grp).to(tl.float32)
+        acc += z[:, None] * (tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1))[None, :]
+    return acc
+
+
+@triton.jit
+def _swap_kt(acc, b, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows, t_ok,  # type: ignore[no-untyped-def]
+             FMT: tl.constexpr, G: tl.constexpr, HAS_Z: tl.constexpr, DOT_F16: tl.constexpr, ASM: tl.constexpr,
+             w_lo, w_hi, w):
+    """One K-tile for one half of 8 tokens, on the tile decoded once for every half (int4: ``w_lo``/``w_hi``;
+    int8 / e4m3: ``w``)."""
+    if FMT == 3:
+        HB: tl.constexpr = G // 2
+        grp = byte0 // HB
+        acc = _swap_int4_half(acc, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, grp, x_rows, grp * G + pb % HB, t_ok,
+                              HB, HAS_Z, DOT_F16)
+    else:
+        acc = _swap_tile_dot(acc, w, tl.load(x_rows + pb[None, :], mask=t_ok[:, None], other=0.0), DOT_F16)
+    return acc
+
+
 @triton.jit
 def _quant_gemv_swap_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type: ignore[no-untyped-def]
                             M, N, stride_xm, stride_wn, stride_sn, stride_cs, stride_cm, tiles_per_split,
@@ -58,70 +88,60 @@ def _quant_gemv_swap_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # wrapped rows keep the weight loads unmasked; the store mask drops them
     offs_wn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
-    # tokens in halves of 8 (BLOCK_M 8 or 16): each half one dot of N = 8 on the same decoded tile
+    # tokens in halves of 8 (BLOCK_M 8, 16 or 32): each one dot of N = 8 on the same decoded tile
     offs_t = tl.arange(0, 8)
-    t_ok = offs_t < M
-    t2_ok = (offs_t + 8) < M
     TILE_B: tl.constexpr = BLOCK_K // 2 if FMT == 3 else BLOCK_K
     w_rows = w_ptr + offs_wn[:, None] * stride_wn
     x_rows = x_ptr + offs_t[:, None] * stride_xm
-    x2_rows = x_rows + 8 * stride_xm
-    acc = tl.zeros((BLOCK_N, 8), dtype=tl.float32)
+    acc0 = tl.zeros((BLOCK_N, 8), dtype=tl.float32)
+    acc1 = tl.zeros((BLOCK_N, 8), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_N, 8), dtype=tl.float32)
+    acc3 = tl.zeros((BLOCK_N, 8), dtype=tl.float32)
     tile0 = pid_k * tiles_per_split
     for kt in tl.range(0, tiles_per_split, num_stages=STAGES):
         byte0 = (tile0 + kt) * TILE_B
         pb = byte0 + tl.arange(0, TILE_B)
         b = tl.load(w_rows + pb[None, :], eviction_policy="evict_first")
         if FMT == 3:  # one group a tile: a byte holds k (low nibble) and k + G/2 (high) of its group
-            HB: tl.constexpr = G // 2
-            grp = byte0 // HB
-            k_lo = grp * G + pb % HB
             w_lo, w_hi = int4_unpack16(b, DOT_F16, ASM)
-            s = tl.load(s_ptr + offs_wn * stride_sn + grp).to(tl.float32)
-            x_lo = tl.load(x_rows + k_lo[None, :], mask=t_ok[:, None], other=0.0)
-            x_hi = tl.load(x_rows + (k_lo + HB)[None, :], mask=t_ok[:, None], other=0.0)
-            p = _swap_tile_dot(_swap_tile_dot(tl.zeros((BLOCK_N, 8), dtype=tl.float32), w_lo, x_lo, DOT_F16),
-                               w_hi, x_hi, DOT_F16)
-            acc += s[:, None] * p
-            if HAS_Z:  # w = (q - 8) s + z: z times the tile's activation sums
-                z = tl.load(z_ptr + offs_wn * stride_sn + grp).to(tl.float32)
-                sx = tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
-                acc += z[:, None] * sx[None, :]
-            if BLOCK_M == 16:
-                x_lo = tl.load(x2_rows + k_lo[None, :], mask=t2_ok[:, None], other=0.0)
-                x_hi = tl.load(x2_rows + (k_lo + HB)[None, :], mask=t2_ok[:, None], other=0.0)
-                p = _swap_tile_dot(_swap_tile_dot(tl.zeros((BLOCK_N, 8), dtype=tl.float32), w_lo, x_lo, DOT_F16),
-                                   w_hi, x_hi, DOT_F16)
-                acc2 += s[:, None] * p
-                if HAS_Z:
-                    sx = tl.sum(x_lo.to(tl.float32), axis=1) + tl.sum(x_hi.to(tl.float32), axis=1)
-                    acc2 += z[:, None] * sx[None, :]
+            s = tl.load(s_ptr + offs_wn * stride_sn + byte0 // (G // 2)).to(tl.float32)
+            w = w_lo
         else:  # int8 / e4m3 codes, exact in the dot's 16-bit type; the per-channel scale waits for the epilogue
             w = e4m3_exact(b, FMT == 2)
             w = w.to(tl.float16) if DOT_F16 else w.to(tl.bfloat16)
-            acc = _swap_tile_dot(acc, w, tl.load(x_rows + pb[None, :], mask=t_ok[:, None], other=0.0), DOT_F16)
-            if BLOCK_M == 16:
-                acc2 = _swap_tile_dot(acc2, w, tl.load(x2_rows + pb[None, :], mask=t2_ok[:, None], other=0.0),
-                                      DOT_F16)
-    _swap_store(acc, offs_t, t_ok, offs_n, offs_wn, s_ptr, bias_ptr, c_ptr + pid_k * stride_cs, N, stride_cm, pid_k,
-                FMT, HAS_BIAS)
-    if BLOCK_M == 16:
-        _swap_store(acc2, offs_t + 8, t2_ok, offs_n, offs_wn, s_ptr, bias_ptr, c_ptr + pid_k * stride_cs, N,
-                    stride_cm, pid_k, FMT, HAS_BIAS)
+            w_lo = w
+            w_hi = w
+            s = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        acc0 = _swap_kt(acc0, b, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows, offs_t < M, FMT, G, HAS_Z,
+                        DOT_F16, ASM, w_lo, w_hi, w)
+        if BLOCK_M >= 16:
+            acc1 = _swap_kt(acc1, b, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows + 8 * stride_xm,
+                            offs_t + 8 < M, FMT, G, HAS_Z, DOT_F16, ASM, w_lo, w_hi, w)
+        if BLOCK_M == 32:
+            acc2 = _swap_kt(acc2, b, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows + 16 * stride_xm,
+                            offs_t + 16 < M, FMT, G, HAS_Z, DOT_F16, ASM, w_lo, w_hi, w)
+            acc3 = _swap_kt(acc3, b, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows + 24 * stride_xm,
+                            offs_t + 24 < M, FMT, G, HAS_Z, DOT_F16, ASM, w_lo, w_hi, w)
+    c = c_ptr + pid_k * stride_cs
+    _swap_store(acc0, offs_t, M, offs_n, offs_wn, s_ptr, bias_ptr, c, N, stride_cm, pid_k, FMT, HAS_BIAS)
+    if BLOCK_M >= 16:
+        _swap_store(acc1, offs_t + 8, M, offs_n, offs_wn, s_ptr, bias_ptr, c, N, stride_cm, pid_k, FMT, HAS_BIAS)
+    if BLOCK_M == 32:
+        _swap_store(acc2, offs_t + 16, M, offs_n, offs_wn, s_ptr, bias_ptr, c, N, stride_cm, pid_k, FMT, HAS_BIAS)
+        _swap_store(acc3, offs_t + 24, M, offs_n, offs_wn, s_ptr, bias_ptr, c, N, stride_cm, pid_k, FMT, HAS_BIAS)
 
 
 @triton.jit
-def _swap_store(acc, offs_t, t_ok, offs_n, offs_wn, s_ptr, bias_ptr, c_ptr, N, stride_cm,  # type: ignore[no-untyped-def]
+def _swap_store(acc, offs_t, M, offs_n, offs_wn, s_ptr, bias_ptr, c_ptr, N, stride_cm,  # type: ignore[no-untyped-def]
                 pid_k, FMT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The epilogue of one token half: the per-channel scale (fp8, int8), the bias (first K-slice only), the
+    """The epilogue of one half of 8 tokens: the per-channel scale (fp8, int8), the bias (first K-slice only), the
     transposed store."""
     if FMT != 3:
         acc = acc * tl.load(s_ptr + offs_wn).to(tl.float32)[:, None]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_wn).to(tl.float32)[:, None] * (pid_k == 0).to(tl.float32)
     c_ptrs = c_ptr + offs_t[None, :] * stride_cm + offs_n[:, None]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=t_ok[None, :] & (offs_n[:, None] < N))
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_t < M)[None, :] & (offs_n[:, None] < N))
 
 
 def swap_tiles(fmt_name: str, kp: int, bk: int, split_k: int) -> int | None:
@@ -142,8 +162,8 @@ def quant_gemv_swap_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *
     m, k = x.shape
     f = qw.fmt
     bm, bn, bk, split_k = params["BLOCK_M"], params["BLOCK_N"], params["BLOCK_K"], params.get("SPLIT_K", 1)
-    if bm not in (8, 16):
-        raise ValueError(f"quant gemv swap takes BLOCK_M 8 or 16 (token halves of 8), got {bm}")
+    if bm not in (8, 16, 32):
+        raise ValueError(f"quant gemv swap takes BLOCK_M 8, 16 or 32 (tokens in eighths), got {bm}")
     if f.name not in SWAP_FORMATS:
         raise ValueError(f"quant gemv swap serves {', '.join(SWAP_FORMATS)}, not {f.spec}")
     if k != qw.k or not 1 <= m <= bm:
