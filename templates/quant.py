@@ -36,7 +36,6 @@ from autoopt.kernels.quant_cost import (
     BLOCK_FP8_SERIAL_FACTOR,
     DOT_GEMV_PROLOGUE_US,
     DOT_GEMV_SCALE,
-    SWAP_GEMV_SCALE,
     DequantWork,
     act_quant_us,
     cycles_per_weight,
@@ -378,7 +377,8 @@ class QuantGemvTemplate(_QuantTemplate):
         prologue = gemv_prologue_us(fmt) if bm == 1 else DOT_GEMV_PROLOGUE_US
         reason = f"{pred.reason}; dequant {alu:.3g} us per K-iteration"
         if bm > 1:
-            reason += (f"; x{DOT_GEMV_SCALE:g} x{load:.3g} (a thread's loads) + {prologue:g} us measured (dot path, "
+            loads = f" x{load:.3g} (a thread's loads)" if load != 1.0 else ""
+            reason += (f"; x{DOT_GEMV_SCALE:g}{loads} + {prologue:g} us measured (dot path, "
                        "quant_cost.DOT_GEMV_SCALE / _LOAD_EXPONENT / _PROLOGUE_US)")
         elif factor != 1.0:
             reason += f"; x{factor:g} measured ({fmt.spec} GEMV, quant_cost.GEMV_MEASURED_FACTOR)"
@@ -517,7 +517,7 @@ class QuantGemvSwapTemplate(_QuantTemplate):
         t = swap_gemv_us(gpu, op, block_n=p["BLOCK_N"], block_k=p["BLOCK_K"], split_k=p["SPLIT_K"],
                          warps=config.num_warps)
         us = t.us
-        reason = (f"swapped GEMV: {t.fixed_us:g} us fixed + x{SWAP_GEMV_SCALE:g} max(DRAM {t.dram_us:.3g}, "
+        reason = (f"swapped GEMV: {t.fixed_us:g} us fixed + x{t.scale:.3g} max(DRAM {t.dram_us:.3g}, "
                   f"busiest SM's stream {t.sm_stream_us:.3g}, decode {t.decode_us:.3g}) + loop {t.loop_us:.3g} us "
                   "(quant_cost.SWAP_GEMV_*, fitted on h200/gemv_swap_probe.json)")
         return Prediction(us=us, bound=t.bound, roofline_pct=min(100.0, 100.0 * floor_us(gpu, op) / us), reason=reason,

@@ -40,7 +40,7 @@ __all__ = [
     "GEMV_PROLOGUE_US",
     "MMA_MEASURED_FACTOR",
     "SWAP_GEMV_DECODE_CYCLES",
-    "SWAP_GEMV_TOKEN_FACTOR",
+    "SWAP_GEMV_SCALE",
     "DequantRates",
     "DequantWork",
     "SwapGemvTerms",
@@ -274,30 +274,32 @@ def act_quant_us(gpu: GPUProfile, op: OpSpec) -> float:
     return c.launch_us + (moved / (bw * c.stream_dram_efficiency) * 1e6 if bw else 0.0)
 
 
-#: The swapped decode GEMV (``backend/kernels/quant_gemv_swap.py``: the weight tile as the MMA's A, 8 tokens as
-#: its N), priced by :func:`swap_gemv_us`: a fixed cost (the launch, the pipeline's fill and the epilogue), the
-#: split-K reduce's launch, ``SWAP_GEMV_SCALE`` times the slowest of the DRAM stream (every byte once at the
-#: streaming efficiency), the busiest SM's stream (an SM pulls at most ``SWAP_GEMV_SM_STREAM_SHARE`` times its even
-#: share of the datasheet bandwidth: with fewer programs than SMs the kernel slows in proportion, 32 programs of
-#: 128 rows ran Llama-3-8B's down at 58-71 us against 20-22 over 256) and its decode (``SWAP_GEMV_DECODE_CYCLES``
-#: lane-cycles a weight, full issue from ``SWAP_GEMV_FULL_ISSUE_WARPS`` resident warps), and ``SWAP_GEMV_TILE_US``
-#: a K-tile of the serial loop. Fitted by grid search on one H200 (``h200/gemv_swap_probe.json``: Llama-3-8B's
-#: four linears at M = 8, int4 / fp8 / int8, 516 checked configs graph-replayed): rank()'s pick over the grid's
-#: best 1.00-1.19 (mean 1.088), median |ln(predicted / measured)| 0.097, median ln -0.05.
+#: The swapped decode GEMV (``backend/kernels/quant_gemv_swap.py``: the weight tile as the MMA's A, the tokens in
+#: dots of N = 8), priced by :func:`swap_gemv_us`: a fixed cost (the launch, the pipeline's fill and the epilogue),
+#: the split-K reduce's launch, a scale (``SWAP_GEMV_SCALE`` by format and token tile) times the slowest of
+#: the DRAM stream (every byte once at the streaming efficiency), the busiest SM's stream (an SM pulls at most
+#: ``SWAP_GEMV_SM_STREAM_SHARE`` times its even share of the datasheet bandwidth: with fewer programs than SMs the
+#: kernel slows in proportion, 32 programs of 128 rows ran Llama-3-8B's down at 58-71 us against 20-22 over 256) and
+#: its decode (``SWAP_GEMV_DECODE_CYCLES`` lane-cycles a weight, full issue from ``SWAP_GEMV_FULL_ISSUE_WARPS``
+#: resident warps), and ``SWAP_GEMV_TILE_US`` a K-tile of the serial loop. The shape of the price was fitted by grid
+#: search on one H200 (``h200/gemv_swap_probe.json``: Llama-3-8B's four linears at M = 8, int4 / fp8 / int8, 516
+#: checked configs graph-replayed; rank()'s pick over the grid's best 1.00-1.19, mean 1.088) with one scale, 1.1,
+#: which left int4 priced low at every token count (median ln(predicted / measured) -0.23 / -0.24 / -0.29 at 8 / 16
+#: / 32 tokens; the batch-32 decode step with int4 priced 0.82x and picked over int8, 5.5 % regret on Qwen2.5-7B:
+#: h200/regret_*_b32_swap.json). The scale is now per format and token tile (``SWAP_GEMV_SCALE``), each the median
+#: of what the six fastest configs of each linear need (what rank() picks and a step is priced from; the median over
+#: all configs sat 12-17 % above them): 16 and 32 tokens run two and four dots of N = 8 on each decoded tile (int4
+#: two a half, one per nibble, so its scale grows fastest). Grids: 8 tokens ``h200/gemv_swap_probe.json``, 16
+#: ``h200/gemv_swap_probe_m16_tree.json``, 32 ``h200/gemv_swap_probe_m32_tree.json`` (int4 and int8, the configs the
+#: template offers there; fp8 at 32 tokens is weight-only fp8 and takes int8's growth, 1.44x, unmeasured).
 SWAP_GEMV_FIXED_US = 4.5
 SWAP_GEMV_REDUCE_US = 1.5
-SWAP_GEMV_SCALE = 1.1
+SWAP_GEMV_SCALE = {"int4": {8: 1.43, 16: 1.82, 32: 2.64}, "fp8": {8: 1.01, 16: 1.20, 32: 1.45},
+                   "int8": {8: 0.86, 16: 0.96, 32: 1.24}}
 SWAP_GEMV_TILE_US = 0.05
 SWAP_GEMV_SM_STREAM_SHARE = 1.1
 SWAP_GEMV_DECODE_CYCLES = {"int4": 8.0, "fp8": 3.0, "int8": 3.0}
 SWAP_GEMV_FULL_ISSUE_WARPS = 12
-#: The three streams' term times this by the token tile (``BLOCK_M``): 16 and 32 tokens run as two and four dots of
-#: N = 8 on each decoded tile (the extra dots and their activation loads). Fitted on the package's kernel over the
-#: probe grid, one H200 each: 16 tokens ``h200/gemv_swap_probe_m16_tree.json`` (516 configs): median ln(predicted /
-#: measured) -0.148 at 1.0, -0.035 at 1.2 (|ln| 0.148 -> 0.115); 32 tokens ``h200/gemv_swap_probe_m32_tree.json``
-#: (int4 and int8; the 168 configs of the space the template offers there): -0.102 at 1.2, -0.006 at 1.4, |ln| 0.104
-#: / 0.119; 1.35 between (over the 153 of them that fit shared memory: median ln -0.036, |ln| 0.123).
-SWAP_GEMV_TOKEN_FACTOR = {8: 1.0, 16: 1.2, 32: 1.35}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -309,13 +311,12 @@ class SwapGemvTerms:
     decode_us: float
     loop_us: float
     fixed_us: float
-    #: SWAP_GEMV_TOKEN_FACTOR of the token tile
-    halves_factor: float = 1.0
+    #: SWAP_GEMV_SCALE of the format and token tile
+    scale: float
 
     @property
     def us(self) -> float:
-        top = max(self.dram_us, self.sm_stream_us, self.decode_us)
-        return self.fixed_us + SWAP_GEMV_SCALE * self.halves_factor * top + self.loop_us
+        return self.fixed_us + self.scale * max(self.dram_us, self.sm_stream_us, self.decode_us) + self.loop_us
 
     @property
     def bound(self) -> str:
@@ -351,4 +352,4 @@ def swap_gemv_us(gpu: GPUProfile, op: OpSpec, *, block_n: int, block_k: int, spl
                          sm_stream_us=weights_sm * fmt.weight_bits / 8 / (SWAP_GEMV_SM_STREAM_SHARE * bw / sms)
                          if bw else 0.0,
                          decode_us=decode, loop_us=SWAP_GEMV_TILE_US * kp / block_k / split_k, fixed_us=fixed,
-                         halves_factor=SWAP_GEMV_TOKEN_FACTOR[swap_token_tile(m)])
+                         scale=SWAP_GEMV_SCALE[fmt.name][swap_token_tile(m)])

@@ -1,17 +1,17 @@
-"""Batched decode GEMV with the weight as the MMA's A operand: ``C^T[N, M] = dequant(W)[N, K] @ X^T``, M = 2..16.
+"""Batched decode with the weight as the MMA's A operand: ``C^T[N, M] = dequant(W)[N, K] @ X^T``, M = 2..32.
 
 ``quant_gemv``'s dot path computes ``X @ W^T`` with X padded to the MMA's 16 rows: the decoded weight tile is the
 dot's B operand, and at 8 tokens half of each MMA is padding. Here the roles swap (the "swap AB" of small-M GEMMs):
-each program owns ``BLOCK_N`` weight rows (the MMA's M, 64 or 128) and the tokens, in halves of 8, are the dot's N
-(``BLOCK_M`` 8 or 16: 16 runs two dots on each decoded tile). The packed tile is decoded in registers as in
-``quant_gemv`` (int4: ``int4_unpack16``'s PTX, ``q - 8``, one group a K-tile scaled by its group's scale; fp8 /
-int8: exact 16-bit codes, the per-channel scale in the epilogue), and the loop is staged
+each program owns ``BLOCK_N`` weight rows (the MMA's M, 64 or 128) and the tokens, in groups of 8, are the dot's N
+(``BLOCK_M`` 8, 16 or 32: one, two or four dots on each decoded tile). The packed tile is decoded in registers once
+as in ``quant_gemv`` (int4: ``int4_unpack16``'s PTX, ``q - 8``, one group a K-tile scaled by its group's scale; fp8
+/ int8: exact 16-bit codes, the per-channel scale in the epilogue), and the loop is staged
 (``tl.range(num_stages=...)``). On an H200, Llama-3-8B's four linears, graph-replayed: at 8 tokens the grid's best
 took 62.0 / 77.5 / 71.3 us (int4 / fp8 / int8, the four summed) where ``quant_gemv``'s best of rank()'s top 3 took
-72.7 / 96.1 / 83.8 in the same run (``benchmarks/results/h200/gemv_swap_probe.json``); at 16 tokens one dot of
-N = 16 lost to quant_gemv on int4 and int8 there (gate_up 1.07-1.21x), while two halves of 8 took 71.6 / 86.2 /
-75.8 (``h200/gemv_swap_probe_m16_tree.json``, another call) against 78.4 / 108.8 / 96.8 for quant_gemv's first
-configs in the first.
+72.7 / 96.1 / 83.8 in the same run (``benchmarks/results/h200/gemv_swap_probe.json``); one dot of N = 16 lost to
+quant_gemv on int4 and int8 there (gate_up 1.07-1.21x), two dots of 8 at 16 tokens took 71.6 / 86.2 / 75.8
+(``h200/gemv_swap_probe_m16_tree.json``), and four at 32 int4 93.2 / int8 87.8 against quant_gemm's first configs'
+182.0 / 165.4 in the same run (``h200/gemv_swap_probe_m32_tree.json``).
 
 Split-K slices write an fp32 ``[SPLIT_K, M, N]`` workspace summed by ``gemm.py``'s reduce. The activations are bf16
 or fp16; under the interpreter (whose bf16 ``tl.dot`` is wrong, triton 3.9) the dot runs in fp16.
