@@ -26,7 +26,7 @@ import triton.language as tl
 
 log = logging.getLogger(__name__)
 
-__all__ = ["gemm_prepare", "k_split", "split_k_launcher", "splitk_reduce_prepare", "weight_dims"]
+__all__ = ["gemm_prepare", "k_split", "split_k_launcher", "split_k_output", "splitk_reduce_prepare", "weight_dims"]
 
 
 # The @triton.jit kernels here carry no annotations on purpose: Triton reads a parameter's annotation
@@ -110,6 +110,25 @@ def splitk_reduce_prepare(ws: Any, out: Any, split_k: int, *, split_stride: int 
 
     def run() -> None:
         _splitk_reduce_kernel[grid](ws, out, mn, stride, SPLIT_K=split_k, BLOCK=_REDUCE_BLOCK, num_warps=4)
+    return run
+
+
+def split_k_output(out: Any, split_k: int, launch: Callable[[Any, int, int], None], what: str) -> Callable[[], None]:
+    """A launcher of ``launch(C, stride_cs, stride_cm)`` writing ``out`` directly (one K-slice: ``stride_cs`` 0) or
+    its ``split_k`` slices into an fp32 ``[split_k, M, N]`` workspace summed into ``out`` after (allocated here;
+    ``ValueError`` naming ``what`` for a strided ``out``, which the reduce cannot write)."""
+    import torch
+
+    if split_k == 1:
+        return lambda: launch(out, 0, out.stride(0))
+    if not out.is_contiguous():
+        raise ValueError(f"split-K {what} writes a contiguous output; got a strided one")
+    ws = torch.empty((split_k, *out.shape), device=out.device, dtype=torch.float32)
+    reduce = splitk_reduce_prepare(ws, out, split_k)
+
+    def run() -> None:
+        launch(ws, ws.stride(0), ws.stride(1))
+        reduce()
     return run
 
 

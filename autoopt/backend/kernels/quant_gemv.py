@@ -62,7 +62,7 @@ import triton
 import triton.language as tl
 
 from autoopt.backend.kernels import interpreter_active
-from autoopt.backend.kernels.gemm import splitk_reduce_prepare
+from autoopt.backend.kernels.gemm import split_k_output
 
 __all__ = ["FMT_CODES", "coded_tile_dot", "e4m3_bits_scaled", "e4m3_exact", "fusion_problem", "int4_as_float",
            "int4_pair_dot", "int4_tile_dot", "int4_unpack16", "int4_word_dot", "quant_gemv_prepare", "row_tiles",
@@ -641,19 +641,8 @@ def quant_gemv_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *, bia
     fuse = (g_t, r_t, float(eps), n // 2 if gated else n)
     b = bias if bias is not None else s
     stride_sn = s.stride(0)
-    if split_k == 1:
-        def run() -> None:
-            _quant_gemv_kernel[grid](x, w, s, z, b, out, m, n, k, ng, x.stride(0), w.stride(0), stride_sn, 0,
-                                     out.stride(0), tiles_per_split, _ONE_BITS, *fuse,
-                                     **meta)
-        return run
-    if not out.is_contiguous():  # the reduce writes out as contiguous [M, N]
-        raise ValueError("split-K quant gemv writes a contiguous output; got a strided one")
-    ws = torch.empty((split_k, m, n), device=x.device, dtype=torch.float32)
-    reduce = splitk_reduce_prepare(ws, out, split_k)
 
-    def run_split() -> None:
-        _quant_gemv_kernel[grid](x, w, s, z, b, ws, m, n, k, ng, x.stride(0), w.stride(0), stride_sn, ws.stride(0),
-                                 ws.stride(1), tiles_per_split, _ONE_BITS, *fuse, **meta)
-        reduce()
-    return run_split
+    def launch(c: Any, stride_cs: int, stride_cm: int) -> None:
+        _quant_gemv_kernel[grid](x, w, s, z, b, c, m, n, k, ng, x.stride(0), w.stride(0), stride_sn, stride_cs,
+                                 stride_cm, tiles_per_split, _ONE_BITS, *fuse, **meta)
+    return split_k_output(out, split_k, launch, "quant gemv")

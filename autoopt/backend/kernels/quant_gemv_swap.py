@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from autoopt.backend.kernels import interpreter_active
-from autoopt.backend.kernels.gemm import splitk_reduce_prepare
+from autoopt.backend.kernels.gemm import split_k_output
 from autoopt.backend.kernels.quant_gemv import FMT_CODES, e4m3_exact, int4_unpack16, weight_views
 from autoopt.kernels.constraints import whole_k_tiles
 
@@ -187,18 +187,8 @@ def quant_gemv_swap_prepare(x: Any, qw: Any, out: Any, params: dict[str, int], *
                 num_stages=params.get("num_stages", 3))
     grid = (triton.cdiv(n, bn), split_k)
     b = bias if bias is not None else s
-    if split_k == 1:
-        def run() -> None:
-            _quant_gemv_swap_kernel[grid](x, w, s, z, b, out, m, n, x.stride(0), w.stride(0), s.stride(0), 0,
-                                          out.stride(0), tiles_per_split, **meta)
-        return run
-    if not out.is_contiguous():  # the reduce writes out as contiguous [M, N]
-        raise ValueError("split-K quant gemv swap writes a contiguous output; got a strided one")
-    ws = torch.empty((split_k, m, n), device=x.device, dtype=torch.float32)
-    reduce = splitk_reduce_prepare(ws, out, split_k)
 
-    def run_split() -> None:
-        _quant_gemv_swap_kernel[grid](x, w, s, z, b, ws, m, n, x.stride(0), w.stride(0), s.stride(0), ws.stride(0),
-                                      ws.stride(1), tiles_per_split, **meta)
-        reduce()
-    return run_split
+    def launch(c: Any, stride_cs: int, stride_cm: int) -> None:
+        _quant_gemv_swap_kernel[grid](x, w, s, z, b, c, m, n, x.stride(0), w.stride(0), s.stride(0), stride_cs,
+                                      stride_cm, tiles_per_split, **meta)
+    return split_k_output(out, split_k, launch, "quant gemv swap")
