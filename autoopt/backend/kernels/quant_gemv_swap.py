@@ -47,10 +47,10 @@ def _swap_tile_dot(acc, w, x, DOT_F16: tl.constexpr):  # type: ignore[no-untyped
 
 
 @triton.jit
-def _swap_int4_half(acc, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, grp, x_rows, k_lo,  # type: ignore[no-untyped-def]
+def _swap_int4_tokens(acc, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, grp, x_rows, k_lo,  # type: ignore[no-untyped-def]
                     t_ok, HB: tl.constexpr, HAS_Z: tl.constexpr, DOT_F16: tl.constexpr):
-    """``acc`` plus one int4 K-tile (one group: ``s`` its scales) against one half's 8 tokens; asymmetric adds
-    ``z`` times the half's activation sums over the tile."""
+    """``acc`` plus one int4 K-tile (one quantization group: ``s`` its scales) against 8 tokens; asymmetric adds
+    ``z`` times their activation sums over the tile."""
     x_lo = tl.load(x_rows + k_lo[None, :], mask=t_ok[:, None], other=0.0)
     x_hi = tl.load(x_rows + (k_lo + HB)[None, :], mask=t_ok[:, None], other=0.0)
     p = _swap_tile_dot(tl.zeros(acc.shape, dtype=tl.float32), w_lo, x_lo, DOT_F16)
@@ -65,12 +65,12 @@ def _swap_int4_half(acc, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, grp, x_rows, 
 def _swap_kt(acc, b, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows, t_ok,  # type: ignore[no-untyped-def]
              FMT: tl.constexpr, G: tl.constexpr, HAS_Z: tl.constexpr, DOT_F16: tl.constexpr, ASM: tl.constexpr,
              w_lo, w_hi, w):
-    """One K-tile for one half of 8 tokens, on the tile decoded once for every half (int4: ``w_lo``/``w_hi``;
+    """One K-tile for one group of 8 tokens, on the tile decoded once for every group (int4: ``w_lo``/``w_hi``;
     int8 / e4m3: ``w``)."""
     if FMT == 3:
         HB: tl.constexpr = G // 2
         grp = byte0 // HB
-        acc = _swap_int4_half(acc, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, grp, x_rows, grp * G + pb % HB, t_ok,
+        acc = _swap_int4_tokens(acc, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, grp, x_rows, grp * G + pb % HB, t_ok,
                               HB, HAS_Z, DOT_F16)
     else:
         acc = _swap_tile_dot(acc, w, tl.load(x_rows + pb[None, :], mask=t_ok[:, None], other=0.0), DOT_F16)
@@ -88,7 +88,7 @@ def _quant_gemv_swap_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # wrapped rows keep the weight loads unmasked; the store mask drops them
     offs_wn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
-    # tokens in halves of 8 (BLOCK_M 8, 16 or 32): each one dot of N = 8 on the same decoded tile
+    # tokens in groups of 8 (BLOCK_M 8, 16 or 32): each one dot of N = 8 on the same decoded tile
     offs_t = tl.arange(0, 8)
     TILE_B: tl.constexpr = BLOCK_K // 2 if FMT == 3 else BLOCK_K
     w_rows = w_ptr + offs_wn[:, None] * stride_wn
@@ -134,7 +134,7 @@ def _quant_gemv_swap_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type
 @triton.jit
 def _swap_store(acc, offs_t, M, offs_n, offs_wn, s_ptr, bias_ptr, c_ptr, N, stride_cm,  # type: ignore[no-untyped-def]
                 pid_k, FMT: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """The epilogue of one half of 8 tokens: the per-channel scale (fp8, int8), the bias (first K-slice only), the
+    """The epilogue of one group of 8 tokens: the per-channel scale (fp8, int8), the bias (first K-slice only), the
     transposed store."""
     if FMT != 3:
         acc = acc * tl.load(s_ptr + offs_wn).to(tl.float32)[:, None]
