@@ -83,6 +83,7 @@ def test_every_builtin_template_answers_with_bounds():
     gpu = GPUS["h100-sxm"]
     ops = {"gemm": _QUICK[0], "hopper-tma-gemm": _QUICK[0], "gemv": _QUICK[3], "elementwise": _QUICK[4],
            "norm": _QUICK[5], "quant-gemv": replace(_QUICK[3], weight="int4"),
+           "quant-gemv-swap": replace(_QUICK[3], shape=(8, *_QUICK[3].shape[1:]), weight="int4"),
            "quant-gemm": replace(_QUICK[0], weight="fp8"), "quant-dequant-cublas": replace(_QUICK[0], weight="int4"),
            "fused-moe-triton": OpSpec(kind="fused_moe", shape=(64, 8, 2, 14336, 4096))}
     assert set(ops) == set(TEMPLATES)
