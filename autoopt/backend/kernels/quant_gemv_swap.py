@@ -62,18 +62,18 @@ def _swap_int4_tokens(acc, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, grp, x_rows
 
 
 @triton.jit
-def _swap_kt(acc, b, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows, t_ok,  # type: ignore[no-untyped-def]
-             FMT: tl.constexpr, G: tl.constexpr, HAS_Z: tl.constexpr, DOT_F16: tl.constexpr, ASM: tl.constexpr,
-             w_lo, w_hi, w):
-    """One K-tile for one group of 8 tokens, on the tile decoded once for every group (int4: ``w_lo``/``w_hi``;
-    int8 / e4m3: ``w``)."""
+def _swap_kt(acc, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows, t_ok,  # type: ignore[no-untyped-def]
+             FMT: tl.constexpr, G: tl.constexpr, HAS_Z: tl.constexpr, DOT_F16: tl.constexpr):
+    """One K-tile for one group of 8 tokens, on the tile decoded once for every group (int4: its low and high
+    nibbles ``w_lo`` / ``w_hi``, scaled by ``s``; int8 / e4m3: ``w_lo``, the per-channel scale left to the
+    epilogue)."""
     if FMT == 3:
         HB: tl.constexpr = G // 2
         grp = byte0 // HB
-        acc = _swap_int4_tokens(acc, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, grp, x_rows, grp * G + pb % HB, t_ok,
-                              HB, HAS_Z, DOT_F16)
+        acc = _swap_int4_tokens(acc, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, grp, x_rows, grp * G + pb % HB,
+                                t_ok, HB, HAS_Z, DOT_F16)
     else:
-        acc = _swap_tile_dot(acc, w, tl.load(x_rows + pb[None, :], mask=t_ok[:, None], other=0.0), DOT_F16)
+        acc = _swap_tile_dot(acc, w_lo, tl.load(x_rows + pb[None, :], mask=t_ok[:, None], other=0.0), DOT_F16)
     return acc
 
 
@@ -105,23 +105,21 @@ def _quant_gemv_swap_kernel(x_ptr, w_ptr, s_ptr, z_ptr, bias_ptr, c_ptr,  # type
         if FMT == 3:  # one group a tile: a byte holds k (low nibble) and k + G/2 (high) of its group
             w_lo, w_hi = int4_unpack16(b, DOT_F16, ASM)
             s = tl.load(s_ptr + offs_wn * stride_sn + byte0 // (G // 2)).to(tl.float32)
-            w = w_lo
         else:  # int8 / e4m3 codes, exact in the dot's 16-bit type; the per-channel scale waits for the epilogue
-            w = e4m3_exact(b, FMT == 2)
-            w = w.to(tl.float16) if DOT_F16 else w.to(tl.bfloat16)
-            w_lo = w
-            w_hi = w
+            w_lo = e4m3_exact(b, FMT == 2)
+            w_lo = w_lo.to(tl.float16) if DOT_F16 else w_lo.to(tl.bfloat16)
+            w_hi = w_lo
             s = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        acc0 = _swap_kt(acc0, b, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows, offs_t < M, FMT, G, HAS_Z,
-                        DOT_F16, ASM, w_lo, w_hi, w)
+        acc0 = _swap_kt(acc0, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows, offs_t < M, FMT, G, HAS_Z,
+                        DOT_F16)
         if BLOCK_M >= 16:
-            acc1 = _swap_kt(acc1, b, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows + 8 * stride_xm,
-                            offs_t + 8 < M, FMT, G, HAS_Z, DOT_F16, ASM, w_lo, w_hi, w)
+            acc1 = _swap_kt(acc1, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows + 8 * stride_xm,
+                            offs_t + 8 < M, FMT, G, HAS_Z, DOT_F16)
         if BLOCK_M == 32:
-            acc2 = _swap_kt(acc2, b, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows + 16 * stride_xm,
-                            offs_t + 16 < M, FMT, G, HAS_Z, DOT_F16, ASM, w_lo, w_hi, w)
-            acc3 = _swap_kt(acc3, b, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows + 24 * stride_xm,
-                            offs_t + 24 < M, FMT, G, HAS_Z, DOT_F16, ASM, w_lo, w_hi, w)
+            acc2 = _swap_kt(acc2, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows + 16 * stride_xm,
+                            offs_t + 16 < M, FMT, G, HAS_Z, DOT_F16)
+            acc3 = _swap_kt(acc3, w_lo, w_hi, s, z_ptr, offs_wn, stride_sn, byte0, pb, x_rows + 24 * stride_xm,
+                            offs_t + 24 < M, FMT, G, HAS_Z, DOT_F16)
     c = c_ptr + pid_k * stride_cs
     _swap_store(acc0, offs_t, M, offs_n, offs_wn, s_ptr, bias_ptr, c, N, stride_cm, pid_k, FMT, HAS_BIAS)
     if BLOCK_M >= 16:
