@@ -86,22 +86,25 @@ def test_pcie_allreduce_follows_the_nccl_ring_model():
     assert allreduce_us(1e6, 8, 32.0, "pcie") == pytest.approx(3.6 + 14 * 1.0 + 1e6 * 1.75 / 32e3)
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_nvlink_allreduce_is_within_15_percent_of_every_measured_h100_size(tp):
-    rows = json.loads((ROOT / "benchmarks" / "results" / "h100" / f"nccl_allreduce_tp{tp}.json").read_text())["rows"]
+@pytest.mark.parametrize("run", ["h100/nccl_allreduce_tp2", "h100/nccl_allreduce_tp4", "h200/nccl_allreduce_tp2",
+                                 "h200/nccl_allreduce_tp2_run2", "h200/nccl_allreduce_tp4"])
+def test_nvlink_allreduce_is_within_15_percent_of_every_measured_size(run):
+    data = json.loads((ROOT / "benchmarks" / "results" / f"{run}.json").read_text())
+    tp, rows = data["world"], data["rows"]
     assert len(rows) == 15 and rows[0]["bytes"] == 16 << 10 and rows[-1]["bytes"] == 256 << 20
     for r in rows:
         assert 1 / 1.15 < allreduce_us(r["bytes"], tp, 450.0, "nvlink") / r["measured_us"] < 1.15, r["bytes"]
 
 
 def test_nvlink_allreduce_of_a_small_message_pays_the_low_latency_protocols_latency():
-    # 16 KiB on 2 H100s: LL's 8 us + 16 KiB / 10 GB/s of bus bandwidth (measured 10.1 us)
-    assert allreduce_us(16 << 10, 2, 450.0, "nvlink") == pytest.approx(8.0 + (16 << 10) / 10e3)
+    # 16 KiB on 2 GPUs: LL's 8.5 us + 16 KiB / 10 GB/s of bus bandwidth (measured 10.1 us on the H100s,
+    # 10.7 and 11.2 on the H200s)
+    assert allreduce_us(16 << 10, 2, 450.0, "nvlink") == pytest.approx(8.5 + (16 << 10) / 10e3)
 
 
 def test_nvlink_allreduce_beyond_the_measured_groups_adds_ring_steps_to_the_largest():
     # 8 GPUs: the 4-GPU table plus 2 x 4 more ring steps of 0.47 us
-    table = ((13.0, 10.0), (16.0, 240.0), (25.0, 310.0))
+    table = ((13.0, 10.0), (15.0, 200.0), (22.0, 310.0))
     assert allreduce_us(16 << 10, 8, 450.0, "nvlink") == pytest.approx(
         min(lat + 8 * 0.47 + (16 << 10) * 1.75 / (gbs * 1e3) for lat, gbs in table))
 

@@ -51,16 +51,20 @@ NCCL_BASE_US = 3.6
 NCCL_HOP_US = {"nvlink": 0.47, "pcie": 1.0}
 #: NVLink all-reduce, measured: per group size, NCCL's three protocols as (latency us, bus GB/s); a message
 #: takes the fastest, ``latency + bus bytes / bus GB/s`` with bus bytes ``2 (tp - 1) / tp`` of the message
-#: (nccl-tests' busbw), as NCCL's tuner picks LL / LL128 / Simple. Fitted on the H100 SXM host (NVLink4,
-#: 450 GB/s a direction; NCCL 2.28.9, torch 2.11): bf16 all-reduces of 16 KiB to 256 MiB replayed from a
-#: CUDA graph (``benchmarks/nccl_allreduce.py``, ``benchmarks/results/h100/nccl_allreduce_tp{2,4}.json``).
-#: Max |ln(predicted / measured)| 0.117 over 15 sizes on 2 GPUs, 0.120 on 4 (all within 13 %); fitted on
-#: the even sizes alone, the odd ones come within 14 % on 4 GPUs but 26 % low at 2 MiB on 2 GPUs, where NCCL
-#: changes protocol between 1 and 2 MiB. Bus GB/s scale with another link's rate; the old model, off by
-#: 0.38-0.76x here, did not see the protocols' latencies (10-17 us for the smallest, not 4-7).
+#: (nccl-tests' busbw), as NCCL's tuner picks LL / LL128 / Simple. bf16 all-reduces of 16 KiB to 256 MiB
+#: replayed from a CUDA graph (``benchmarks/nccl_allreduce.py``; NVLink4, 450 GB/s a direction; NCCL 2.28.9,
+#: torch 2.11) on an H100 SXM host (``benchmarks/results/h100/nccl_allreduce_tp{2,4}.json``) and on H200
+#: hosts (``benchmarks/results/h200/nccl_allreduce_tp2.json``, ``_tp2_run2.json``, ``_tp4.json``).
+#: Refitted on both hosts by least max |ln| (latencies on a 0.5-3 us grid, rates on a 10-40 GB/s one): 2 GPUs,
+#: 45 sizes over three files, 0.89-1.12x (max |ln| 0.113); 4 GPUs, 30 sizes over two, 0.88-1.11x (0.129). The
+#: H100-only fit before (2: 8 / 10 / 25 us at 10 / 100 / 280 GB/s; 4: 13 / 16 / 25 us at 10 / 240 / 310)
+#: priced the H200's 16 KiB on 2 GPUs 0.859x and its 256 KiB on 4 1.157x. (That fit, made on the even sizes
+#: alone, put the odd ones within 14 % on 4 GPUs but 26 % low at 2 MiB on 2, where NCCL changes protocol.)
+#: Bus GB/s scale with another link's rate; the old model, off by 0.38-0.76x here, did not see the protocols'
+#: latencies (10-17 us for the smallest, not 4-7).
 NCCL_NVLINK_PROTOCOLS: dict[int, tuple[tuple[float, float], ...]] = {
-    2: ((8.0, 10.0), (10.0, 100.0), (25.0, 280.0)),
-    4: ((13.0, 10.0), (16.0, 240.0), (25.0, 310.0)),
+    2: ((8.5, 10.0), (11.0, 120.0), (22.0, 280.0)),
+    4: ((13.0, 10.0), (15.0, 200.0), (22.0, 310.0)),
 }
 #: the per-direction NVLink GB/s the protocol table was measured on (H100 SXM, NVLink4)
 NCCL_NVLINK_MEASURED_GBS = 450.0
