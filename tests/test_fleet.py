@@ -54,6 +54,9 @@ def test_pool_stats_sum_each_devices_evaluation_seconds_from_the_workers_answers
     out, stats = run_pool(items, ["cpu0"], timeout_s=300)
     assert stats.busy_s["cpu0"] == pytest.approx(sum(o.result["eval_s"] for o in out))
     assert stats.compile_s == {}  # a CPU stand-in has no compile clock
+    assert 0 < stats.boot_s["cpu0"] < 120  # spawn, imports and the wait for its first item
+    if os.environ.get("TRITON_INTERPRET") == "1":  # run in the interpreter: one op set up for its two configs
+        assert stats.phase_s["cpu0"]["setups"] == 1 and stats.phase_s["cpu0"]["check"] > 0
 
 
 def test_each_worker_gets_its_share_of_the_hosts_cores_for_torchs_threads(monkeypatch):
@@ -82,6 +85,27 @@ def test_pool_stats_utilisation_line_names_each_devices_busy_and_compiling_share
     assert stats.busy_s == {"0": 5.0, "1": 4.0} and stats.compile_s == {"0": 1.5}
     assert stats.utilisation(10.0) == ("5 evaluations in 10.0 s: 0 2 in 5.0 s (50 %, 1.5 s compiling); "
                                        "1 3 in 4.0 s (40 %)")
+
+
+def test_pool_stats_line_adds_each_devices_boot_and_its_seconds_by_the_runners_phases():
+    from autoopt.fleet.pool import PoolStats
+
+    stats = PoolStats(per_device={"0": 2})
+    for phases in ({"setup": 1.5, "setups": 1, "first": 0.25, "timing": 2.0}, {"first": 0.25, "timing": 1.0},
+                   {"timing": "x", 3: 1.0}):  # malformed entries are left out
+        stats.add_seconds("0", {"eval_s": 1.0, "phase_s": phases})
+    stats.add_seconds("0", {"boot_s": 4.3})
+    stats.add_seconds("0", {"boot_s": 9.0})  # a restarted worker's boot is not the fleet's start-up
+    assert stats.phase_s == {"0": {"setup": 1.5, "setups": 1.0, "first": 0.5, "timing": 3.0}}
+    assert stats.utilisation(6.0) == ("2 evaluations in 6.0 s: 0 2 in 3.0 s (50 %, up after 4.3 s; setup 1.5 s "
+                                      "x1, first 0.5 s, timing 3.0 s)")
+
+
+def test_pool_orders_the_phases_as_the_runner_names_them():
+    from autoopt.backend.runner import PHASES
+    from autoopt.fleet.pool import _PHASE_ORDER
+
+    assert tuple(_PHASE_ORDER) == PHASES
 
 
 def test_a_gpu_workers_compile_clock_counts_the_seconds_spent_in_tritons_compiler(monkeypatch):

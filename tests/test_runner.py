@@ -211,6 +211,20 @@ def test_cache_keeps_the_last_four_ops_least_recently_used_out_first() -> None:
     assert [k[1] for k in runner._CACHE] == [(2, 48), (2, 64), (2, 16), (2, 80)]
 
 
+def test_phase_clock_counts_a_set_up_for_a_new_op_and_none_for_another_config_of_it() -> None:
+    runner._CACHE.clear()
+    op = OpSpec(kind="add", shape=(2, 96), dtype="fp32")
+    before = runner.phase_seconds()
+    evaluate(op, CFG)
+    first = runner.phase_seconds()
+    evaluate(op, KernelConfig(kernel="add", params=dict(BLOCK_SIZE=64, num_warps=4)))
+    second = runner.phase_seconds()
+    assert first["setups"] - before.get("setups", 0.0) == 1 and second["setups"] == first["setups"]
+    for phase in ("setup", "first", "check"):  # the interpreter neither copies nor times
+        assert second[phase] > first[phase] - 1e-9 and first[phase] > before.get(phase, 0.0)
+    assert set(second) <= {*runner.PHASES, "setups"}
+
+
 def test_cache_over_its_byte_budget_keeps_only_the_newest_op(monkeypatch: pytest.MonkeyPatch) -> None:
     runner._CACHE.clear()
     monkeypatch.setattr(runner, "CACHE_MAX_BYTES", 3 * 2 * 64 * 4)  # one (2, 64) fp32 add's x, y and ref

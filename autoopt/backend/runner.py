@@ -34,11 +34,41 @@ from autoopt.kernels.ops import OpSpec
 
 log = get_logger(__name__)
 
-__all__ = ["LABELS", "Result", "cycling", "evaluate", "floor_us", "interpreter_active", "rotation_copies"]
+__all__ = ["LABELS", "PHASES", "Result", "cycling", "evaluate", "floor_us", "interpreter_active", "phase_seconds",
+           "rotation_copies"]
 
 LABELS = ("measured", "predicted", "rejected", "withheld", "checked")
 #: a measurement this far under the physical floor is an error, not a speed-up.
 _FLOOR_SLACK = 0.03
+
+#: where this process's evaluations spent their seconds, summed since it started: ``setup`` (inputs and the
+#: float64 reference, paid when the op is not in the inputs cache; ``setups`` counts those), ``first`` (binding
+#: the config and its first run: a compile or a load of the compiled kernel, then the GPU's run), ``check``
+#: (poison, finiteness and the reference comparison), ``copies`` (the rotated timing's input copies),
+#: ``timing`` (the timed runs). A fleet worker reports each evaluation's share (``fleet.worker``), so a sweep's
+#: per-trial seconds on one GPU and on several can be compared phase by phase.
+PHASES = ("setup", "first", "check", "copies", "timing")
+_phase_s: dict[str, float] = {}
+
+
+def phase_seconds() -> dict[str, float]:
+    """A copy of this process's running phase totals (seconds, and the ``setups`` count)."""
+    return dict(_phase_s)
+
+
+class _phase:
+    """``with _phase("timing"): ...`` adds the block's wall seconds to that phase's total."""
+
+    __slots__ = ("name", "t0")
+
+    def __init__(self, name: str) -> None:
+        self.name, self.t0 = name, 0.0
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        _phase_s[self.name] = _phase_s.get(self.name, 0.0) + time.perf_counter() - self.t0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +220,7 @@ def _inputs_and_reference(op: OpSpec, device: str, seed: int) -> tuple[dict[str,
         return hit[0], hit[1]
     while len(_CACHE) >= CACHE_OPS:
         _CACHE.popitem(last=False)
+    _phase_s["setups"] = _phase_s.get("setups", 0.0) + 1
     inputs = registry.make_inputs(op, device, seed)
     ref = registry.reference(inputs, op)
     size, budget = _tensor_bytes(ref, *inputs.values()), _cache_budget(device)
@@ -339,27 +370,30 @@ def evaluate(op: OpSpec, config: KernelConfig, *, gpu: GPUProfile | None = None,
 
     dev_name = "cpu (triton interpreter)" if dev == "cpu" else torch.cuda.get_device_name(dev)
     try:
-        inputs, ref = _inputs_and_reference(op, dev, seed)
-        out = registry.alloc_out(op, dev)
-        out.fill_(float("nan"))  # poison: an element the kernel skips stays NaN
-        fn = registry.prepare(inputs, config, out, op)
-        t0 = time.perf_counter()
-        fn()
-        if dev != "cpu":
-            torch.cuda.synchronize(dev)
-        first_s = time.perf_counter() - t0
+        with _phase("setup"):
+            inputs, ref = _inputs_and_reference(op, dev, seed)
+        with _phase("first"):
+            out = registry.alloc_out(op, dev)
+            out.fill_(float("nan"))  # poison: an element the kernel skips stays NaN
+            fn = registry.prepare(inputs, config, out, op)
+            t0 = time.perf_counter()
+            fn()
+            if dev != "cpu":
+                torch.cuda.synchronize(dev)
+            first_s = time.perf_counter() - t0
     except (AutooptError, ValueError) as exc:
         return result("rejected", reason=f"cannot launch: {exc}", device=dev_name)
     except Exception as exc:  # compile errors, OutOfResources, CUDA faults: the sweep goes on
         log.info("config %s on %s rejected: %s", config.describe(), op.label(), exc)
         return result("rejected", reason=_reason(exc), device=dev_name)
 
-    bad = int((~torch.isfinite(out)).sum().item())
+    with _phase("check"):
+        bad = int((~torch.isfinite(out)).sum().item())
+        err = rel_error(out, ref) if not bad else math.nan
     if bad:
         return result("rejected", device=dev_name,
                       reason=f"{bad} of {out.numel()} output elements are NaN/inf after the run "
                              f"(the output was poisoned with NaN: unwritten or computed non-finite)")
-    err = rel_error(out, ref)
     tol = registry.tolerance(op)
     if not math.isfinite(err) or err > tol:
         return result("rejected", rel_err=err, device=dev_name,
@@ -375,8 +409,10 @@ def evaluate(op: OpSpec, config: KernelConfig, *, gpu: GPUProfile | None = None,
     entry = registry.KERNELS[config.kernel]
     try:
         if entry.rotate_inputs:
-            fn = cycling([fn, *_launchers_on_copies(op, config, inputs, dev, gpu)])
-        us = _time_us(fn, entry.graph_timed, warmup_ms, rep_ms)
+            with _phase("copies"):
+                fn = cycling([fn, *_launchers_on_copies(op, config, inputs, dev, gpu)])
+        with _phase("timing"):
+            us = _time_us(fn, entry.graph_timed, warmup_ms, rep_ms)
     except Exception as exc:
         return result("rejected", rel_err=err, device=dev_name, reason=_reason(exc))
     rates = _rates(op, us, gpu)

@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 from autoopt._log import get_logger
 from autoopt.errors import AutooptError
@@ -103,13 +103,29 @@ class PoolStats:
     per_device: dict[str, int] = field(default_factory=dict)
     busy_s: dict[str, float] = field(default_factory=dict)
     compile_s: dict[str, float] = field(default_factory=dict)
+    #: per device, its evaluations' seconds by the runner's phases (``autoopt.backend.runner.PHASES``) and
+    #: its count of input set-ups (``setups``)
+    phase_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: per device, the seconds from spawning its worker to the worker starting its first item (its first
+    #: answer's ``boot_s``; a restarted worker's boot is not counted again)
+    boot_s: dict[str, float] = field(default_factory=dict)
 
     def add_seconds(self, device: str, result: Mapping[str, Any] | None) -> None:
-        """Count an answered evaluation's own seconds (its ``eval_s`` and ``compile_s``, where given)."""
+        """Count an answered evaluation's own seconds (its ``eval_s``, ``compile_s`` and ``phase_s``, where
+        given)."""
         for key, total in (("eval_s", self.busy_s), ("compile_s", self.compile_s)):
             value = (result or {}).get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if _is_number(value):
                 total[device] = total.get(device, 0.0) + float(value)
+        boot = (result or {}).get("boot_s")
+        if _is_number(boot) and device not in self.boot_s:
+            self.boot_s[device] = float(boot)
+        phases = (result or {}).get("phase_s")
+        if isinstance(phases, Mapping):
+            mine = self.phase_s.setdefault(device, {})
+            for name, value in phases.items():
+                if isinstance(name, str) and _is_number(value):
+                    mine[name] = mine.get(name, 0.0) + float(value)
 
     def utilisation(self, wall_s: float) -> str:
         """One line: evaluations, and per device its busy seconds (of them compiling) against ``wall_s``."""
@@ -118,9 +134,30 @@ class PoolStats:
         for device in sorted(self.per_device):
             busy = self.busy_s.get(device, 0.0)
             comp = f", {self.compile_s[device]:.1f} s compiling" if device in self.compile_s else ""
+            comp += f", up after {self.boot_s[device]:.1f} s" if device in self.boot_s else ""
             pct = 100.0 * busy / wall_s if wall_s > 0 else 0.0
-            parts.append(f"{device} {self.per_device[device]} in {busy:.1f} s ({pct:.0f} %{comp})")
+            parts.append(f"{device} {self.per_device[device]} in {busy:.1f} s ({pct:.0f} %{comp}"
+                         f"{self._phases(device)})")
         return f"{n} evaluations in {wall_s:.1f} s: " + "; ".join(parts)
+
+    def _phases(self, device: str) -> str:
+        """``; setup 2.1 s x5, first 1.0 s, ...``: the device's seconds by phase, in the runner's order."""
+        mine = self.phase_s.get(device)
+        if not mine:
+            return ""
+        order = sorted(mine, key=lambda k: (k not in _PHASE_ORDER, _PHASE_ORDER.get(k, 0), k))
+        shown = [f"{k} {mine[k]:.1f} s" + (f" x{int(mine['setups'])}" if k == "setup" and "setups" in mine else "")
+                 for k in order if k != "setups"]
+        return "; " + ", ".join(shown)
+
+
+#: the runner's phases in the order an evaluation goes through them (``autoopt.backend.runner.PHASES``; not
+#: imported: the pool never loads the runner)
+_PHASE_ORDER = {name: i for i, name in enumerate(("setup", "first", "check", "copies", "timing"))}
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class Dispatcher(Protocol):
@@ -233,8 +270,8 @@ class _Worker:
 
         self.device, self.threads = device, threads
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=worker_main, args=(device, child, evaluator, threads), daemon=True,
-                                name=f"autoopt-fleet-{device}")
+        self.proc = ctx.Process(target=worker_main, args=(device, child, evaluator, threads, time.time()),
+                                daemon=True, name=f"autoopt-fleet-{device}")
         self.proc.start()
         child.close()
         self.item: Item | None = None

@@ -35,7 +35,7 @@ def load_evaluator(spec: str) -> Callable[..., Mapping[str, Any]]:
     return fn
 
 
-def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0) -> None:
+def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0, spawned_at: float = 0.0) -> None:
     # this worker sees one GPU, as cuda:0, numbered as NVML (and so detection) numbers them; a CPU
     # stand-in sees none, so it predicts (or checks in the interpreter) even on a GPU host
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -44,6 +44,10 @@ def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0) -> Non
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     compiling = _compile_clock() if device.isdigit() else None
     fn = load_evaluator(evaluator)
+    phases = _phase_clock()
+    # the first answer says how long the worker took from its parent's spawn (``spawned_at``, the host's
+    # wall clock) to starting its first item: interpreter start-up, imports, and waiting for work
+    boot_s = None
     while True:
         try:
             task = conn.recv()
@@ -52,7 +56,9 @@ def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0) -> Non
         if task is None:
             return
         item_id, op, config, profile = task
-        t0, c0 = time.perf_counter(), compiling() if compiling else 0.0
+        if boot_s is None:
+            boot_s = round(time.time() - spawned_at, 3) if spawned_at > 0 else 0.0
+        t0, c0, p0 = time.perf_counter(), compiling() if compiling else 0.0, phases()
         try:
             out = fn(op, config, device=device, profile=profile)
         except Exception as exc:  # the item failed, the worker lives on
@@ -60,10 +66,23 @@ def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0) -> Non
             continue
         # the worker's own seconds for the item (compile, inputs, reference, timed runs): what the
         # fleet's scaling reports split into work and waiting (PoolStats.utilisation)
-        spent = {"eval_s": round(time.perf_counter() - t0, 4)}
+        spent: dict[str, Any] = {"eval_s": round(time.perf_counter() - t0, 4)}
         if compiling:
             spent["compile_s"] = round(compiling() - c0, 4)
+        if boot_s:
+            spent["boot_s"], boot_s = boot_s, -1.0  # once: later answers carry none
+        p1 = phases()
+        if p1 != p0:
+            spent["phase_s"] = {k: round(v - p0.get(k, 0.0), 4) for k, v in p1.items() if v != p0.get(k, 0.0)}
         conn.send((device, item_id, True, {**out, **spent}))
+
+
+def _phase_clock() -> Callable[[], dict[str, float]]:
+    """The reader of this process's runner phase totals (``autoopt.backend.runner.phase_seconds``; importing
+    the runner loads neither torch nor Triton)."""
+    from autoopt.backend.runner import phase_seconds
+
+    return phase_seconds
 
 
 def _compile_clock() -> Callable[[], float] | None:
