@@ -250,13 +250,18 @@ def tune(fleet: Fleet, ops: Sequence[tuple[str, OpSpec]], *, budget_trials: int 
                 if not queue:
                     return
                 k = queue.popleft()
-            done[k] = _tune_job(jobs[k], exchange, store, budget_trials, budget_s, report, pin)
+            done[k] = _tune_job(jobs[k], exchange, store, budget_trials, budget_s, report, pin, rankings[k].result())
 
     try:
         lanes = _lanes(kinds, jobs)
-        with ThreadPoolExecutor(max_workers=len(lanes)) as threads:
-            futures = [threads.submit(lane, queue, pin) for queue, pin in lanes]
-            exchange.pump(lambda: all(f.done() for f in futures))
+        ranker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="autoopt-rank")
+        try:
+            rankings = _rank_ahead(ranker, jobs, lanes)
+            with ThreadPoolExecutor(max_workers=len(lanes)) as threads:
+                futures = [threads.submit(lane, queue, pin) for queue, pin in lanes]
+                exchange.pump(lambda: all(f.done() for f in futures))
+        finally:
+            ranker.shutdown(cancel_futures=True)
         for f in futures:
             f.result()
         return [done[k] for k in range(len(jobs))]
@@ -264,6 +269,17 @@ def tune(fleet: Fleet, ops: Sequence[tuple[str, OpSpec]], *, budget_trials: int 
         if store is not None:
             store.close()
             refresh_snapshots(store.path)  # the next start-up reads the new winners without SQLite
+
+
+def _rank_ahead(ranker: ThreadPoolExecutor, jobs: Sequence[_Job], lanes: Sequence[tuple[deque[int], str | None]]
+                ) -> dict[int, Future[tuner.Ranking]]:
+    """Each job's :func:`~autoopt.tuning.tuner.ranking`, made on one thread in the order the lanes will take
+    the jobs, while the GPUs run the earlier ones. Made by each lane as it took its next op, the exhaustive
+    ranking (~0.2 s an op; 18 for a MoE sweep) left that lane's GPU idle, and four lanes' rankings contended
+    for the parent's one interpreter (on four H200s each worker waited ~6 s of a 29 s sweep,
+    h200/moe_tune_scaling_phases.json)."""
+    order = dict.fromkeys(k for queue, _ in lanes for k in queue)  # lanes of a kind share one queue
+    return {k: ranker.submit(tuner.ranking, jobs[k].device.gpu, jobs[k].op) for k in order}
 
 
 def _lanes(kinds: Mapping[str, list[Device]], jobs: Sequence[_Job]) -> list[tuple[deque[int], str | None]]:
@@ -298,7 +314,8 @@ def _searches(jobs: int, devices: int) -> int:
 
 
 def _tune_job(job: _Job, exchange: _Exchange, store: Any, budget_trials: int, budget_s: float | None,
-              report: Callable[[str, Trial], None], pin: str | None = None) -> TunedOp:
+              report: Callable[[str, Trial], None], pin: str | None = None,
+              ranked: tuner.Ranking | None = None) -> TunedOp:
     """One op's search on one kind: proposals evaluated on the fleet (on device ``pin`` when given), each
     trial kept as it lands."""
     gpu = job.device.gpu
@@ -317,7 +334,8 @@ def _tune_job(job: _Job, exchange: _Exchange, store: Any, budget_trials: int, bu
         report(job.name, trial)
 
     result = tuner.tune(gpu, job.op, budget_trials=budget_trials, budget_s=budget_s, failed=failed,
-                        on_trial=record, evaluate_many=evaluate_many, batch=job.width, prefetch=_ahead())
+                        on_trial=record, evaluate_many=evaluate_many, batch=job.width, prefetch=_ahead(),
+                        ranked=ranked)
     return TunedOp(name=job.name, result=result, previous_us=previous)
 
 

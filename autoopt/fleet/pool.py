@@ -260,6 +260,10 @@ def _exit_reason(exitcode: int | None) -> str:
     return f"worker exited with code {exitcode}"
 
 
+#: seconds a worker asked to stop has to exit before it is killed
+STOP_GRACE_S = 2.0
+
+
 class _Worker:
     """One device's worker process and the parent's end of its own pipe. Each worker has its own
     channel: a worker killed mid-write (SIGKILL, a segfault) can only break its own pipe, which goes
@@ -290,11 +294,15 @@ class _Worker:
     def alive(self) -> bool:
         return not self.broken and self.proc.is_alive()
 
-    def stop(self) -> None:
+    def ask_stop(self) -> None:
+        """Tell the worker to exit after its item (it tears down its CUDA context on its own)."""
         if self.proc.is_alive():
             with contextlib.suppress(OSError):
                 self.conn.send(None)
-            self.proc.join(timeout=2)
+
+    def reap(self, deadline: float) -> None:
+        """Wait for the exit asked for until ``deadline`` (``time.monotonic``), then kill."""
+        self.proc.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(timeout=2)
@@ -371,8 +379,13 @@ class LocalPool:
                                  attempts=attempt))
 
     def close(self) -> None:
+        # every worker is asked first, then all are awaited together: each exit tears down a CUDA context
+        # (about a second on a GPU), which one by one added the workers' exits up at the end of every sweep
         for w in self._workers.values():
-            w.stop()
+            w.ask_stop()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for w in self._workers.values():
+            w.reap(deadline)
         self._wake_r.close()
         self._wake_w.close()
 

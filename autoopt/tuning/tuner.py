@@ -250,11 +250,24 @@ def runner_evaluate(gpu: GPUProfile) -> Evaluate:
     return evaluate
 
 
+#: what a search starts from: rank()'s first POOL candidates and its exhaustive order of the whole space
+Ranking = tuple[list[Candidate], list[Candidate]]
+
+
+def ranking(gpu: GPUProfile, op: OpSpec, templates: Sequence[Template] | None = None) -> Ranking:
+    """The two rank() calls a search starts from. The exhaustive one prices every config of the space (0.2 s
+    for a fused-MoE op's 1776 on a 2-core box), so a fleet makes them ahead (``autoopt.fleet.jobs``)."""
+    from autoopt.search.ranking import rank
+
+    return (list(rank(gpu, op, top=POOL, templates=templates).candidates),
+            list(rank(gpu, op, top=100_000, exhaustive=True, templates=templates).candidates))
+
+
 def tune(target: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *, budget_trials: int = 8,
          budget_s: float | None = None, noise: float = NOISE, evaluate: Evaluate | None = None,
          failed: Iterable[tuple[Any, ...]] = (), on_trial: Callable[[Trial], None] | None = None,
          templates: Sequence[Template] | None = None, prefetch: Prefetch | bool = True,
-         evaluate_many: EvaluateMany | None = None, batch: int = 1) -> TuneResult:
+         evaluate_many: EvaluateMany | None = None, batch: int = 1, ranked: Ranking | None = None) -> TuneResult:
     """Tune ``op`` on ``target`` within ``budget_trials`` evaluations (and ``budget_s`` seconds).
 
     ``evaluate(op, config)`` returns a runner ``Result`` (default: the backend runner with short
@@ -264,18 +277,16 @@ def tune(target: GPUProfile | HardwareProfile, op: OpSpec | Mapping[str, Any], *
     ``prefetch`` compiles likely proposals ahead in worker processes (``True``: the default pool,
     only with the real runner on a CUDA GPU; ``False``: off; or a callable).
     ``evaluate_many(op, configs)`` evaluates up to ``batch`` proposals at once (the fleet's GPUs);
-    with ``batch=1`` the search is the serial one, proposal for proposal.
+    with ``batch=1`` the search is the serial one, proposal for proposal. ``ranked``: :func:`ranking`'s
+    answer for this op made ahead (by default it is made here).
     Raises :class:`AutooptError` for a bad budget, op or profile.
     """
-    from autoopt.search.ranking import rank
-
     gpu = _gpu_of(target)
     o = op if isinstance(op, OpSpec) else OpSpec.from_dict(op)
     _check_budget(budget_trials, budget_s)
     t0 = time.perf_counter()
-    ranked = list(rank(gpu, o, top=POOL, templates=templates).candidates)
-    space = list(rank(gpu, o, top=100_000, exhaustive=True, templates=templates).candidates)
-    search = _Search(ranked, space, set(failed))
+    first, space = ranked if ranked is not None else ranking(gpu, o, templates)
+    search = _Search(first, space, set(failed))
     run = evaluate or runner_evaluate(gpu)
     many = evaluate_many or (lambda op_, cfgs: [run(op_, c) for c in cfgs])
     ahead = _prefetcher(prefetch, real_runner=evaluate is None and evaluate_many is None)
