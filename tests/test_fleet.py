@@ -245,3 +245,45 @@ def test_fleet_inventory_over_ray_runs_detection_on_every_node(local_ray):
 
     rows = inventory(use_ray=True)
     assert {r["host"] for r in rows} == {socket.gethostname()}  # the local cluster's one node
+
+
+@pytest.mark.parametrize("fixture", ["h100_raw.json", "h200x2_live_raw.json"])
+def test_nvml_and_the_library_give_a_known_gpu_the_profile_torchs_capture_gives(fixture):
+    import copy
+    import json
+
+    from autoopt.hardware.detection import build_profile
+
+    raw = json.loads((TESTS / "fixtures" / fixture).read_text())
+    no_torch = copy.deepcopy(raw)
+    no_torch["torch"] = {"available": False}
+    with_torch, nvml_only = build_profile(raw).gpus, build_profile(no_torch).gpus
+    assert len(with_torch) == len(nvml_only) >= 1
+    for a, b in zip(with_torch, nvml_only, strict=True):
+        assert a.device_fingerprint == b.device_fingerprint and a.sm_count == b.sm_count
+        assert {k: v for k, v in a.to_dict().items() if k != "sources"} == \
+            {k: v for k, v in b.to_dict().items() if k != "sources"}
+
+
+def test_fleet_detection_asks_torch_only_for_a_gpu_the_library_lacks(monkeypatch):
+    import dataclasses
+
+    from autoopt.fleet import devices
+    from autoopt.hardware import detection
+    from autoopt.hardware.profile import HardwareProfile
+
+    known = load_profile("h200").gpu
+    unknown = dataclasses.replace(known, name="NVIDIA Future GPU", sm_count=None)
+    calls = []
+
+    def detect(*, use_torch=True, **_):
+        calls.append(use_torch)
+        gpu = unknown if not use_torch and answer == "unknown" else known
+        return HardwareProfile(name="detected", gpus=(dataclasses.replace(gpu, index=0),))
+
+    monkeypatch.setattr(detection, "detect", detect)
+    answer = "known"
+    assert devices._detected_devices()[0].gpu.sm_count == known.sm_count and calls == [False]
+    calls.clear()
+    answer = "unknown"
+    assert devices._detected_devices()[0].gpu.sm_count == known.sm_count and calls == [False, True]

@@ -352,3 +352,23 @@ def test_ray_without_ray_installed_says_how_to_install_it(monkeypatch, capsys, c
     monkeypatch.setattr(builtins, "__import__", no_ray)
     err = _fails(capsys, [*command, "--shape", "16,256,256", "--profile", "h100-sxm", "--ray"])
     assert "pip install 'autoopt[ray]'" in err
+
+
+def test_the_fleet_ranks_each_op_once_ahead_in_the_order_its_lanes_take_them(monkeypatch):
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    from autoopt.fleet import jobs
+    from autoopt.fleet.devices import Device
+
+    gpu = load_profile("h200").gpu
+    made = []
+    monkeypatch.setattr(jobs.tuner, "ranking", lambda g, op: made.append(op.shape[0]) or ([], []))
+    device = Device(name="cpu0", gpu=gpu, profile="h200")
+    ops = [jobs._Job(name=f"M={m}", op=OpSpec(kind="gemm", shape=(m, 256, 256)), device=device, width=1)
+           for m in (16, 32, 48)]
+    queue = deque([2, 0, 1])  # costliest first; two lanes share one kind's queue
+    with ThreadPoolExecutor(max_workers=1) as ranker:
+        rankings = jobs._rank_ahead(ranker, ops, [(queue, "cpu0"), (queue, "cpu1")])
+        assert {k: f.result() for k, f in rankings.items()} == {0: ([], []), 1: ([], []), 2: ([], [])}
+    assert made == [48, 16, 32]

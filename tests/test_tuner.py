@@ -87,6 +87,15 @@ def test_first_trial_is_the_cost_models_top_pick():
     assert result.trials[0].source == "seed"
 
 
+def test_a_ranking_made_ahead_is_searched_without_ranking_again(monkeypatch):
+    from autoopt.tuning import tuner
+
+    made = tuner.ranking(H200.gpu, OP)
+    monkeypatch.setattr(tuner, "ranking", lambda *a, **k: pytest.fail("ranked again"))
+    result = tune(H200, OP, budget_trials=2, evaluate=_fixed({}, default=50.0), ranked=made)
+    assert result.trials[0].config == made[0][0].config and len(result.trials) == 2
+
+
 def test_trial_budget_is_never_exceeded():
     ev = _fixed({}, default=50.0)
     result = tune(H200, OP, budget_trials=3, evaluate=ev)

@@ -274,10 +274,9 @@ def tune(fleet: Fleet, ops: Sequence[tuple[str, OpSpec]], *, budget_trials: int 
 def _rank_ahead(ranker: ThreadPoolExecutor, jobs: Sequence[_Job], lanes: Sequence[tuple[deque[int], str | None]]
                 ) -> dict[int, Future[tuner.Ranking]]:
     """Each job's :func:`~autoopt.tuning.tuner.ranking`, made on one thread in the order the lanes will take
-    the jobs, while the GPUs run the earlier ones. Made by each lane as it took its next op, the exhaustive
-    ranking (~0.2 s an op; 18 for a MoE sweep) left that lane's GPU idle, and four lanes' rankings contended
-    for the parent's one interpreter (on four H200s each worker waited ~6 s of a 29 s sweep,
-    h200/moe_tune_scaling_phases.json)."""
+    the jobs, while the GPUs run the earlier ones. Made by a lane as it took its next op, the exhaustive
+    ranking held that lane's GPU idle: 0.29 s of the parent's CPU an op on a four-H200 host (py-spy of Mixtral
+    TP8's 18-op sweep: 5.2 s on this thread; the lanes themselves 0.7 s each, the rest waiting on their GPU)."""
     order = dict.fromkeys(k for queue, _ in lanes for k in queue)  # lanes of a kind share one queue
     return {k: ranker.submit(tuner.ranking, jobs[k].device.gpu, jobs[k].op) for k in order}
 

@@ -45,8 +45,6 @@ def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0, spawne
     compiling = _compile_clock() if device.isdigit() else None
     fn = load_evaluator(evaluator)
     phases = _phase_clock()
-    if device.isdigit():
-        _warm_gpu()
     # the first answer says how long the worker took from its parent's spawn (``spawned_at``, the host's
     # wall clock) to starting its first item: interpreter start-up, imports, and waiting for work
     boot_s = None
@@ -77,21 +75,6 @@ def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0, spawne
         if p1 != p0:
             spent["phase_s"] = {k: round(v - p0.get(k, 0.0), 4) for k, v in p1.items() if v != p0.get(k, 0.0)}
         conn.send((device, item_id, True, {**out, **spent}))
-
-
-def _warm_gpu() -> None:
-    """Load torch and Triton and make this process's CUDA context before the first item arrives, while the
-    parent still ranks the first ops and loads its compiler: otherwise the first evaluation paid them, on the
-    sweep's critical path (on four H200s, 4-5.6 s of each worker's ~22 s busy fell outside the runner's phases,
-    most of it the first item's; h200/moe_tune_scaling_phases.json).
-    A worker that cannot is left to fail its items with the reason."""
-    try:
-        import torch
-        import triton  # noqa: F401
-
-        torch.zeros(1, device="cuda").sum().item()
-    except Exception:  # the first item reports what is wrong
-        return
 
 
 def _phase_clock() -> Callable[[], dict[str, float]]:
