@@ -75,18 +75,9 @@ def _gpu_of(gpu: GPUProfile | None, name: str) -> GPUProfile:
 
 
 def _detected_devices() -> dict[int, Device]:
-    """This host's GPUs from NVML and the profile library, with torch's capture only where they fall short.
-
-    For a GPU the library knows, NVML alone gives the profile torch's capture gives (the same values and
-    fingerprint: the H100's and H200s' captured raw output, tests/test_fleet.py), and the parent never
-    imports torch: that capture took 5.7 s of a four-H200 sweep's 33.6, before any worker was spawned
-    (h200/moe_tune_fleet_pyspy.json). A GPU the library lacks (no SM count without torch) takes it."""
     from autoopt.hardware.detection import detect
 
-    gpus = detect(use_torch=False).gpus
-    if not gpus or any(g.sm_count is None for g in gpus):
-        gpus = detect().gpus
-    return {g.index: Device(name=str(g.index), gpu=g) for g in gpus}
+    return {g.index: Device(name=str(g.index), gpu=g) for g in detect().gpus}
 
 
 def local_devices(spec: str) -> list[Device]:
