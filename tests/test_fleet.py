@@ -55,6 +55,7 @@ def test_pool_stats_sum_each_devices_evaluation_seconds_from_the_workers_answers
     assert stats.busy_s["cpu0"] == pytest.approx(sum(o.result["eval_s"] for o in out))
     assert stats.compile_s == {}  # a CPU stand-in has no compile clock
     assert 0 < stats.boot_s["cpu0"] < 120  # spawn, imports and the wait for its first item
+    assert [("boot_s" in o.result) for o in out] == [True, False]  # the first answer alone carries it
     if os.environ.get("TRITON_INTERPRET") == "1":  # run in the interpreter: one op set up for its two configs
         assert stats.phase_s["cpu0"]["setups"] == 1 and stats.phase_s["cpu0"]["check"] > 0
 

@@ -19,7 +19,8 @@ import math
 import platform
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,19 +57,14 @@ def phase_seconds() -> dict[str, float]:
     return dict(_phase_s)
 
 
-class _phase:
+@contextmanager
+def _phase(name: str) -> Iterator[None]:
     """``with _phase("timing"): ...`` adds the block's wall seconds to that phase's total."""
-
-    __slots__ = ("name", "t0")
-
-    def __init__(self, name: str) -> None:
-        self.name, self.t0 = name, 0.0
-
-    def __enter__(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc: object) -> None:
-        _phase_s[self.name] = _phase_s.get(self.name, 0.0) + time.perf_counter() - self.t0
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _phase_s[name] = _phase_s.get(name, 0.0) + time.perf_counter() - t0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

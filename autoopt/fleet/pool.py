@@ -379,8 +379,8 @@ class LocalPool:
                                  attempts=attempt))
 
     def close(self) -> None:
-        # every worker is asked first, then all are awaited together: each exit tears down a CUDA context
-        # (about a second on a GPU), which one by one added the workers' exits up at the end of every sweep
+        # every worker is asked first, then all are awaited together: a GPU worker's exit tears down its CUDA
+        # context, and awaited one by one the workers' exits added up at the end of every sweep
         for w in self._workers.values():
             w.ask_stop()
         deadline = time.monotonic() + STOP_GRACE_S

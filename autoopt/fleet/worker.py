@@ -47,7 +47,7 @@ def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0, spawne
     phases = _phase_clock()
     # the first answer says how long the worker took from its parent's spawn (``spawned_at``, the host's
     # wall clock) to starting its first item: interpreter start-up, imports, and waiting for work
-    boot_s = None
+    boot_s: float | None = None  # taken at the first item, sent with its answer, then 0
     while True:
         try:
             task = conn.recv()
@@ -70,7 +70,7 @@ def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0, spawne
         if compiling:
             spent["compile_s"] = round(compiling() - c0, 4)
         if boot_s:
-            spent["boot_s"], boot_s = boot_s, -1.0  # once: later answers carry none
+            spent["boot_s"], boot_s = boot_s, 0.0
         p1 = phases()
         if p1 != p0:
             spent["phase_s"] = {k: round(v - p0.get(k, 0.0), 4) for k, v in p1.items() if v != p0.get(k, 0.0)}
