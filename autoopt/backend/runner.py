@@ -43,12 +43,13 @@ LABELS = ("measured", "predicted", "rejected", "withheld", "checked")
 _FLOOR_SLACK = 0.03
 
 #: where this process's evaluations spent their seconds, summed since it started: ``setup`` (inputs and the
-#: float64 reference, paid when the op is not in the inputs cache; ``setups`` counts those), ``first`` (binding
-#: the config and its first run: a compile or a load of the compiled kernel, then the GPU's run), ``check``
+#: float64 reference, paid when the op is not in the inputs cache; ``setups`` counts those), ``bind`` (the
+#: output and the config bound to the inputs), ``first`` (its first run: a compile or a load of the compiled
+#: kernel into this process, then the GPU's run), ``check``
 #: (poison, finiteness and the reference comparison), ``copies`` (the rotated timing's input copies),
 #: ``timing`` (the timed runs). A fleet worker reports each evaluation's share (``fleet.worker``), so a sweep's
 #: per-trial seconds on one GPU and on several can be compared phase by phase.
-PHASES = ("setup", "first", "check", "copies", "timing")
+PHASES = ("setup", "bind", "first", "check", "copies", "timing")
 _phase_s: dict[str, float] = {}
 
 
@@ -368,10 +369,11 @@ def evaluate(op: OpSpec, config: KernelConfig, *, gpu: GPUProfile | None = None,
     try:
         with _phase("setup"):
             inputs, ref = _inputs_and_reference(op, dev, seed)
-        with _phase("first"):
+        with _phase("bind"):
             out = registry.alloc_out(op, dev)
             out.fill_(float("nan"))  # poison: an element the kernel skips stays NaN
             fn = registry.prepare(inputs, config, out, op)
+        with _phase("first"):
             t0 = time.perf_counter()
             fn()
             if dev != "cpu":

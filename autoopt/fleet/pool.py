@@ -153,7 +153,7 @@ class PoolStats:
 
 #: the runner's phases in the order an evaluation goes through them (``autoopt.backend.runner.PHASES``; not
 #: imported: the pool never loads the runner)
-_PHASE_ORDER = {name: i for i, name in enumerate(("setup", "first", "check", "copies", "timing"))}
+_PHASE_ORDER = {name: i for i, name in enumerate(("setup", "bind", "first", "check", "copies", "timing"))}
 
 
 def _is_number(value: object) -> TypeGuard[float]:
