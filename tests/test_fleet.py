@@ -102,13 +102,6 @@ def test_pool_stats_line_adds_each_devices_boot_and_its_seconds_by_the_runners_p
                                       "x1, first 0.5 s, timing 3.0 s)")
 
 
-def test_pool_orders_the_phases_as_the_runner_names_them():
-    from autoopt.backend.runner import PHASES
-    from autoopt.fleet.pool import _PHASE_ORDER
-
-    assert tuple(_PHASE_ORDER) == PHASES
-
-
 def test_a_gpu_workers_compile_clock_counts_the_seconds_spent_in_tritons_compiler(monkeypatch):
     import time
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeGuard
 
 from autoopt._log import get_logger
+from autoopt.backend.runner import PHASES
 from autoopt.errors import AutooptError
 
 __all__ = ["WARM_OPS", "Backlog", "Dispatcher", "Item", "LocalPool", "Outcome", "PoolStats", "op_key", "remember",
@@ -145,15 +146,11 @@ class PoolStats:
         mine = self.phase_s.get(device)
         if not mine:
             return ""
-        order = sorted(mine, key=lambda k: (k not in _PHASE_ORDER, _PHASE_ORDER.get(k, 0), k))
+        order = sorted(mine, key=lambda k: (PHASES.index(k) if k in PHASES else len(PHASES), k))
         shown = [f"{k} {mine[k]:.1f} s" + (f" x{int(mine['setups'])}" if k == "setup" and "setups" in mine else "")
                  for k in order if k != "setups"]
         return "; " + ", ".join(shown)
 
-
-#: the runner's phases in the order an evaluation goes through them (``autoopt.backend.runner.PHASES``; not
-#: imported: the pool never loads the runner)
-_PHASE_ORDER = {name: i for i, name in enumerate(("setup", "bind", "first", "check", "copies", "timing"))}
 
 
 def _is_number(value: object) -> TypeGuard[float]:

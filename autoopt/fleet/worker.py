@@ -44,7 +44,7 @@ def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0, spawne
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     compiling = _compile_clock() if device.isdigit() else None
     fn = load_evaluator(evaluator)
-    phases = _phase_clock()
+    from autoopt.backend.runner import phase_seconds as phases  # no torch or Triton
     # the first answer says how long the worker took from its parent's spawn (``spawned_at``, the host's
     # wall clock) to starting its first item: interpreter start-up, imports, and waiting for work
     boot_s: float | None = None  # taken at the first item, sent with its answer, then 0
@@ -75,14 +75,6 @@ def worker_main(device: str, conn: Any, evaluator: str, threads: int = 0, spawne
         if p1 != p0:
             spent["phase_s"] = {k: round(v - p0.get(k, 0.0), 4) for k, v in p1.items() if v != p0.get(k, 0.0)}
         conn.send((device, item_id, True, {**out, **spent}))
-
-
-def _phase_clock() -> Callable[[], dict[str, float]]:
-    """The reader of this process's runner phase totals (``autoopt.backend.runner.phase_seconds``; importing
-    the runner loads neither torch nor Triton)."""
-    from autoopt.backend.runner import phase_seconds
-
-    return phase_seconds
 
 
 def _compile_clock() -> Callable[[], float] | None:
